@@ -1,0 +1,246 @@
+//! The CCL adaptor table and its optional window group.
+//!
+//! Buffers are [`DevicePtr`]s of the cluster's device adaptor and streams are that adaptor's
+//! [`Stream`] handles, passed through unchanged: a CCL is always paired with a device adaptor
+//! that understands its memory and streams (NCCL with CUDA, host with host).
+
+use std::ffi::c_char;
+
+use super::header::AbiHeader;
+use super::types::{
+    Comm, DataType, DevicePtr, KeyValue, ReduceOp, RegHandle, Status, Stream, WindowHandle,
+};
+
+/// Arguments of `comm_init_rank`. The caller sets `struct_size`; the adaptor reads no field past
+/// it, so later minors can append fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CommInitArgs {
+    /// `sizeof(CommInitArgs)` as the caller compiled it.
+    pub struct_size: u32,
+    /// This process's rank in the communicator, `0..nranks`.
+    pub rank: i32,
+    /// Number of ranks.
+    pub nranks: i32,
+    /// Device (of the paired device adaptor) the communicator uses.
+    pub device: i32,
+    /// Bytes from rank 0's `get_unique_id`, identical on every rank.
+    pub unique_id: *const u8,
+    /// Length of `unique_id`.
+    pub unique_id_len: usize,
+    /// Deadline for any wait on a peer, in milliseconds (0: the adaptor's default).
+    pub timeout_ms: u64,
+    /// The cluster's options for this adaptor.
+    pub options: *const KeyValue,
+    /// Number of `options`.
+    pub n_options: usize,
+}
+
+/// The CCL adaptor table, exported as `ferrocx_ccl_adaptor_v1`.
+///
+/// Collectives are asynchronous on `stream` (NCCL semantics): they return once enqueued.
+/// Counts are in elements of `dtype`. `send == recv` means in place.
+#[repr(C)]
+pub struct CclAdaptorV1 {
+    /// Header: magic, ABI version, `sizeof` this table, adaptor name.
+    pub header: AbiHeader,
+
+    /// Initialises the adaptor with the configuration's options. Called once before anything else.
+    pub init: Option<unsafe extern "C" fn(options: *const KeyValue, n_options: usize) -> Status>,
+    /// Releases everything the adaptor holds.
+    pub finalize: Option<unsafe extern "C" fn() -> Status>,
+    /// The message of the last failed call on this thread; never null.
+    pub get_last_error: Option<unsafe extern "C" fn() -> *const c_char>,
+    /// The vendor library's version (NCCL: `major*10000 + minor*100 + patch`).
+    pub get_version: Option<unsafe extern "C" fn(version: *mut i32) -> Status>,
+    /// Creates a unique id on the root rank. `id` receives at most `*len` bytes and `*len` is set
+    /// to the id's size; a null `id` (or a too-small `*len`: `BUFFER_TOO_SMALL`) queries the size.
+    pub get_unique_id: Option<unsafe extern "C" fn(id: *mut u8, len: *mut usize) -> Status>,
+
+    /// Creates this rank's communicator; collective over all ranks.
+    pub comm_init_rank:
+        Option<unsafe extern "C" fn(args: *const CommInitArgs, comm: *mut Comm) -> Status>,
+    /// Completes outstanding operations; collective.
+    pub comm_finalize: Option<unsafe extern "C" fn(comm: Comm) -> Status>,
+    /// Frees the communicator's resources.
+    pub comm_destroy: Option<unsafe extern "C" fn(comm: Comm) -> Status>,
+    /// Stops every pending operation of the communicator with an error and frees it.
+    pub comm_abort: Option<unsafe extern "C" fn(comm: Comm) -> Status>,
+    /// Writes the communicator's asynchronous error (`SUCCESS` if none, `NOT_READY` while
+    /// initialising).
+    pub comm_get_async_error: Option<unsafe extern "C" fn(comm: Comm, error: *mut Status) -> Status>,
+    /// Number of ranks.
+    pub comm_count: Option<unsafe extern "C" fn(comm: Comm, count: *mut i32) -> Status>,
+    /// This process's rank.
+    pub comm_user_rank: Option<unsafe extern "C" fn(comm: Comm, rank: *mut i32) -> Status>,
+    /// The device the communicator uses.
+    pub comm_device: Option<unsafe extern "C" fn(comm: Comm, device: *mut i32) -> Status>,
+
+    /// `recv[i] = op over ranks of send[i]`, `count` elements.
+    pub all_reduce: Option<
+        unsafe extern "C" fn(
+            send: DevicePtr,
+            recv: DevicePtr,
+            count: usize,
+            dtype: DataType,
+            op: ReduceOp,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// `recv[r*send_count..]` = rank r's `send`.
+    pub all_gather: Option<
+        unsafe extern "C" fn(
+            send: DevicePtr,
+            recv: DevicePtr,
+            send_count: usize,
+            dtype: DataType,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// `recv` = this rank's block (of `recv_count`) of the reduction of every rank's `send`.
+    pub reduce_scatter: Option<
+        unsafe extern "C" fn(
+            send: DevicePtr,
+            recv: DevicePtr,
+            recv_count: usize,
+            dtype: DataType,
+            op: ReduceOp,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// `recv` = root's `send` on every rank.
+    pub broadcast: Option<
+        unsafe extern "C" fn(
+            send: DevicePtr,
+            recv: DevicePtr,
+            count: usize,
+            dtype: DataType,
+            root: i32,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// Root's `recv` = reduction of every rank's `send`.
+    pub reduce: Option<
+        unsafe extern "C" fn(
+            send: DevicePtr,
+            recv: DevicePtr,
+            count: usize,
+            dtype: DataType,
+            op: ReduceOp,
+            root: i32,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// Root's `recv[r*send_count..]` = rank r's `send`.
+    pub gather: Option<
+        unsafe extern "C" fn(
+            send: DevicePtr,
+            recv: DevicePtr,
+            send_count: usize,
+            dtype: DataType,
+            root: i32,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// Rank r's `recv` = root's `send[r*recv_count..]`.
+    pub scatter: Option<
+        unsafe extern "C" fn(
+            send: DevicePtr,
+            recv: DevicePtr,
+            recv_count: usize,
+            dtype: DataType,
+            root: i32,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// Block `r` of `send` goes to rank r; block `r` of `recv` comes from rank r; blocks of
+    /// `count` elements.
+    pub all_to_all: Option<
+        unsafe extern "C" fn(
+            send: DevicePtr,
+            recv: DevicePtr,
+            count: usize,
+            dtype: DataType,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// As `all_to_all` with per-peer counts and displacements (host arrays of `nranks` elements,
+    /// in elements).
+    pub all_to_allv: Option<
+        unsafe extern "C" fn(
+            send: DevicePtr,
+            send_counts: *const usize,
+            send_displs: *const usize,
+            recv: DevicePtr,
+            recv_counts: *const usize,
+            recv_displs: *const usize,
+            dtype: DataType,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// Sends `count` elements to `peer`.
+    pub send: Option<
+        unsafe extern "C" fn(
+            buf: DevicePtr,
+            count: usize,
+            dtype: DataType,
+            peer: i32,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// Receives `count` elements from `peer`.
+    pub recv: Option<
+        unsafe extern "C" fn(
+            buf: DevicePtr,
+            count: usize,
+            dtype: DataType,
+            peer: i32,
+            comm: Comm,
+            stream: Stream,
+        ) -> Status,
+    >,
+    /// Starts a group: operations until `group_end` are issued together.
+    pub group_start: Option<unsafe extern "C" fn() -> Status>,
+    /// Ends a group and issues its operations.
+    pub group_end: Option<unsafe extern "C" fn() -> Status>,
+
+    /// Allocates memory suited to the CCL (NCCL: `ncclMemAlloc`).
+    pub mem_alloc: Option<unsafe extern "C" fn(bytes: usize, ptr: *mut DevicePtr) -> Status>,
+    /// Frees memory from `mem_alloc`.
+    pub mem_free: Option<unsafe extern "C" fn(ptr: DevicePtr) -> Status>,
+    /// Registers a buffer with the communicator for faster collectives.
+    pub register: Option<
+        unsafe extern "C" fn(comm: Comm, buf: DevicePtr, bytes: usize, handle: *mut RegHandle) -> Status,
+    >,
+    /// Releases a registration.
+    pub deregister: Option<unsafe extern "C" fn(comm: Comm, handle: RegHandle) -> Status>,
+}
+
+/// Optional group `ferrocx_ccl_window_v1`: the CCL's own window registration.
+#[repr(C)]
+pub struct CclWindowV1 {
+    /// Header: magic, ABI version, `sizeof` this table, adaptor name.
+    pub header: AbiHeader,
+    /// Registers `bytes` at `buf` as a window; collective over the communicator.
+    pub window_register: Option<
+        unsafe extern "C" fn(
+            comm: Comm,
+            buf: DevicePtr,
+            bytes: usize,
+            flags: u32,
+            window: *mut WindowHandle,
+        ) -> Status,
+    >,
+    /// Deregisters a window; collective.
+    pub window_deregister: Option<unsafe extern "C" fn(comm: Comm, window: WindowHandle) -> Status>,
+}

@@ -1,0 +1,215 @@
+//! The device adaptor table and its optional groups (VMM, flat mapping, multicast).
+//!
+//! The device adaptor is process-wide, like the CUDA runtime: `init` once, then `set_device`
+//! selects the device the calling thread works on.
+
+use std::ffi::{c_char, c_void};
+
+use super::header::AbiHeader;
+use super::types::{
+    Capabilities, DevicePtr, Event, HostFn, KeyValue, McHandle, MemKind, Status, Stream, VmmHandle,
+};
+
+/// Properties of one device, filled by `get_properties`.
+///
+/// The caller sets `struct_size` to the size it knows; the adaptor writes no byte past it, so the
+/// struct can grow in later minors.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceProperties {
+    /// Set by the caller: `sizeof(DeviceProperties)` as it was compiled.
+    pub struct_size: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Vendor name, NUL-terminated (`"NVIDIA"`, `"host"`).
+    pub vendor: [c_char; 32],
+    /// Device name, NUL-terminated (`"NVIDIA H200"`).
+    pub name: [c_char; 64],
+    /// [`Capabilities`] bits.
+    pub capabilities: Capabilities,
+    /// Device memory in bytes (0 when unknown).
+    pub total_memory: u64,
+    /// Vendor's architecture number (CUDA: major*10+minor), 0 when not applicable.
+    pub arch: u32,
+    /// Devices visible to this process.
+    pub device_count: i32,
+}
+
+impl Default for DeviceProperties {
+    fn default() -> Self {
+        DeviceProperties {
+            struct_size: std::mem::size_of::<DeviceProperties>() as u32,
+            reserved: 0,
+            vendor: [0; 32],
+            name: [0; 64],
+            capabilities: Capabilities(0),
+            total_memory: 0,
+            arch: 0,
+            device_count: 0,
+        }
+    }
+}
+
+/// The device adaptor table, exported as `ferrocx_device_adaptor_v1`.
+///
+/// Every entry returns a [`Status`]; on failure `get_last_error` returns the message on the
+/// calling thread. A `None` entry means the operation is not supported.
+#[repr(C)]
+pub struct DeviceAdaptorV1 {
+    /// Header: magic, ABI version, `sizeof` this table, adaptor name.
+    pub header: AbiHeader,
+
+    /// Initialises the adaptor with the configuration's options. Called once before anything else.
+    pub init: Option<unsafe extern "C" fn(options: *const KeyValue, n_options: usize) -> Status>,
+    /// Releases everything the adaptor holds. No call follows it but `init`.
+    pub finalize: Option<unsafe extern "C" fn() -> Status>,
+    /// The message of the last failed call on this thread (static or thread-local storage, valid
+    /// until the next call on this thread); never null.
+    pub get_last_error: Option<unsafe extern "C" fn() -> *const c_char>,
+    /// Number of devices visible to this process.
+    pub device_count: Option<unsafe extern "C" fn(count: *mut i32) -> Status>,
+    /// Selects the device the calling thread works on.
+    pub set_device: Option<unsafe extern "C" fn(device: i32) -> Status>,
+    /// The device the calling thread works on.
+    pub get_device: Option<unsafe extern "C" fn(device: *mut i32) -> Status>,
+    /// Vendor, name and capabilities of a device.
+    pub get_properties:
+        Option<unsafe extern "C" fn(device: i32, props: *mut DeviceProperties) -> Status>,
+
+    /// Allocates `bytes` of memory of `kind` on the current device.
+    pub mem_alloc:
+        Option<unsafe extern "C" fn(bytes: usize, kind: MemKind, ptr: *mut DevicePtr) -> Status>,
+    /// Frees memory from `mem_alloc` of the same kind.
+    pub mem_free: Option<unsafe extern "C" fn(ptr: DevicePtr, kind: MemKind) -> Status>,
+    /// Copies `bytes` between any two addresses; returns when the copy is done.
+    pub mem_copy: Option<unsafe extern "C" fn(dst: DevicePtr, src: DevicePtr, bytes: usize) -> Status>,
+    /// Enqueues a copy on `stream`.
+    pub mem_copy_async: Option<
+        unsafe extern "C" fn(dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Status,
+    >,
+    /// Sets `bytes` bytes to `value`; returns when done.
+    pub mem_set: Option<unsafe extern "C" fn(dst: DevicePtr, value: u8, bytes: usize) -> Status>,
+    /// Enqueues a memset on `stream`.
+    pub mem_set_async:
+        Option<unsafe extern "C" fn(dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Status>,
+
+    /// Creates a stream (`flags`: 0 = default, 1 = non-blocking).
+    pub stream_create: Option<unsafe extern "C" fn(flags: u32, stream: *mut Stream) -> Status>,
+    /// Wraps a stream created by another library (a `CUstream`); destroying the wrapper does not
+    /// destroy the native stream.
+    pub stream_wrap: Option<unsafe extern "C" fn(native: *mut c_void, stream: *mut Stream) -> Status>,
+    /// Destroys a stream after the work enqueued on it completes.
+    pub stream_destroy: Option<unsafe extern "C" fn(stream: Stream) -> Status>,
+    /// Blocks until all work enqueued on `stream` has completed.
+    pub stream_synchronize: Option<unsafe extern "C" fn(stream: Stream) -> Status>,
+    /// `SUCCESS` when all work on `stream` has completed, `NOT_READY` otherwise.
+    pub stream_query: Option<unsafe extern "C" fn(stream: Stream) -> Status>,
+    /// Makes future work on `stream` wait for the most recent record of `event` made before this
+    /// call (CUDA semantics: a later re-record does not affect this wait).
+    pub stream_wait_event: Option<unsafe extern "C" fn(stream: Stream, event: Event) -> Status>,
+
+    /// Creates an event (`flags`: bit 0 = disable timing).
+    pub event_create: Option<unsafe extern "C" fn(flags: u32, event: *mut Event) -> Status>,
+    /// Destroys an event.
+    pub event_destroy: Option<unsafe extern "C" fn(event: Event) -> Status>,
+    /// Records `event` at the current end of `stream`.
+    pub event_record: Option<unsafe extern "C" fn(event: Event, stream: Stream) -> Status>,
+    /// Blocks until the most recent record of `event` has completed.
+    pub event_synchronize: Option<unsafe extern "C" fn(event: Event) -> Status>,
+    /// `SUCCESS` when the most recent record has completed, `NOT_READY` otherwise.
+    pub event_query: Option<unsafe extern "C" fn(event: Event) -> Status>,
+    /// Milliseconds between two completed records of timing events.
+    pub event_elapsed_ms:
+        Option<unsafe extern "C" fn(start: Event, end: Event, ms: *mut f32) -> Status>,
+
+    /// Enqueues a host function on `stream`; it runs once, in stream order.
+    pub launch_host_func:
+        Option<unsafe extern "C" fn(stream: Stream, func: Option<HostFn>, user: *mut c_void) -> Status>,
+
+    /// Exports an allocation for another process. `handle` receives at most `*len` bytes and
+    /// `*len` is set to the handle's size; a null `handle` (or a too-small `*len`, which returns
+    /// `BUFFER_TOO_SMALL`) queries the size.
+    pub ipc_export:
+        Option<unsafe extern "C" fn(ptr: DevicePtr, handle: *mut u8, len: *mut usize) -> Status>,
+    /// Opens a handle exported by another process.
+    pub ipc_import:
+        Option<unsafe extern "C" fn(handle: *const u8, len: usize, ptr: *mut DevicePtr) -> Status>,
+    /// Closes a pointer from `ipc_import`.
+    pub ipc_close: Option<unsafe extern "C" fn(ptr: DevicePtr) -> Status>,
+}
+
+/// Optional group `ferrocx_device_vmm_v1`: exportable physical allocations.
+#[repr(C)]
+pub struct DeviceVmmV1 {
+    /// Header: magic, ABI version, `sizeof` this table, adaptor name.
+    pub header: AbiHeader,
+    /// Allocation granularity of `device` in bytes; sizes are rounded up to it.
+    pub vmm_granularity: Option<unsafe extern "C" fn(device: i32, bytes: *mut usize) -> Status>,
+    /// Allocates `bytes` of exportable physical memory on the current device.
+    pub vmm_alloc: Option<unsafe extern "C" fn(bytes: usize, handle: *mut VmmHandle) -> Status>,
+    /// Exports an allocation as a POSIX file descriptor owned by the caller.
+    pub vmm_export_fd: Option<unsafe extern "C" fn(handle: VmmHandle, fd: *mut i32) -> Status>,
+    /// Imports an allocation of `bytes` from a file descriptor (the fd stays the caller's).
+    pub vmm_import_fd:
+        Option<unsafe extern "C" fn(fd: i32, bytes: usize, handle: *mut VmmHandle) -> Status>,
+    /// Releases an allocation or an imported handle (memory is freed once unmapped everywhere).
+    pub vmm_release: Option<unsafe extern "C" fn(handle: VmmHandle) -> Status>,
+}
+
+/// Optional group `ferrocx_device_flatmap_v1`: peers mapped into one virtual range.
+#[repr(C)]
+pub struct DeviceFlatMapV1 {
+    /// Header: magic, ABI version, `sizeof` this table, adaptor name.
+    pub header: AbiHeader,
+    /// Reserves `bytes` of virtual address space.
+    pub flat_reserve: Option<unsafe extern "C" fn(bytes: usize, base: *mut DevicePtr) -> Status>,
+    /// Maps `handle` at `base + index * size` with read/write access for the current device.
+    pub flat_map: Option<
+        unsafe extern "C" fn(base: DevicePtr, index: usize, size: usize, handle: VmmHandle) -> Status,
+    >,
+    /// Unmaps the slot at `base + index * size`.
+    pub flat_unmap:
+        Option<unsafe extern "C" fn(base: DevicePtr, index: usize, size: usize) -> Status>,
+    /// Releases a reservation whose slots are all unmapped.
+    pub flat_release: Option<unsafe extern "C" fn(base: DevicePtr, bytes: usize) -> Status>,
+}
+
+/// Optional group `ferrocx_device_multicast_v1`: one store reaching every device, a load
+/// reducing over all of them. The core calls it only when policy allows (see DESIGN.md).
+#[repr(C)]
+pub struct DeviceMulticastV1 {
+    /// Header: magic, ABI version, `sizeof` this table, adaptor name.
+    pub header: AbiHeader,
+    /// Writes 1 to `supported` when `device` can take part in multicast objects.
+    pub mc_supported: Option<unsafe extern "C" fn(device: i32, supported: *mut i32) -> Status>,
+    /// Creates a multicast object of `bytes` for `num_devices` devices.
+    pub mc_create:
+        Option<unsafe extern "C" fn(bytes: usize, num_devices: i32, mc: *mut McHandle) -> Status>,
+    /// Exports a multicast object as a POSIX file descriptor.
+    pub mc_export_fd: Option<unsafe extern "C" fn(mc: McHandle, fd: *mut i32) -> Status>,
+    /// Imports a multicast object from a file descriptor.
+    pub mc_import_fd:
+        Option<unsafe extern "C" fn(fd: i32, bytes: usize, mc: *mut McHandle) -> Status>,
+    /// Adds a device of this process to the object.
+    pub mc_add_device: Option<unsafe extern "C" fn(mc: McHandle, device: i32) -> Status>,
+    /// Binds `bytes` of a VMM allocation (from `mem_offset`) at `mc_offset` of the object.
+    pub mc_bind: Option<
+        unsafe extern "C" fn(
+            mc: McHandle,
+            mc_offset: usize,
+            mem: VmmHandle,
+            mem_offset: usize,
+            bytes: usize,
+        ) -> Status,
+    >,
+    /// Maps the object into this process's address space.
+    pub mc_map: Option<unsafe extern "C" fn(mc: McHandle, bytes: usize, ptr: *mut DevicePtr) -> Status>,
+    /// Unmaps a mapping from `mc_map`.
+    pub mc_unmap: Option<unsafe extern "C" fn(ptr: DevicePtr, bytes: usize) -> Status>,
+    /// Unbinds the memory bound at `mc_offset` for `device`.
+    pub mc_unbind: Option<
+        unsafe extern "C" fn(mc: McHandle, device: i32, mc_offset: usize, bytes: usize) -> Status,
+    >,
+    /// Releases the object.
+    pub mc_release: Option<unsafe extern "C" fn(mc: McHandle) -> Status>,
+}
