@@ -1,0 +1,366 @@
+//! Traits for the CCL adaptor and its window group, and the trampolines that build their tables.
+
+use std::ffi::c_char;
+
+use ferrocx::abi::{
+    AbiHeader, CclAdaptorV1, CclWindowV1, Comm, CommInitArgs, DataType, DevicePtr, KeyValue,
+    ReduceOp, RegHandle, Status, Stream, WindowHandle,
+};
+
+use crate::boundary::{call, guard, read_bytes, write_bytes, write_out};
+use crate::error::{last_error_ptr, Error, Result};
+use crate::options::Options;
+
+/// Arguments of [`CclAdaptor::comm_init_rank`].
+#[derive(Clone, Debug)]
+pub struct CommInit<'a> {
+    /// This process's rank.
+    pub rank: i32,
+    /// Number of ranks.
+    pub nranks: i32,
+    /// Device of the paired device adaptor.
+    pub device: i32,
+    /// The unique id from rank 0.
+    pub unique_id: &'a [u8],
+    /// Deadline for a wait on a peer, in milliseconds (0: the adaptor's default).
+    pub timeout_ms: u64,
+    /// The cluster's options for this adaptor.
+    pub options: Options,
+}
+
+/// Per-peer counts and displacements of `all_to_allv`, in elements.
+#[derive(Clone, Copy, Debug)]
+pub struct VCounts<'a> {
+    /// Elements for (or from) each peer.
+    pub counts: &'a [usize],
+    /// Offset of each peer's block, in elements.
+    pub displs: &'a [usize],
+}
+
+/// The CCL adaptor (`ferrocx_ccl_adaptor_v1`). Every method is required: return
+/// [`Error::unsupported`] for what the library cannot do.
+#[allow(clippy::too_many_arguments)]
+pub trait CclAdaptor: Send + Sync + Sized + 'static {
+    /// The process-wide instance (see [`crate::singleton!`]).
+    fn instance() -> &'static Self;
+    /// Initialises the adaptor with the configuration's options.
+    fn init(&self, options: &Options) -> Result<()>;
+    /// Releases everything the adaptor holds.
+    fn finalize(&self) -> Result<()>;
+    /// The vendor library's version.
+    fn version(&self) -> Result<i32>;
+    /// A new unique id (called on the root rank).
+    fn unique_id(&self) -> Result<Vec<u8>>;
+    /// Creates this rank's communicator.
+    fn comm_init_rank(&self, init: &CommInit<'_>) -> Result<Comm>;
+    /// Completes outstanding operations.
+    fn comm_finalize(&self, comm: Comm) -> Result<()>;
+    /// Frees a communicator.
+    fn comm_destroy(&self, comm: Comm) -> Result<()>;
+    /// Fails every pending operation and frees the communicator.
+    fn comm_abort(&self, comm: Comm) -> Result<()>;
+    /// The asynchronous error of a communicator (`SUCCESS` if none).
+    fn comm_async_error(&self, comm: Comm) -> Result<Status>;
+    /// Number of ranks.
+    fn comm_count(&self, comm: Comm) -> Result<i32>;
+    /// This process's rank.
+    fn comm_user_rank(&self, comm: Comm) -> Result<i32>;
+    /// The communicator's device.
+    fn comm_device(&self, comm: Comm) -> Result<i32>;
+    /// All-reduce.
+    fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, comm: Comm, stream: Stream) -> Result<()>;
+    /// All-gather.
+    fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, comm: Comm, stream: Stream) -> Result<()>;
+    /// Reduce-scatter.
+    fn reduce_scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp, comm: Comm, stream: Stream) -> Result<()>;
+    /// Broadcast.
+    fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<()>;
+    /// Reduce to a root.
+    fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, comm: Comm, stream: Stream) -> Result<()>;
+    /// Gather to a root.
+    fn gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<()>;
+    /// Scatter from a root.
+    fn scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<()>;
+    /// All-to-all with equal blocks.
+    fn all_to_all(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, comm: Comm, stream: Stream) -> Result<()>;
+    /// All-to-all with per-peer counts.
+    fn all_to_allv(&self, send: DevicePtr, send_v: VCounts<'_>, recv: DevicePtr, recv_v: VCounts<'_>, dtype: DataType, comm: Comm, stream: Stream) -> Result<()>;
+    /// Point-to-point send.
+    fn send(&self, buf: DevicePtr, count: usize, dtype: DataType, peer: i32, comm: Comm, stream: Stream) -> Result<()>;
+    /// Point-to-point receive.
+    fn recv(&self, buf: DevicePtr, count: usize, dtype: DataType, peer: i32, comm: Comm, stream: Stream) -> Result<()>;
+    /// Starts a group.
+    fn group_start(&self) -> Result<()>;
+    /// Ends a group.
+    fn group_end(&self) -> Result<()>;
+    /// Allocates CCL-suited memory.
+    fn mem_alloc(&self, bytes: usize) -> Result<DevicePtr>;
+    /// Frees memory from `mem_alloc`.
+    fn mem_free(&self, ptr: DevicePtr) -> Result<()>;
+    /// Registers a buffer.
+    fn register(&self, comm: Comm, buf: DevicePtr, bytes: usize) -> Result<RegHandle>;
+    /// Releases a registration.
+    fn deregister(&self, comm: Comm, handle: RegHandle) -> Result<()>;
+}
+
+/// The window group (`ferrocx_ccl_window_v1`).
+pub trait CclWindow: CclAdaptor {
+    /// Registers a window (collective).
+    fn window_register(&self, comm: Comm, buf: DevicePtr, bytes: usize, flags: u32) -> Result<WindowHandle>;
+    /// Deregisters a window (collective).
+    fn window_deregister(&self, comm: Comm, window: WindowHandle) -> Result<()>;
+}
+
+mod tramp {
+    use super::*;
+
+    fn nranks<A: CclAdaptor>(comm: Comm) -> Result<usize> {
+        let n = A::instance().comm_count(comm)?;
+        usize::try_from(n).map_err(|_| Error::internal(format!("comm_count returned {n}")))
+    }
+
+    /// # Safety
+    /// Each pointer must be null or valid for `n` reads.
+    unsafe fn counts<'a>(c: *const usize, d: *const usize, n: usize, what: &str) -> Result<VCounts<'a>> {
+        if c.is_null() || d.is_null() {
+            return Err(Error::invalid_argument(format!("`{what}` counts or displacements are null")));
+        }
+        // SAFETY: non-null, `n` elements by the caller's contract.
+        Ok(unsafe {
+            VCounts {
+                counts: std::slice::from_raw_parts(c, n),
+                displs: std::slice::from_raw_parts(d, n),
+            }
+        })
+    }
+
+    pub unsafe extern "C" fn init<A: CclAdaptor>(opts: *const KeyValue, n: usize) -> Status {
+        // SAFETY: the caller passes `n` valid options.
+        call("init", || A::instance().init(&unsafe { Options::from_raw(opts, n) }?))
+    }
+    pub unsafe extern "C" fn finalize<A: CclAdaptor>() -> Status {
+        call("finalize", || A::instance().finalize())
+    }
+    pub unsafe extern "C" fn get_last_error() -> *const c_char {
+        last_error_ptr()
+    }
+    pub unsafe extern "C" fn get_version<A: CclAdaptor>(out: *mut i32) -> Status {
+        // SAFETY: `out` null or writable by the ABI's contract.
+        call("get_version", || unsafe { write_out(out, "version", A::instance().version()?) })
+    }
+    pub unsafe extern "C" fn get_unique_id<A: CclAdaptor>(id: *mut u8, len: *mut usize) -> Status {
+        guard("get_unique_id", || {
+            if len.is_null() {
+                return Err(Error::invalid_argument("`len` is null"));
+            }
+            let bytes = A::instance().unique_id()?;
+            // SAFETY: `len` checked; `id` null or `*len` writable bytes.
+            unsafe { write_bytes(id, len, &bytes) }
+        })
+    }
+    pub unsafe extern "C" fn comm_init_rank<A: CclAdaptor>(args: *const CommInitArgs, out: *mut Comm) -> Status {
+        call("comm_init_rank", || {
+            if args.is_null() || out.is_null() {
+                return Err(Error::invalid_argument("`args` or `comm` is null"));
+            }
+            // SAFETY: non-null; the caller's struct is at least `struct_size` bytes.
+            let a = unsafe { &*args };
+            if (a.struct_size as usize) < std::mem::size_of::<CommInitArgs>() {
+                return Err(Error::invalid_argument(format!(
+                    "`args.struct_size` {} is smaller than this plugin's CommInitArgs ({})",
+                    a.struct_size,
+                    std::mem::size_of::<CommInitArgs>()
+                )));
+            }
+            let init = CommInit {
+                rank: a.rank,
+                nranks: a.nranks,
+                device: a.device,
+                // SAFETY: `unique_id_len` readable bytes by the ABI's contract.
+                unique_id: unsafe { read_bytes(a.unique_id, a.unique_id_len, "unique_id") }?,
+                timeout_ms: a.timeout_ms,
+                // SAFETY: `n_options` valid options by the ABI's contract.
+                options: unsafe { Options::from_raw(a.options, a.n_options) }?,
+            };
+            let comm = A::instance().comm_init_rank(&init)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "comm", comm) }
+        })
+    }
+    pub unsafe extern "C" fn comm_finalize<A: CclAdaptor>(c: Comm) -> Status {
+        call("comm_finalize", || A::instance().comm_finalize(c))
+    }
+    pub unsafe extern "C" fn comm_destroy<A: CclAdaptor>(c: Comm) -> Status {
+        call("comm_destroy", || A::instance().comm_destroy(c))
+    }
+    pub unsafe extern "C" fn comm_abort<A: CclAdaptor>(c: Comm) -> Status {
+        call("comm_abort", || A::instance().comm_abort(c))
+    }
+    pub unsafe extern "C" fn comm_get_async_error<A: CclAdaptor>(c: Comm, out: *mut Status) -> Status {
+        // SAFETY: `out` null or writable.
+        call("comm_get_async_error", || unsafe { write_out(out, "error", A::instance().comm_async_error(c)?) })
+    }
+    pub unsafe extern "C" fn comm_count<A: CclAdaptor>(c: Comm, out: *mut i32) -> Status {
+        // SAFETY: `out` null or writable.
+        call("comm_count", || unsafe { write_out(out, "count", A::instance().comm_count(c)?) })
+    }
+    pub unsafe extern "C" fn comm_user_rank<A: CclAdaptor>(c: Comm, out: *mut i32) -> Status {
+        // SAFETY: `out` null or writable.
+        call("comm_user_rank", || unsafe { write_out(out, "rank", A::instance().comm_user_rank(c)?) })
+    }
+    pub unsafe extern "C" fn comm_device<A: CclAdaptor>(c: Comm, out: *mut i32) -> Status {
+        // SAFETY: `out` null or writable.
+        call("comm_device", || unsafe { write_out(out, "device", A::instance().comm_device(c)?) })
+    }
+    pub unsafe extern "C" fn all_reduce<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, op: ReduceOp, c: Comm, st: Stream) -> Status {
+        call("all_reduce", || A::instance().all_reduce(s, r, n, t, op, c, st))
+    }
+    pub unsafe extern "C" fn all_gather<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, c: Comm, st: Stream) -> Status {
+        call("all_gather", || A::instance().all_gather(s, r, n, t, c, st))
+    }
+    pub unsafe extern "C" fn reduce_scatter<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, op: ReduceOp, c: Comm, st: Stream) -> Status {
+        call("reduce_scatter", || A::instance().reduce_scatter(s, r, n, t, op, c, st))
+    }
+    pub unsafe extern "C" fn broadcast<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Status {
+        call("broadcast", || A::instance().broadcast(s, r, n, t, root, c, st))
+    }
+    pub unsafe extern "C" fn reduce<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, op: ReduceOp, root: i32, c: Comm, st: Stream) -> Status {
+        call("reduce", || A::instance().reduce(s, r, n, t, op, root, c, st))
+    }
+    pub unsafe extern "C" fn gather<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Status {
+        call("gather", || A::instance().gather(s, r, n, t, root, c, st))
+    }
+    pub unsafe extern "C" fn scatter<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Status {
+        call("scatter", || A::instance().scatter(s, r, n, t, root, c, st))
+    }
+    pub unsafe extern "C" fn all_to_all<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, c: Comm, st: Stream) -> Status {
+        call("all_to_all", || A::instance().all_to_all(s, r, n, t, c, st))
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe extern "C" fn all_to_allv<A: CclAdaptor>(
+        s: DevicePtr,
+        sc: *const usize,
+        sd: *const usize,
+        r: DevicePtr,
+        rc: *const usize,
+        rd: *const usize,
+        t: DataType,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
+        call("all_to_allv", || {
+            let n = nranks::<A>(c)?;
+            // SAFETY: the ABI requires `nranks` elements behind each array.
+            let (sv, rv) = unsafe { (counts(sc, sd, n, "send")?, counts(rc, rd, n, "recv")?) };
+            A::instance().all_to_allv(s, sv, r, rv, t, c, st)
+        })
+    }
+    pub unsafe extern "C" fn send<A: CclAdaptor>(b: DevicePtr, n: usize, t: DataType, peer: i32, c: Comm, st: Stream) -> Status {
+        call("send", || A::instance().send(b, n, t, peer, c, st))
+    }
+    pub unsafe extern "C" fn recv<A: CclAdaptor>(b: DevicePtr, n: usize, t: DataType, peer: i32, c: Comm, st: Stream) -> Status {
+        call("recv", || A::instance().recv(b, n, t, peer, c, st))
+    }
+    pub unsafe extern "C" fn group_start<A: CclAdaptor>() -> Status {
+        call("group_start", || A::instance().group_start())
+    }
+    pub unsafe extern "C" fn group_end<A: CclAdaptor>() -> Status {
+        call("group_end", || A::instance().group_end())
+    }
+    pub unsafe extern "C" fn mem_alloc<A: CclAdaptor>(bytes: usize, out: *mut DevicePtr) -> Status {
+        call("mem_alloc", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`ptr` is null"));
+            }
+            let p = A::instance().mem_alloc(bytes)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "ptr", p) }
+        })
+    }
+    pub unsafe extern "C" fn mem_free<A: CclAdaptor>(p: DevicePtr) -> Status {
+        call("mem_free", || A::instance().mem_free(p))
+    }
+    pub unsafe extern "C" fn register<A: CclAdaptor>(c: Comm, b: DevicePtr, bytes: usize, out: *mut RegHandle) -> Status {
+        call("register", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`handle` is null"));
+            }
+            let h = A::instance().register(c, b, bytes)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "handle", h) }
+        })
+    }
+    pub unsafe extern "C" fn deregister<A: CclAdaptor>(c: Comm, h: RegHandle) -> Status {
+        call("deregister", || A::instance().deregister(c, h))
+    }
+    pub unsafe extern "C" fn window_register<A: CclWindow>(c: Comm, b: DevicePtr, bytes: usize, flags: u32, out: *mut WindowHandle) -> Status {
+        call("window_register", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`window` is null"));
+            }
+            let w = A::instance().window_register(c, b, bytes, flags)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "window", w) }
+        })
+    }
+    pub unsafe extern "C" fn window_deregister<A: CclWindow>(c: Comm, w: WindowHandle) -> Status {
+        call("window_deregister", || A::instance().window_deregister(c, w))
+    }
+}
+
+/// Builds the CCL adaptor table of `A`. Entries named in `absent` are exported as `None`.
+pub const fn ccl_table<A: CclAdaptor>(name: &'static std::ffi::CStr, absent: &[&str]) -> CclAdaptorV1 {
+    use tramp::*;
+    macro_rules! entry {
+        ($f:ident) => {
+            if crate::table::listed(absent, stringify!($f)) {
+                None
+            } else {
+                Some($f::<A>)
+            }
+        };
+    }
+    CclAdaptorV1 {
+        header: AbiHeader::new::<CclAdaptorV1>(name),
+        init: entry!(init),
+        finalize: entry!(finalize),
+        get_last_error: Some(get_last_error),
+        get_version: entry!(get_version),
+        get_unique_id: entry!(get_unique_id),
+        comm_init_rank: entry!(comm_init_rank),
+        comm_finalize: entry!(comm_finalize),
+        comm_destroy: entry!(comm_destroy),
+        comm_abort: entry!(comm_abort),
+        comm_get_async_error: entry!(comm_get_async_error),
+        comm_count: entry!(comm_count),
+        comm_user_rank: entry!(comm_user_rank),
+        comm_device: entry!(comm_device),
+        all_reduce: entry!(all_reduce),
+        all_gather: entry!(all_gather),
+        reduce_scatter: entry!(reduce_scatter),
+        broadcast: entry!(broadcast),
+        reduce: entry!(reduce),
+        gather: entry!(gather),
+        scatter: entry!(scatter),
+        all_to_all: entry!(all_to_all),
+        all_to_allv: entry!(all_to_allv),
+        send: entry!(send),
+        recv: entry!(recv),
+        group_start: entry!(group_start),
+        group_end: entry!(group_end),
+        mem_alloc: entry!(mem_alloc),
+        mem_free: entry!(mem_free),
+        register: entry!(register),
+        deregister: entry!(deregister),
+    }
+}
+
+/// Builds the window group table of `A`.
+pub const fn window_table<A: CclWindow>(name: &'static std::ffi::CStr) -> CclWindowV1 {
+    use tramp::*;
+    CclWindowV1 {
+        header: AbiHeader::new::<CclWindowV1>(name),
+        window_register: Some(window_register::<A>),
+        window_deregister: Some(window_deregister::<A>),
+    }
+}

@@ -1,0 +1,628 @@
+//! Traits for the device adaptor and its optional groups, and the trampolines that build their
+//! tables.
+
+use std::ffi::{c_char, c_void};
+
+use ferrocx::abi::{
+    AbiHeader, Capabilities, DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DevicePtr,
+    DeviceProperties, DeviceVmmV1, Event, HostFn, KeyValue, McHandle, MemKind, Status, Stream,
+    VmmHandle,
+};
+
+use crate::boundary::{call, guard, read_bytes, write_bytes, write_out};
+use crate::error::{last_error_ptr, Error, Result};
+use crate::options::Options;
+
+/// What `get_properties` reports for one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Properties {
+    /// Vendor name (at most 31 bytes are kept).
+    pub vendor: String,
+    /// Device name (at most 63 bytes are kept).
+    pub name: String,
+    /// Capability bits.
+    pub capabilities: Capabilities,
+    /// Device memory in bytes (0 when unknown).
+    pub total_memory: u64,
+    /// Vendor architecture number (0 when not applicable).
+    pub arch: u32,
+    /// Devices visible to this process.
+    pub device_count: i32,
+}
+
+/// A host function and its argument, to be called once in stream order.
+#[derive(Debug)]
+pub struct HostCall {
+    func: HostFn,
+    user: *mut c_void,
+}
+
+// SAFETY: the ABI requires a host function to be callable from the adaptor's worker thread
+// with its `user` pointer; ownership of that contract is the enqueuer's.
+unsafe impl Send for HostCall {}
+
+impl HostCall {
+    /// Wraps a function and its argument.
+    pub fn new(func: HostFn, user: *mut c_void) -> Self {
+        HostCall { func, user }
+    }
+
+    /// Calls the function.
+    pub fn run(self) {
+        // SAFETY: the enqueuer guaranteed `func(user)` is sound to call once, on any thread.
+        unsafe { (self.func)(self.user) }
+    }
+}
+
+/// The device adaptor (`ferrocx_device_adaptor_v1`). Every method is required: return
+/// [`Error::unsupported`] for what the device cannot do.
+pub trait DeviceAdaptor: Send + Sync + Sized + 'static {
+    /// The process-wide instance (see [`crate::singleton!`]).
+    fn instance() -> &'static Self;
+    /// Initialises the adaptor with the configuration's options.
+    fn init(&self, options: &Options) -> Result<()>;
+    /// Releases everything the adaptor holds.
+    fn finalize(&self) -> Result<()>;
+    /// Number of devices visible to this process.
+    fn device_count(&self) -> Result<i32>;
+    /// Selects the calling thread's device.
+    fn set_device(&self, device: i32) -> Result<()>;
+    /// The calling thread's device.
+    fn get_device(&self) -> Result<i32>;
+    /// Vendor, name and capabilities of a device.
+    fn properties(&self, device: i32) -> Result<Properties>;
+    /// Allocates memory.
+    fn mem_alloc(&self, bytes: usize, kind: MemKind) -> Result<DevicePtr>;
+    /// Frees memory.
+    fn mem_free(&self, ptr: DevicePtr, kind: MemKind) -> Result<()>;
+    /// Copies synchronously.
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
+    /// Enqueues a copy.
+    fn mem_copy_async(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream)
+        -> Result<()>;
+    /// Sets bytes synchronously.
+    fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
+    /// Enqueues a memset.
+    fn mem_set_async(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()>;
+    /// Creates a stream.
+    fn stream_create(&self, flags: u32) -> Result<Stream>;
+    /// Wraps a native stream of another library.
+    fn stream_wrap(&self, native: *mut c_void) -> Result<Stream>;
+    /// Destroys a stream.
+    fn stream_destroy(&self, stream: Stream) -> Result<()>;
+    /// Waits for a stream's work.
+    fn stream_synchronize(&self, stream: Stream) -> Result<()>;
+    /// `true` when the stream's work has completed.
+    fn stream_query(&self, stream: Stream) -> Result<bool>;
+    /// Orders future work of `stream` after the event's most recent record.
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()>;
+    /// Creates an event.
+    fn event_create(&self, flags: u32) -> Result<Event>;
+    /// Destroys an event.
+    fn event_destroy(&self, event: Event) -> Result<()>;
+    /// Records an event on a stream.
+    fn event_record(&self, event: Event, stream: Stream) -> Result<()>;
+    /// Waits for the event's most recent record.
+    fn event_synchronize(&self, event: Event) -> Result<()>;
+    /// `true` when the most recent record has completed.
+    fn event_query(&self, event: Event) -> Result<bool>;
+    /// Milliseconds between two records.
+    fn event_elapsed_ms(&self, start: Event, end: Event) -> Result<f32>;
+    /// Enqueues a host function.
+    fn launch_host_func(&self, stream: Stream, call: HostCall) -> Result<()>;
+    /// Exports an allocation for another process.
+    fn ipc_export(&self, ptr: DevicePtr) -> Result<Vec<u8>>;
+    /// Imports an allocation exported by another process.
+    fn ipc_import(&self, handle: &[u8]) -> Result<DevicePtr>;
+    /// Closes an imported allocation.
+    fn ipc_close(&self, ptr: DevicePtr) -> Result<()>;
+}
+
+/// The VMM group (`ferrocx_device_vmm_v1`).
+pub trait DeviceVmm: DeviceAdaptor {
+    /// Allocation granularity in bytes.
+    fn vmm_granularity(&self, device: i32) -> Result<usize>;
+    /// Allocates exportable physical memory.
+    fn vmm_alloc(&self, bytes: usize) -> Result<VmmHandle>;
+    /// Exports an allocation as a file descriptor owned by the caller.
+    fn vmm_export_fd(&self, handle: VmmHandle) -> Result<i32>;
+    /// Imports an allocation from a file descriptor (which stays the caller's).
+    fn vmm_import_fd(&self, fd: i32, bytes: usize) -> Result<VmmHandle>;
+    /// Releases an allocation or import.
+    fn vmm_release(&self, handle: VmmHandle) -> Result<()>;
+}
+
+/// The flat-map group (`ferrocx_device_flatmap_v1`).
+pub trait DeviceFlatMap: DeviceAdaptor {
+    /// Reserves a virtual range.
+    fn flat_reserve(&self, bytes: usize) -> Result<DevicePtr>;
+    /// Maps `handle` at `base + index * size`.
+    fn flat_map(&self, base: DevicePtr, index: usize, size: usize, handle: VmmHandle) -> Result<()>;
+    /// Unmaps the slot at `base + index * size`.
+    fn flat_unmap(&self, base: DevicePtr, index: usize, size: usize) -> Result<()>;
+    /// Releases a reservation.
+    fn flat_release(&self, base: DevicePtr, bytes: usize) -> Result<()>;
+}
+
+/// The multicast group (`ferrocx_device_multicast_v1`).
+pub trait DeviceMulticast: DeviceAdaptor {
+    /// Whether `device` supports multicast objects.
+    fn mc_supported(&self, device: i32) -> Result<bool>;
+    /// Creates a multicast object.
+    fn mc_create(&self, bytes: usize, num_devices: i32) -> Result<McHandle>;
+    /// Exports an object as a file descriptor.
+    fn mc_export_fd(&self, mc: McHandle) -> Result<i32>;
+    /// Imports an object from a file descriptor.
+    fn mc_import_fd(&self, fd: i32, bytes: usize) -> Result<McHandle>;
+    /// Adds a device of this process.
+    fn mc_add_device(&self, mc: McHandle, device: i32) -> Result<()>;
+    /// Binds memory into the object.
+    fn mc_bind(&self, mc: McHandle, mc_offset: usize, mem: VmmHandle, mem_offset: usize, bytes: usize)
+        -> Result<()>;
+    /// Maps the object.
+    fn mc_map(&self, mc: McHandle, bytes: usize) -> Result<DevicePtr>;
+    /// Unmaps a mapping.
+    fn mc_unmap(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
+    /// Unbinds memory.
+    fn mc_unbind(&self, mc: McHandle, device: i32, mc_offset: usize, bytes: usize) -> Result<()>;
+    /// Releases the object.
+    fn mc_release(&self, mc: McHandle) -> Result<()>;
+}
+
+fn copy_c_str<const N: usize>(dst: &mut [c_char; N], s: &str) {
+    let bytes = s.as_bytes();
+    let n = bytes.len().min(N - 1);
+    for (d, b) in dst.iter_mut().zip(&bytes[..n]) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
+}
+
+/// The trampolines of [`DeviceAdaptorV1`], generic over the adaptor.
+mod tramp {
+    use super::*;
+
+    pub unsafe extern "C" fn init<A: DeviceAdaptor>(opts: *const KeyValue, n: usize) -> Status {
+        // SAFETY: the caller passes `n` valid options.
+        call("init", || A::instance().init(&unsafe { Options::from_raw(opts, n) }?))
+    }
+    pub unsafe extern "C" fn finalize<A: DeviceAdaptor>() -> Status {
+        call("finalize", || A::instance().finalize())
+    }
+    pub unsafe extern "C" fn get_last_error() -> *const c_char {
+        last_error_ptr()
+    }
+    pub unsafe extern "C" fn device_count<A: DeviceAdaptor>(out: *mut i32) -> Status {
+        // SAFETY: `out` is null or writable by the ABI's contract.
+        call("device_count", || unsafe { write_out(out, "count", A::instance().device_count()?) })
+    }
+    pub unsafe extern "C" fn set_device<A: DeviceAdaptor>(device: i32) -> Status {
+        call("set_device", || A::instance().set_device(device))
+    }
+    pub unsafe extern "C" fn get_device<A: DeviceAdaptor>(out: *mut i32) -> Status {
+        // SAFETY: as above.
+        call("get_device", || unsafe { write_out(out, "device", A::instance().get_device()?) })
+    }
+    pub unsafe extern "C" fn get_properties<A: DeviceAdaptor>(
+        device: i32,
+        out: *mut DeviceProperties,
+    ) -> Status {
+        call("get_properties", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`props` is null"));
+            }
+            let p = A::instance().properties(device)?;
+            let mut full = DeviceProperties::default();
+            copy_c_str(&mut full.vendor, &p.vendor);
+            copy_c_str(&mut full.name, &p.name);
+            full.capabilities = p.capabilities;
+            full.total_memory = p.total_memory;
+            full.arch = p.arch;
+            full.device_count = p.device_count;
+            // SAFETY: `out` is non-null and holds at least `struct_size` bytes the caller owns.
+            let want = unsafe { (*out).struct_size } as usize;
+            let n = want.min(std::mem::size_of::<DeviceProperties>());
+            if n < 8 {
+                return Err(Error::invalid_argument("`props.struct_size` is too small"));
+            }
+            // Copy everything after the caller's own struct_size/reserved words, up to its size.
+            // SAFETY: both ranges are within their structs (n <= size of either).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&full as *const DeviceProperties as *const u8).add(8),
+                    (out as *mut u8).add(8),
+                    n - 8,
+                )
+            };
+            Ok(())
+        })
+    }
+    pub unsafe extern "C" fn mem_alloc<A: DeviceAdaptor>(
+        bytes: usize,
+        kind: MemKind,
+        out: *mut DevicePtr,
+    ) -> Status {
+        call("mem_alloc", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`ptr` is null"));
+            }
+            let p = A::instance().mem_alloc(bytes, kind)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "ptr", p) }
+        })
+    }
+    pub unsafe extern "C" fn mem_free<A: DeviceAdaptor>(ptr: DevicePtr, kind: MemKind) -> Status {
+        call("mem_free", || A::instance().mem_free(ptr, kind))
+    }
+    pub unsafe extern "C" fn mem_copy<A: DeviceAdaptor>(
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+    ) -> Status {
+        call("mem_copy", || A::instance().mem_copy(dst, src, bytes))
+    }
+    pub unsafe extern "C" fn mem_copy_async<A: DeviceAdaptor>(
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> Status {
+        call("mem_copy_async", || A::instance().mem_copy_async(dst, src, bytes, stream))
+    }
+    pub unsafe extern "C" fn mem_set<A: DeviceAdaptor>(dst: DevicePtr, v: u8, bytes: usize) -> Status {
+        call("mem_set", || A::instance().mem_set(dst, v, bytes))
+    }
+    pub unsafe extern "C" fn mem_set_async<A: DeviceAdaptor>(
+        dst: DevicePtr,
+        v: u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> Status {
+        call("mem_set_async", || A::instance().mem_set_async(dst, v, bytes, stream))
+    }
+    pub unsafe extern "C" fn stream_create<A: DeviceAdaptor>(flags: u32, out: *mut Stream) -> Status {
+        call("stream_create", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`stream` is null"));
+            }
+            let s = A::instance().stream_create(flags)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "stream", s) }
+        })
+    }
+    pub unsafe extern "C" fn stream_wrap<A: DeviceAdaptor>(native: *mut c_void, out: *mut Stream) -> Status {
+        call("stream_wrap", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`stream` is null"));
+            }
+            let s = A::instance().stream_wrap(native)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "stream", s) }
+        })
+    }
+    pub unsafe extern "C" fn stream_destroy<A: DeviceAdaptor>(s: Stream) -> Status {
+        call("stream_destroy", || A::instance().stream_destroy(s))
+    }
+    pub unsafe extern "C" fn stream_synchronize<A: DeviceAdaptor>(s: Stream) -> Status {
+        call("stream_synchronize", || A::instance().stream_synchronize(s))
+    }
+    pub unsafe extern "C" fn stream_query<A: DeviceAdaptor>(s: Stream) -> Status {
+        guard("stream_query", || Ok(ready(A::instance().stream_query(s)?)))
+    }
+    pub unsafe extern "C" fn stream_wait_event<A: DeviceAdaptor>(s: Stream, e: Event) -> Status {
+        call("stream_wait_event", || A::instance().stream_wait_event(s, e))
+    }
+    pub unsafe extern "C" fn event_create<A: DeviceAdaptor>(flags: u32, out: *mut Event) -> Status {
+        call("event_create", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`event` is null"));
+            }
+            let e = A::instance().event_create(flags)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "event", e) }
+        })
+    }
+    pub unsafe extern "C" fn event_destroy<A: DeviceAdaptor>(e: Event) -> Status {
+        call("event_destroy", || A::instance().event_destroy(e))
+    }
+    pub unsafe extern "C" fn event_record<A: DeviceAdaptor>(e: Event, s: Stream) -> Status {
+        call("event_record", || A::instance().event_record(e, s))
+    }
+    pub unsafe extern "C" fn event_synchronize<A: DeviceAdaptor>(e: Event) -> Status {
+        call("event_synchronize", || A::instance().event_synchronize(e))
+    }
+    pub unsafe extern "C" fn event_query<A: DeviceAdaptor>(e: Event) -> Status {
+        guard("event_query", || Ok(ready(A::instance().event_query(e)?)))
+    }
+    pub unsafe extern "C" fn event_elapsed_ms<A: DeviceAdaptor>(a: Event, b: Event, ms: *mut f32) -> Status {
+        call("event_elapsed_ms", || {
+            if ms.is_null() {
+                return Err(Error::invalid_argument("`ms` is null"));
+            }
+            let v = A::instance().event_elapsed_ms(a, b)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(ms, "ms", v) }
+        })
+    }
+    pub unsafe extern "C" fn launch_host_func<A: DeviceAdaptor>(
+        s: Stream,
+        func: Option<HostFn>,
+        user: *mut c_void,
+    ) -> Status {
+        call("launch_host_func", || {
+            let func = func.ok_or_else(|| Error::invalid_argument("`func` is null"))?;
+            A::instance().launch_host_func(s, HostCall::new(func, user))
+        })
+    }
+    pub unsafe extern "C" fn ipc_export<A: DeviceAdaptor>(
+        ptr: DevicePtr,
+        handle: *mut u8,
+        len: *mut usize,
+    ) -> Status {
+        guard("ipc_export", || {
+            if len.is_null() {
+                return Err(Error::invalid_argument("`len` is null"));
+            }
+            let h = A::instance().ipc_export(ptr)?;
+            // SAFETY: `len` checked; `handle` null or `*len` bytes by the ABI's contract.
+            unsafe { write_bytes(handle, len, &h) }
+        })
+    }
+    pub unsafe extern "C" fn ipc_import<A: DeviceAdaptor>(
+        handle: *const u8,
+        len: usize,
+        out: *mut DevicePtr,
+    ) -> Status {
+        call("ipc_import", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`ptr` is null"));
+            }
+            // SAFETY: `len` readable bytes by the ABI's contract.
+            let h = unsafe { read_bytes(handle, len, "handle") }?;
+            let p = A::instance().ipc_import(h)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "ptr", p) }
+        })
+    }
+    pub unsafe extern "C" fn ipc_close<A: DeviceAdaptor>(ptr: DevicePtr) -> Status {
+        call("ipc_close", || A::instance().ipc_close(ptr))
+    }
+
+    fn ready(done: bool) -> Status {
+        if done {
+            Status::SUCCESS
+        } else {
+            Status::NOT_READY
+        }
+    }
+
+    pub unsafe extern "C" fn vmm_granularity<A: DeviceVmm>(device: i32, out: *mut usize) -> Status {
+        // SAFETY: `out` null or writable by the ABI's contract.
+        call("vmm_granularity", || unsafe { write_out(out, "bytes", A::instance().vmm_granularity(device)?) })
+    }
+    pub unsafe extern "C" fn vmm_alloc<A: DeviceVmm>(bytes: usize, out: *mut VmmHandle) -> Status {
+        call("vmm_alloc", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`handle` is null"));
+            }
+            let h = A::instance().vmm_alloc(bytes)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "handle", h) }
+        })
+    }
+    pub unsafe extern "C" fn vmm_export_fd<A: DeviceVmm>(h: VmmHandle, out: *mut i32) -> Status {
+        call("vmm_export_fd", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`fd` is null"));
+            }
+            let fd = A::instance().vmm_export_fd(h)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "fd", fd) }
+        })
+    }
+    pub unsafe extern "C" fn vmm_import_fd<A: DeviceVmm>(fd: i32, bytes: usize, out: *mut VmmHandle) -> Status {
+        call("vmm_import_fd", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`handle` is null"));
+            }
+            let h = A::instance().vmm_import_fd(fd, bytes)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "handle", h) }
+        })
+    }
+    pub unsafe extern "C" fn vmm_release<A: DeviceVmm>(h: VmmHandle) -> Status {
+        call("vmm_release", || A::instance().vmm_release(h))
+    }
+
+    pub unsafe extern "C" fn flat_reserve<A: DeviceFlatMap>(bytes: usize, out: *mut DevicePtr) -> Status {
+        call("flat_reserve", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`base` is null"));
+            }
+            let b = A::instance().flat_reserve(bytes)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "base", b) }
+        })
+    }
+    pub unsafe extern "C" fn flat_map<A: DeviceFlatMap>(
+        base: DevicePtr,
+        index: usize,
+        size: usize,
+        h: VmmHandle,
+    ) -> Status {
+        call("flat_map", || A::instance().flat_map(base, index, size, h))
+    }
+    pub unsafe extern "C" fn flat_unmap<A: DeviceFlatMap>(base: DevicePtr, index: usize, size: usize) -> Status {
+        call("flat_unmap", || A::instance().flat_unmap(base, index, size))
+    }
+    pub unsafe extern "C" fn flat_release<A: DeviceFlatMap>(base: DevicePtr, bytes: usize) -> Status {
+        call("flat_release", || A::instance().flat_release(base, bytes))
+    }
+
+    pub unsafe extern "C" fn mc_supported<A: DeviceMulticast>(device: i32, out: *mut i32) -> Status {
+        call("mc_supported", || {
+            let s = A::instance().mc_supported(device)?;
+            // SAFETY: `out` null or writable by the ABI's contract.
+            unsafe { write_out(out, "supported", i32::from(s)) }
+        })
+    }
+    pub unsafe extern "C" fn mc_create<A: DeviceMulticast>(bytes: usize, n: i32, out: *mut McHandle) -> Status {
+        call("mc_create", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`mc` is null"));
+            }
+            let h = A::instance().mc_create(bytes, n)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "mc", h) }
+        })
+    }
+    pub unsafe extern "C" fn mc_export_fd<A: DeviceMulticast>(mc: McHandle, out: *mut i32) -> Status {
+        call("mc_export_fd", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`fd` is null"));
+            }
+            let fd = A::instance().mc_export_fd(mc)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "fd", fd) }
+        })
+    }
+    pub unsafe extern "C" fn mc_import_fd<A: DeviceMulticast>(fd: i32, bytes: usize, out: *mut McHandle) -> Status {
+        call("mc_import_fd", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`mc` is null"));
+            }
+            let h = A::instance().mc_import_fd(fd, bytes)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "mc", h) }
+        })
+    }
+    pub unsafe extern "C" fn mc_add_device<A: DeviceMulticast>(mc: McHandle, device: i32) -> Status {
+        call("mc_add_device", || A::instance().mc_add_device(mc, device))
+    }
+    pub unsafe extern "C" fn mc_bind<A: DeviceMulticast>(
+        mc: McHandle,
+        mc_offset: usize,
+        mem: VmmHandle,
+        mem_offset: usize,
+        bytes: usize,
+    ) -> Status {
+        call("mc_bind", || A::instance().mc_bind(mc, mc_offset, mem, mem_offset, bytes))
+    }
+    pub unsafe extern "C" fn mc_map<A: DeviceMulticast>(mc: McHandle, bytes: usize, out: *mut DevicePtr) -> Status {
+        call("mc_map", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`ptr` is null"));
+            }
+            let p = A::instance().mc_map(mc, bytes)?;
+            // SAFETY: checked non-null above.
+            unsafe { write_out(out, "ptr", p) }
+        })
+    }
+    pub unsafe extern "C" fn mc_unmap<A: DeviceMulticast>(ptr: DevicePtr, bytes: usize) -> Status {
+        call("mc_unmap", || A::instance().mc_unmap(ptr, bytes))
+    }
+    pub unsafe extern "C" fn mc_unbind<A: DeviceMulticast>(
+        mc: McHandle,
+        device: i32,
+        mc_offset: usize,
+        bytes: usize,
+    ) -> Status {
+        call("mc_unbind", || A::instance().mc_unbind(mc, device, mc_offset, bytes))
+    }
+    pub unsafe extern "C" fn mc_release<A: DeviceMulticast>(mc: McHandle) -> Status {
+        call("mc_release", || A::instance().mc_release(mc))
+    }
+}
+
+/// Builds the device adaptor table of `A`. Entries named in `absent` are exported as `None`
+/// (not supported) instead of a trampoline.
+pub const fn device_table<A: DeviceAdaptor>(
+    name: &'static std::ffi::CStr,
+    absent: &[&str],
+) -> DeviceAdaptorV1 {
+    use tramp::*;
+    macro_rules! entry {
+        ($f:ident) => {
+            if crate::table::listed(absent, stringify!($f)) {
+                None
+            } else {
+                Some($f::<A>)
+            }
+        };
+    }
+    DeviceAdaptorV1 {
+        header: AbiHeader::new::<DeviceAdaptorV1>(name),
+        init: entry!(init),
+        finalize: entry!(finalize),
+        get_last_error: Some(get_last_error),
+        device_count: entry!(device_count),
+        set_device: entry!(set_device),
+        get_device: entry!(get_device),
+        get_properties: entry!(get_properties),
+        mem_alloc: entry!(mem_alloc),
+        mem_free: entry!(mem_free),
+        mem_copy: entry!(mem_copy),
+        mem_copy_async: entry!(mem_copy_async),
+        mem_set: entry!(mem_set),
+        mem_set_async: entry!(mem_set_async),
+        stream_create: entry!(stream_create),
+        stream_wrap: entry!(stream_wrap),
+        stream_destroy: entry!(stream_destroy),
+        stream_synchronize: entry!(stream_synchronize),
+        stream_query: entry!(stream_query),
+        stream_wait_event: entry!(stream_wait_event),
+        event_create: entry!(event_create),
+        event_destroy: entry!(event_destroy),
+        event_record: entry!(event_record),
+        event_synchronize: entry!(event_synchronize),
+        event_query: entry!(event_query),
+        event_elapsed_ms: entry!(event_elapsed_ms),
+        launch_host_func: entry!(launch_host_func),
+        ipc_export: entry!(ipc_export),
+        ipc_import: entry!(ipc_import),
+        ipc_close: entry!(ipc_close),
+    }
+}
+
+/// Builds the VMM group table of `A`.
+pub const fn vmm_table<A: DeviceVmm>(name: &'static std::ffi::CStr) -> DeviceVmmV1 {
+    use tramp::*;
+    DeviceVmmV1 {
+        header: AbiHeader::new::<DeviceVmmV1>(name),
+        vmm_granularity: Some(vmm_granularity::<A>),
+        vmm_alloc: Some(vmm_alloc::<A>),
+        vmm_export_fd: Some(vmm_export_fd::<A>),
+        vmm_import_fd: Some(vmm_import_fd::<A>),
+        vmm_release: Some(vmm_release::<A>),
+    }
+}
+
+/// Builds the flat-map group table of `A`.
+pub const fn flatmap_table<A: DeviceFlatMap>(name: &'static std::ffi::CStr) -> DeviceFlatMapV1 {
+    use tramp::*;
+    DeviceFlatMapV1 {
+        header: AbiHeader::new::<DeviceFlatMapV1>(name),
+        flat_reserve: Some(flat_reserve::<A>),
+        flat_map: Some(flat_map::<A>),
+        flat_unmap: Some(flat_unmap::<A>),
+        flat_release: Some(flat_release::<A>),
+    }
+}
+
+/// Builds the multicast group table of `A`.
+pub const fn multicast_table<A: DeviceMulticast>(name: &'static std::ffi::CStr) -> DeviceMulticastV1 {
+    use tramp::*;
+    DeviceMulticastV1 {
+        header: AbiHeader::new::<DeviceMulticastV1>(name),
+        mc_supported: Some(mc_supported::<A>),
+        mc_create: Some(mc_create::<A>),
+        mc_export_fd: Some(mc_export_fd::<A>),
+        mc_import_fd: Some(mc_import_fd::<A>),
+        mc_add_device: Some(mc_add_device::<A>),
+        mc_bind: Some(mc_bind::<A>),
+        mc_map: Some(mc_map::<A>),
+        mc_unmap: Some(mc_unmap::<A>),
+        mc_unbind: Some(mc_unbind::<A>),
+        mc_release: Some(mc_release::<A>),
+    }
+}
