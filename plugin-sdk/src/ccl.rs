@@ -98,9 +98,9 @@ pub trait CclAdaptor: Send + Sync + Sized + 'static {
     /// Frees memory from `mem_alloc`.
     fn mem_free(&self, ptr: DevicePtr) -> Result<()>;
     /// Registers a buffer.
-    fn register(&self, comm: Comm, buf: DevicePtr, bytes: usize) -> Result<RegHandle>;
+    fn mem_register(&self, comm: Comm, buf: DevicePtr, bytes: usize) -> Result<RegHandle>;
     /// Releases a registration.
-    fn deregister(&self, comm: Comm, handle: RegHandle) -> Result<()>;
+    fn mem_deregister(&self, comm: Comm, handle: RegHandle) -> Result<()>;
 }
 
 /// The window group (`ferrocx_ccl_window_v1`).
@@ -280,18 +280,18 @@ mod tramp {
     pub unsafe extern "C" fn mem_free<A: CclAdaptor>(p: DevicePtr) -> Status {
         call("mem_free", || A::instance().mem_free(p))
     }
-    pub unsafe extern "C" fn register<A: CclAdaptor>(c: Comm, b: DevicePtr, bytes: usize, out: *mut RegHandle) -> Status {
-        call("register", || {
+    pub unsafe extern "C" fn mem_register<A: CclAdaptor>(c: Comm, b: DevicePtr, bytes: usize, out: *mut RegHandle) -> Status {
+        call("mem_register", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`handle` is null"));
             }
-            let h = A::instance().register(c, b, bytes)?;
+            let h = A::instance().mem_register(c, b, bytes)?;
             // SAFETY: checked non-null above.
             unsafe { write_out(out, "handle", h) }
         })
     }
-    pub unsafe extern "C" fn deregister<A: CclAdaptor>(c: Comm, h: RegHandle) -> Status {
-        call("deregister", || A::instance().deregister(c, h))
+    pub unsafe extern "C" fn mem_deregister<A: CclAdaptor>(c: Comm, h: RegHandle) -> Status {
+        call("mem_deregister", || A::instance().mem_deregister(c, h))
     }
     pub unsafe extern "C" fn window_register<A: CclWindow>(c: Comm, b: DevicePtr, bytes: usize, flags: u32, out: *mut WindowHandle) -> Status {
         call("window_register", || {
@@ -350,8 +350,8 @@ pub const fn ccl_table<A: CclAdaptor>(name: &'static std::ffi::CStr, absent: &[&
         group_end: entry!(group_end),
         mem_alloc: entry!(mem_alloc),
         mem_free: entry!(mem_free),
-        register: entry!(register),
-        deregister: entry!(deregister),
+        mem_register: entry!(mem_register),
+        mem_deregister: entry!(mem_deregister),
     }
 }
 

@@ -33,7 +33,7 @@ pub struct Properties {
 /// A host function and its argument, to be called once in stream order.
 #[derive(Debug)]
 pub struct HostCall {
-    func: HostFn,
+    func: unsafe extern "C" fn(user: *mut c_void),
     user: *mut c_void,
 }
 
@@ -43,7 +43,7 @@ unsafe impl Send for HostCall {}
 
 impl HostCall {
     /// Wraps a function and its argument.
-    pub fn new(func: HostFn, user: *mut c_void) -> Self {
+    pub fn new(func: unsafe extern "C" fn(user: *mut c_void), user: *mut c_void) -> Self {
         HostCall { func, user }
     }
 
@@ -346,7 +346,7 @@ mod tramp {
     }
     pub unsafe extern "C" fn launch_host_func<A: DeviceAdaptor>(
         s: Stream,
-        func: Option<HostFn>,
+        func: HostFn,
         user: *mut c_void,
     ) -> Status {
         call("launch_host_func", || {

@@ -219,11 +219,11 @@ pub struct CclAdaptorV1 {
     /// Frees memory from `mem_alloc`.
     pub mem_free: Option<unsafe extern "C" fn(ptr: DevicePtr) -> Status>,
     /// Registers a buffer with the communicator for faster collectives.
-    pub register: Option<
+    pub mem_register: Option<
         unsafe extern "C" fn(comm: Comm, buf: DevicePtr, bytes: usize, handle: *mut RegHandle) -> Status,
     >,
     /// Releases a registration.
-    pub deregister: Option<unsafe extern "C" fn(comm: Comm, handle: RegHandle) -> Status>,
+    pub mem_deregister: Option<unsafe extern "C" fn(comm: Comm, handle: RegHandle) -> Status>,
 }
 
 /// Optional group `ferrocx_ccl_window_v1`: the CCL's own window registration.

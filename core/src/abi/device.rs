@@ -124,7 +124,7 @@ pub struct DeviceAdaptorV1 {
 
     /// Enqueues a host function on `stream`; it runs once, in stream order.
     pub launch_host_func:
-        Option<unsafe extern "C" fn(stream: Stream, func: Option<HostFn>, user: *mut c_void) -> Status>,
+        Option<unsafe extern "C" fn(stream: Stream, func: HostFn, user: *mut c_void) -> Status>,
 
     /// Exports an allocation for another process. `handle` receives at most `*len` bytes and
     /// `*len` is set to the handle's size; a null `handle` (or a too-small `*len`, which returns

@@ -5,7 +5,7 @@ use abi_stable::StableAbi;
 use super::types::StaticCStr;
 
 /// `"FRCX"` read as a little-endian `u32`: the first field of every table.
-pub const ABI_MAGIC: u32 = u32::from_le_bytes(*b"FRCX");
+pub const ABI_MAGIC: u32 = 0x5843_5246;
 /// The ABI major this build speaks. A table of another major is refused.
 pub const ABI_MAJOR: u16 = 1;
 /// The ABI minor this build knows. A table of a newer minor is read up to the fields this build

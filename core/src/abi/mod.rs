@@ -69,7 +69,7 @@ abi_table!(CclAdaptorV1, "ferrocx_ccl_adaptor_v1", "CCL adaptor", [
     comm_count, comm_user_rank, comm_device,
     all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter,
     all_to_all, all_to_allv, send, recv, group_start, group_end,
-    mem_alloc, mem_free, register, deregister,
+    mem_alloc, mem_free, mem_register, mem_deregister,
 ]);
 abi_table!(CclWindowV1, "ferrocx_ccl_window_v1", "window group", [
     window_register, window_deregister,

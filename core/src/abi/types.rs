@@ -296,14 +296,10 @@ impl DevicePtr {
     pub const NULL: DevicePtr = DevicePtr(0);
 }
 
-/// Declares an opaque pointer-sized handle type.
+/// Adds the null constant and thread-safety impls to an opaque pointer handle. (The structs are
+/// written out, not generated, so the C header generator sees them.)
 macro_rules! opaque_handle {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[repr(transparent)]
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]
-        pub struct $name(pub *mut c_void);
-
+    ($name:ident) => {
         impl $name {
             /// The null handle (for streams: the adaptor's default stream).
             pub const NULL: $name = $name(std::ptr::null_mut());
@@ -322,27 +318,36 @@ macro_rules! opaque_handle {
     };
 }
 
-opaque_handle!(
-    /// A stream of the device adaptor. For CUDA, the `CUstream` itself, so a CCL adaptor of the
-    /// same vendor can pass it on unchanged.
-    Stream
-);
-opaque_handle!(
-    /// An event of the device adaptor.
-    Event
-);
-opaque_handle!(
-    /// A communicator of the CCL adaptor.
-    Comm
-);
-opaque_handle!(
-    /// A buffer registration of the CCL adaptor (`register`).
-    RegHandle
-);
-opaque_handle!(
-    /// A window registered by the CCL adaptor's window group.
-    WindowHandle
-);
+/// A stream of the device adaptor. For CUDA, the `CUstream` itself, so a CCL adaptor of the
+/// same vendor can pass it on unchanged. Null is the adaptor's default stream.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]
+pub struct Stream(pub *mut c_void);
+opaque_handle!(Stream);
+
+/// An event of the device adaptor.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]
+pub struct Event(pub *mut c_void);
+opaque_handle!(Event);
+
+/// A communicator of the CCL adaptor.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]
+pub struct Comm(pub *mut c_void);
+opaque_handle!(Comm);
+
+/// A buffer registration of the CCL adaptor (`mem_register`).
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]
+pub struct RegHandle(pub *mut c_void);
+opaque_handle!(RegHandle);
+
+/// A window registered by the CCL adaptor's window group.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]
+pub struct WindowHandle(pub *mut c_void);
+opaque_handle!(WindowHandle);
 
 /// A physical allocation of the VMM group (exportable, mappable).
 #[repr(transparent)]
@@ -355,7 +360,8 @@ pub struct VmmHandle(pub u64);
 pub struct McHandle(pub u64);
 
 /// A host function launched on a stream: called once, in stream order, with `user`.
-pub type HostFn = unsafe extern "C" fn(user: *mut c_void);
+/// (`Option` so that a null pointer from C is a value, not undefined behaviour.)
+pub type HostFn = Option<unsafe extern "C" fn(user: *mut c_void)>;
 
 /// A NUL-terminated string with static storage, readable from any thread.
 #[repr(transparent)]

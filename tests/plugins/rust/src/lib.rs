@@ -264,10 +264,10 @@ impl CclAdaptor for TestCcl {
     fn mem_free(&self, _p: DevicePtr) -> Result<()> {
         unsupported("mem_free")
     }
-    fn register(&self, _c: Comm, _b: DevicePtr, _n: usize) -> Result<RegHandle> {
+    fn mem_register(&self, _c: Comm, _b: DevicePtr, _n: usize) -> Result<RegHandle> {
         unsupported("register")
     }
-    fn deregister(&self, _c: Comm, _h: RegHandle) -> Result<()> {
+    fn mem_deregister(&self, _c: Comm, _h: RegHandle) -> Result<()> {
         unsupported("deregister")
     }
 }

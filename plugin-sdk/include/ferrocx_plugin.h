@@ -1,0 +1,893 @@
+/* ferrocx plugin ABI v1: the tables a C or C++ adaptor plugin exports.
+ *
+ * Export `const FerrocxDeviceAdaptorV1 ferrocx_device_adaptor_v1` and/or
+ * `const FerrocxCclAdaptorV1 ferrocx_ccl_adaptor_v1` (and optional groups under their own
+ * symbols), each starting with a FerrocxAbiHeader. A NULL entry means "not supported". */
+
+#ifndef FERROCX_PLUGIN_H
+#define FERROCX_PLUGIN_H
+
+/* Generated from the Rust ABI types (core/src/abi/) by cbindgen: do not edit.
+   Regenerate with: FERROCX_BLESS=1 cargo test -p ferrocx-plugin-sdk --test c_header */
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ `"FRCX"` read as a little-endian `u32`: the first field of every table.
+ */
+#define Ferrocx_ABI_MAGIC 1480806982
+
+/*
+ The ABI major this build speaks. A table of another major is refused.
+ */
+#define Ferrocx_ABI_MAJOR 1
+
+/*
+ The ABI minor this build knows. A table of a newer minor is read up to the fields this build
+ knows; a table of an older minor has the fields past its `struct_size` treated as absent.
+ */
+#define Ferrocx_ABI_MINOR 0
+
+/*
+ A NUL-terminated string with static storage, readable from any thread.
+ */
+typedef const char *FerrocxStaticCStr;
+
+/*
+ The first field of every table (`#[repr(C)]`, 24 bytes on 64-bit targets).
+ */
+typedef struct {
+  /*
+   Always [`ABI_MAGIC`].
+   */
+  uint32_t magic;
+  /*
+   ABI major the table was built against.
+   */
+  uint16_t abi_major;
+  /*
+   ABI minor the table was built against.
+   */
+  uint16_t abi_minor;
+  /*
+   `sizeof` the whole table, header included, as the plugin was compiled.
+   */
+  uint32_t struct_size;
+  /*
+   Zero; keeps `name` aligned in C and leaves room for flags.
+   */
+  uint32_t reserved;
+  /*
+   The adaptor's name (`"host"`, `"cuda"`, …): lowercase, NUL-terminated, static.
+   */
+  FerrocxStaticCStr name;
+} FerrocxAbiHeader;
+
+/*
+ The result of every ABI entry. `SUCCESS` is zero; anything else is a failure whose message
+ the plugin's `get_last_error` returns.
+ */
+typedef int32_t FerrocxStatus;
+/*
+ The call completed.
+ */
+#define FerrocxStatus_SUCCESS 0
+/*
+ The adaptor does not implement this operation (or this variant of it).
+ */
+#define FerrocxStatus_UNSUPPORTED 1
+/*
+ An argument was out of range, null where a value is required, or inconsistent.
+ */
+#define FerrocxStatus_INVALID_ARGUMENT 2
+/*
+ A handle (stream, event, communicator, pointer) is unknown or already released.
+ */
+#define FerrocxStatus_INVALID_HANDLE 3
+/*
+ Memory could not be allocated.
+ */
+#define FerrocxStatus_OUT_OF_MEMORY 4
+/*
+ Asynchronous work is still pending (`stream_query`, `event_query`).
+ */
+#define FerrocxStatus_NOT_READY 5
+/*
+ A wait passed its deadline.
+ */
+#define FerrocxStatus_TIMEOUT 6
+/*
+ A peer failed or disappeared.
+ */
+#define FerrocxStatus_PEER_FAILURE 7
+/*
+ The communicator was aborted.
+ */
+#define FerrocxStatus_ABORTED 8
+/*
+ The vendor runtime (driver, library) reported an error.
+ */
+#define FerrocxStatus_VENDOR_ERROR 9
+/*
+ An operating-system call failed.
+ */
+#define FerrocxStatus_SYSTEM_ERROR 10
+/*
+ A bug in the adaptor, including a Rust panic caught at the boundary.
+ */
+#define FerrocxStatus_INTERNAL_ERROR 11
+/*
+ The output buffer is too small; the required size was written back.
+ */
+#define FerrocxStatus_BUFFER_TOO_SMALL 12
+/*
+ The adaptor was not initialised (`init` not called, or it failed).
+ */
+#define FerrocxStatus_NOT_INITIALIZED 13
+
+/*
+ Element type of a collective's buffers.
+ */
+typedef uint32_t FerrocxDataType;
+/*
+ IEEE-754 binary32.
+ */
+#define FerrocxDataType_F32 0
+/*
+ IEEE-754 binary64.
+ */
+#define FerrocxDataType_F64 1
+/*
+ IEEE-754 binary16.
+ */
+#define FerrocxDataType_F16 2
+/*
+ bfloat16.
+ */
+#define FerrocxDataType_BF16 3
+/*
+ Signed 8-bit integer.
+ */
+#define FerrocxDataType_I8 4
+/*
+ Unsigned 8-bit integer.
+ */
+#define FerrocxDataType_U8 5
+/*
+ Signed 32-bit integer.
+ */
+#define FerrocxDataType_I32 6
+/*
+ Unsigned 32-bit integer.
+ */
+#define FerrocxDataType_U32 7
+/*
+ Signed 64-bit integer.
+ */
+#define FerrocxDataType_I64 8
+/*
+ Unsigned 64-bit integer.
+ */
+#define FerrocxDataType_U64 9
+/*
+ Every data type of ABI v1, in constant order.
+ */
+#define FerrocxDataType_ALL { FerrocxDataType_F32, FerrocxDataType_F64, FerrocxDataType_F16, FerrocxDataType_BF16, FerrocxDataType_I8, FerrocxDataType_U8, FerrocxDataType_I32, FerrocxDataType_U32, FerrocxDataType_I64, FerrocxDataType_U64, }
+
+/*
+ Reduction operator of a reducing collective.
+ */
+typedef uint32_t FerrocxReduceOp;
+/*
+ Sum of all contributions.
+ */
+#define FerrocxReduceOp_SUM 0
+/*
+ Product of all contributions.
+ */
+#define FerrocxReduceOp_PROD 1
+/*
+ Minimum.
+ */
+#define FerrocxReduceOp_MIN 2
+/*
+ Maximum.
+ */
+#define FerrocxReduceOp_MAX 3
+/*
+ Sum divided by the number of ranks.
+ */
+#define FerrocxReduceOp_AVG 4
+/*
+ Every reduction op of ABI v1, in constant order.
+ */
+#define FerrocxReduceOp_ALL { FerrocxReduceOp_SUM, FerrocxReduceOp_PROD, FerrocxReduceOp_MIN, FerrocxReduceOp_MAX, FerrocxReduceOp_AVG, }
+
+/*
+ Where an allocation lives.
+ */
+typedef uint32_t FerrocxMemKind;
+/*
+ Device memory.
+ */
+#define FerrocxMemKind_DEVICE 0
+/*
+ Ordinary (pageable) host memory.
+ */
+#define FerrocxMemKind_HOST 1
+/*
+ Page-locked host memory the device can reach directly.
+ */
+#define FerrocxMemKind_PINNED 2
+
+/*
+ Capability bits reported in [`crate::abi::DeviceProperties::capabilities`].
+ */
+typedef uint64_t FerrocxCapabilities;
+/*
+ Memory handles can be exported to and imported by other processes (`ipc_*`).
+ */
+#define FerrocxCapabilities_IPC (1 << 0)
+/*
+ Exportable physical allocations with POSIX file descriptors (VMM group).
+ */
+#define FerrocxCapabilities_VMM (1 << 1)
+/*
+ Peers' allocations can be mapped into one reserved range (flat-map group).
+ */
+#define FerrocxCapabilities_FLAT_MAP (1 << 2)
+/*
+ Multicast objects are supported by the hardware (multicast group).
+ */
+#define FerrocxCapabilities_MULTICAST (1 << 3)
+/*
+ Host functions can be launched on a stream.
+ */
+#define FerrocxCapabilities_HOST_FUNC (1 << 4)
+/*
+ A stream created by another library can be wrapped.
+ */
+#define FerrocxCapabilities_STREAM_WRAP (1 << 5)
+/*
+ Events can measure elapsed time.
+ */
+#define FerrocxCapabilities_TIMED_EVENTS (1 << 6)
+/*
+ Device memory is directly addressable from the host (CPU devices).
+ */
+#define FerrocxCapabilities_HOST_ADDRESSABLE (1 << 7)
+
+/*
+ An address in the adaptor's unified address space: device memory, pinned or ordinary host
+ memory. `memcpy` takes any two of them, as CUDA's unified addressing does.
+ */
+typedef uint64_t FerrocxDevicePtr;
+/*
+ The null address.
+ */
+#define FerrocxDevicePtr_NULL 0
+
+/*
+ A stream of the device adaptor. For CUDA, the `CUstream` itself, so a CCL adaptor of the
+ same vendor can pass it on unchanged. Null is the adaptor's default stream.
+ */
+typedef void *FerrocxStream;
+
+/*
+ An event of the device adaptor.
+ */
+typedef void *FerrocxEvent;
+
+/*
+ A communicator of the CCL adaptor.
+ */
+typedef void *FerrocxComm;
+
+/*
+ A buffer registration of the CCL adaptor (`mem_register`).
+ */
+typedef void *FerrocxRegHandle;
+
+/*
+ A window registered by the CCL adaptor's window group.
+ */
+typedef void *FerrocxWindowHandle;
+
+/*
+ A physical allocation of the VMM group (exportable, mappable).
+ */
+typedef uint64_t FerrocxVmmHandle;
+
+/*
+ A multicast object of the multicast group.
+ */
+typedef uint64_t FerrocxMcHandle;
+
+/*
+ A host function launched on a stream: called once, in stream order, with `user`.
+ (`Option` so that a null pointer from C is a value, not undefined behaviour.)
+ */
+typedef void (*FerrocxHostFn)(void *user);
+
+/*
+ One `key = value` option from the configuration, passed to `init` and `comm_init_rank`.
+ Both strings are NUL-terminated and valid for the duration of the call.
+ */
+typedef struct {
+  /*
+   Option name.
+   */
+  const char *key;
+  /*
+   Option value, as text.
+   */
+  const char *value;
+} FerrocxKeyValue;
+
+/*
+ Properties of one device, filled by `get_properties`.
+
+ The caller sets `struct_size` to the size it knows; the adaptor writes no byte past it, so the
+ struct can grow in later minors.
+ */
+typedef struct {
+  /*
+   Set by the caller: `sizeof(DeviceProperties)` as it was compiled.
+   */
+  uint32_t struct_size;
+  /*
+   Zero.
+   */
+  uint32_t reserved;
+  /*
+   Vendor name, NUL-terminated (`"NVIDIA"`, `"host"`).
+   */
+  char vendor[32];
+  /*
+   Device name, NUL-terminated (`"NVIDIA H200"`).
+   */
+  char name[64];
+  /*
+   [`Capabilities`] bits.
+   */
+  FerrocxCapabilities capabilities;
+  /*
+   Device memory in bytes (0 when unknown).
+   */
+  uint64_t total_memory;
+  /*
+   Vendor's architecture number (CUDA: major*10+minor), 0 when not applicable.
+   */
+  uint32_t arch;
+  /*
+   Devices visible to this process.
+   */
+  int32_t device_count;
+} FerrocxDeviceProperties;
+
+/*
+ The device adaptor table, exported as `ferrocx_device_adaptor_v1`.
+
+ Every entry returns a [`Status`]; on failure `get_last_error` returns the message on the
+ calling thread. A `None` entry means the operation is not supported.
+ */
+typedef struct {
+  /*
+   Header: magic, ABI version, `sizeof` this table, adaptor name.
+   */
+  FerrocxAbiHeader header;
+  /*
+   Initialises the adaptor with the configuration's options. Called once before anything else.
+   */
+  FerrocxStatus (*init)(const FerrocxKeyValue *options, size_t n_options);
+  /*
+   Releases everything the adaptor holds. No call follows it but `init`.
+   */
+  FerrocxStatus (*finalize)(void);
+  /*
+   The message of the last failed call on this thread (static or thread-local storage, valid
+   until the next call on this thread); never null.
+   */
+  const char *(*get_last_error)(void);
+  /*
+   Number of devices visible to this process.
+   */
+  FerrocxStatus (*device_count)(int32_t *count);
+  /*
+   Selects the device the calling thread works on.
+   */
+  FerrocxStatus (*set_device)(int32_t device);
+  /*
+   The device the calling thread works on.
+   */
+  FerrocxStatus (*get_device)(int32_t *device);
+  /*
+   Vendor, name and capabilities of a device.
+   */
+  FerrocxStatus (*get_properties)(int32_t device, FerrocxDeviceProperties *props);
+  /*
+   Allocates `bytes` of memory of `kind` on the current device.
+   */
+  FerrocxStatus (*mem_alloc)(size_t bytes, FerrocxMemKind kind, FerrocxDevicePtr *ptr);
+  /*
+   Frees memory from `mem_alloc` of the same kind.
+   */
+  FerrocxStatus (*mem_free)(FerrocxDevicePtr ptr, FerrocxMemKind kind);
+  /*
+   Copies `bytes` between any two addresses; returns when the copy is done.
+   */
+  FerrocxStatus (*mem_copy)(FerrocxDevicePtr dst, FerrocxDevicePtr src, size_t bytes);
+  /*
+   Enqueues a copy on `stream`.
+   */
+  FerrocxStatus (*mem_copy_async)(FerrocxDevicePtr dst,
+                                  FerrocxDevicePtr src,
+                                  size_t bytes,
+                                  FerrocxStream stream);
+  /*
+   Sets `bytes` bytes to `value`; returns when done.
+   */
+  FerrocxStatus (*mem_set)(FerrocxDevicePtr dst, uint8_t value, size_t bytes);
+  /*
+   Enqueues a memset on `stream`.
+   */
+  FerrocxStatus (*mem_set_async)(FerrocxDevicePtr dst,
+                                 uint8_t value,
+                                 size_t bytes,
+                                 FerrocxStream stream);
+  /*
+   Creates a stream (`flags`: 0 = default, 1 = non-blocking).
+   */
+  FerrocxStatus (*stream_create)(uint32_t flags, FerrocxStream *stream);
+  /*
+   Wraps a stream created by another library (a `CUstream`); destroying the wrapper does not
+   destroy the native stream.
+   */
+  FerrocxStatus (*stream_wrap)(void *native, FerrocxStream *stream);
+  /*
+   Destroys a stream after the work enqueued on it completes.
+   */
+  FerrocxStatus (*stream_destroy)(FerrocxStream stream);
+  /*
+   Blocks until all work enqueued on `stream` has completed.
+   */
+  FerrocxStatus (*stream_synchronize)(FerrocxStream stream);
+  /*
+   `SUCCESS` when all work on `stream` has completed, `NOT_READY` otherwise.
+   */
+  FerrocxStatus (*stream_query)(FerrocxStream stream);
+  /*
+   Makes future work on `stream` wait for the most recent record of `event` made before this
+   call (CUDA semantics: a later re-record does not affect this wait).
+   */
+  FerrocxStatus (*stream_wait_event)(FerrocxStream stream, FerrocxEvent event);
+  /*
+   Creates an event (`flags`: bit 0 = disable timing).
+   */
+  FerrocxStatus (*event_create)(uint32_t flags, FerrocxEvent *event);
+  /*
+   Destroys an event.
+   */
+  FerrocxStatus (*event_destroy)(FerrocxEvent event);
+  /*
+   Records `event` at the current end of `stream`.
+   */
+  FerrocxStatus (*event_record)(FerrocxEvent event, FerrocxStream stream);
+  /*
+   Blocks until the most recent record of `event` has completed.
+   */
+  FerrocxStatus (*event_synchronize)(FerrocxEvent event);
+  /*
+   `SUCCESS` when the most recent record has completed, `NOT_READY` otherwise.
+   */
+  FerrocxStatus (*event_query)(FerrocxEvent event);
+  /*
+   Milliseconds between two completed records of timing events.
+   */
+  FerrocxStatus (*event_elapsed_ms)(FerrocxEvent start, FerrocxEvent end, float *ms);
+  /*
+   Enqueues a host function on `stream`; it runs once, in stream order.
+   */
+  FerrocxStatus (*launch_host_func)(FerrocxStream stream, FerrocxHostFn func, void *user);
+  /*
+   Exports an allocation for another process. `handle` receives at most `*len` bytes and
+   `*len` is set to the handle's size; a null `handle` (or a too-small `*len`, which returns
+   `BUFFER_TOO_SMALL`) queries the size.
+   */
+  FerrocxStatus (*ipc_export)(FerrocxDevicePtr ptr, uint8_t *handle, size_t *len);
+  /*
+   Opens a handle exported by another process.
+   */
+  FerrocxStatus (*ipc_import)(const uint8_t *handle, size_t len, FerrocxDevicePtr *ptr);
+  /*
+   Closes a pointer from `ipc_import`.
+   */
+  FerrocxStatus (*ipc_close)(FerrocxDevicePtr ptr);
+} FerrocxDeviceAdaptorV1;
+
+/*
+ Optional group `ferrocx_device_vmm_v1`: exportable physical allocations.
+ */
+typedef struct {
+  /*
+   Header: magic, ABI version, `sizeof` this table, adaptor name.
+   */
+  FerrocxAbiHeader header;
+  /*
+   Allocation granularity of `device` in bytes; sizes are rounded up to it.
+   */
+  FerrocxStatus (*vmm_granularity)(int32_t device, size_t *bytes);
+  /*
+   Allocates `bytes` of exportable physical memory on the current device.
+   */
+  FerrocxStatus (*vmm_alloc)(size_t bytes, FerrocxVmmHandle *handle);
+  /*
+   Exports an allocation as a POSIX file descriptor owned by the caller.
+   */
+  FerrocxStatus (*vmm_export_fd)(FerrocxVmmHandle handle, int32_t *fd);
+  /*
+   Imports an allocation of `bytes` from a file descriptor (the fd stays the caller's).
+   */
+  FerrocxStatus (*vmm_import_fd)(int32_t fd, size_t bytes, FerrocxVmmHandle *handle);
+  /*
+   Releases an allocation or an imported handle (memory is freed once unmapped everywhere).
+   */
+  FerrocxStatus (*vmm_release)(FerrocxVmmHandle handle);
+} FerrocxDeviceVmmV1;
+
+/*
+ Optional group `ferrocx_device_flatmap_v1`: peers mapped into one virtual range.
+ */
+typedef struct {
+  /*
+   Header: magic, ABI version, `sizeof` this table, adaptor name.
+   */
+  FerrocxAbiHeader header;
+  /*
+   Reserves `bytes` of virtual address space.
+   */
+  FerrocxStatus (*flat_reserve)(size_t bytes, FerrocxDevicePtr *base);
+  /*
+   Maps `handle` at `base + index * size` with read/write access for the current device.
+   */
+  FerrocxStatus (*flat_map)(FerrocxDevicePtr base,
+                            size_t index,
+                            size_t size,
+                            FerrocxVmmHandle handle);
+  /*
+   Unmaps the slot at `base + index * size`.
+   */
+  FerrocxStatus (*flat_unmap)(FerrocxDevicePtr base, size_t index, size_t size);
+  /*
+   Releases a reservation whose slots are all unmapped.
+   */
+  FerrocxStatus (*flat_release)(FerrocxDevicePtr base, size_t bytes);
+} FerrocxDeviceFlatMapV1;
+
+/*
+ Optional group `ferrocx_device_multicast_v1`: one store reaching every device, a load
+ reducing over all of them. The core calls it only when policy allows (see DESIGN.md).
+ */
+typedef struct {
+  /*
+   Header: magic, ABI version, `sizeof` this table, adaptor name.
+   */
+  FerrocxAbiHeader header;
+  /*
+   Writes 1 to `supported` when `device` can take part in multicast objects.
+   */
+  FerrocxStatus (*mc_supported)(int32_t device, int32_t *supported);
+  /*
+   Creates a multicast object of `bytes` for `num_devices` devices.
+   */
+  FerrocxStatus (*mc_create)(size_t bytes, int32_t num_devices, FerrocxMcHandle *mc);
+  /*
+   Exports a multicast object as a POSIX file descriptor.
+   */
+  FerrocxStatus (*mc_export_fd)(FerrocxMcHandle mc, int32_t *fd);
+  /*
+   Imports a multicast object from a file descriptor.
+   */
+  FerrocxStatus (*mc_import_fd)(int32_t fd, size_t bytes, FerrocxMcHandle *mc);
+  /*
+   Adds a device of this process to the object.
+   */
+  FerrocxStatus (*mc_add_device)(FerrocxMcHandle mc, int32_t device);
+  /*
+   Binds `bytes` of a VMM allocation (from `mem_offset`) at `mc_offset` of the object.
+   */
+  FerrocxStatus (*mc_bind)(FerrocxMcHandle mc,
+                           size_t mc_offset,
+                           FerrocxVmmHandle mem,
+                           size_t mem_offset,
+                           size_t bytes);
+  /*
+   Maps the object into this process's address space.
+   */
+  FerrocxStatus (*mc_map)(FerrocxMcHandle mc, size_t bytes, FerrocxDevicePtr *ptr);
+  /*
+   Unmaps a mapping from `mc_map`.
+   */
+  FerrocxStatus (*mc_unmap)(FerrocxDevicePtr ptr, size_t bytes);
+  /*
+   Unbinds the memory bound at `mc_offset` for `device`.
+   */
+  FerrocxStatus (*mc_unbind)(FerrocxMcHandle mc, int32_t device, size_t mc_offset, size_t bytes);
+  /*
+   Releases the object.
+   */
+  FerrocxStatus (*mc_release)(FerrocxMcHandle mc);
+} FerrocxDeviceMulticastV1;
+
+/*
+ Arguments of `comm_init_rank`. The caller sets `struct_size`; the adaptor reads no field past
+ it, so later minors can append fields.
+ */
+typedef struct {
+  /*
+   `sizeof(CommInitArgs)` as the caller compiled it.
+   */
+  uint32_t struct_size;
+  /*
+   This process's rank in the communicator, `0..nranks`.
+   */
+  int32_t rank;
+  /*
+   Number of ranks.
+   */
+  int32_t nranks;
+  /*
+   Device (of the paired device adaptor) the communicator uses.
+   */
+  int32_t device;
+  /*
+   Bytes from rank 0's `get_unique_id`, identical on every rank.
+   */
+  const uint8_t *unique_id;
+  /*
+   Length of `unique_id`.
+   */
+  size_t unique_id_len;
+  /*
+   Deadline for any wait on a peer, in milliseconds (0: the adaptor's default).
+   */
+  uint64_t timeout_ms;
+  /*
+   The cluster's options for this adaptor.
+   */
+  const FerrocxKeyValue *options;
+  /*
+   Number of `options`.
+   */
+  size_t n_options;
+} FerrocxCommInitArgs;
+
+/*
+ The CCL adaptor table, exported as `ferrocx_ccl_adaptor_v1`.
+
+ Collectives are asynchronous on `stream` (NCCL semantics): they return once enqueued.
+ Counts are in elements of `dtype`. `send == recv` means in place.
+ */
+typedef struct {
+  /*
+   Header: magic, ABI version, `sizeof` this table, adaptor name.
+   */
+  FerrocxAbiHeader header;
+  /*
+   Initialises the adaptor with the configuration's options. Called once before anything else.
+   */
+  FerrocxStatus (*init)(const FerrocxKeyValue *options, size_t n_options);
+  /*
+   Releases everything the adaptor holds.
+   */
+  FerrocxStatus (*finalize)(void);
+  /*
+   The message of the last failed call on this thread; never null.
+   */
+  const char *(*get_last_error)(void);
+  /*
+   The vendor library's version (NCCL: `major*10000 + minor*100 + patch`).
+   */
+  FerrocxStatus (*get_version)(int32_t *version);
+  /*
+   Creates a unique id on the root rank. `id` receives at most `*len` bytes and `*len` is set
+   to the id's size; a null `id` (or a too-small `*len`: `BUFFER_TOO_SMALL`) queries the size.
+   */
+  FerrocxStatus (*get_unique_id)(uint8_t *id, size_t *len);
+  /*
+   Creates this rank's communicator; collective over all ranks.
+   */
+  FerrocxStatus (*comm_init_rank)(const FerrocxCommInitArgs *args, FerrocxComm *comm);
+  /*
+   Completes outstanding operations; collective.
+   */
+  FerrocxStatus (*comm_finalize)(FerrocxComm comm);
+  /*
+   Frees the communicator's resources.
+   */
+  FerrocxStatus (*comm_destroy)(FerrocxComm comm);
+  /*
+   Stops every pending operation of the communicator with an error and frees it.
+   */
+  FerrocxStatus (*comm_abort)(FerrocxComm comm);
+  /*
+   Writes the communicator's asynchronous error (`SUCCESS` if none, `NOT_READY` while
+   initialising).
+   */
+  FerrocxStatus (*comm_get_async_error)(FerrocxComm comm, FerrocxStatus *error);
+  /*
+   Number of ranks.
+   */
+  FerrocxStatus (*comm_count)(FerrocxComm comm, int32_t *count);
+  /*
+   This process's rank.
+   */
+  FerrocxStatus (*comm_user_rank)(FerrocxComm comm, int32_t *rank);
+  /*
+   The device the communicator uses.
+   */
+  FerrocxStatus (*comm_device)(FerrocxComm comm, int32_t *device);
+  /*
+   `recv[i] = op over ranks of send[i]`, `count` elements.
+   */
+  FerrocxStatus (*all_reduce)(FerrocxDevicePtr send,
+                              FerrocxDevicePtr recv,
+                              size_t count,
+                              FerrocxDataType dtype,
+                              FerrocxReduceOp op,
+                              FerrocxComm comm,
+                              FerrocxStream stream);
+  /*
+   `recv[r*send_count..]` = rank r's `send`.
+   */
+  FerrocxStatus (*all_gather)(FerrocxDevicePtr send,
+                              FerrocxDevicePtr recv,
+                              size_t send_count,
+                              FerrocxDataType dtype,
+                              FerrocxComm comm,
+                              FerrocxStream stream);
+  /*
+   `recv` = this rank's block (of `recv_count`) of the reduction of every rank's `send`.
+   */
+  FerrocxStatus (*reduce_scatter)(FerrocxDevicePtr send,
+                                  FerrocxDevicePtr recv,
+                                  size_t recv_count,
+                                  FerrocxDataType dtype,
+                                  FerrocxReduceOp op,
+                                  FerrocxComm comm,
+                                  FerrocxStream stream);
+  /*
+   `recv` = root's `send` on every rank.
+   */
+  FerrocxStatus (*broadcast)(FerrocxDevicePtr send,
+                             FerrocxDevicePtr recv,
+                             size_t count,
+                             FerrocxDataType dtype,
+                             int32_t root,
+                             FerrocxComm comm,
+                             FerrocxStream stream);
+  /*
+   Root's `recv` = reduction of every rank's `send`.
+   */
+  FerrocxStatus (*reduce)(FerrocxDevicePtr send,
+                          FerrocxDevicePtr recv,
+                          size_t count,
+                          FerrocxDataType dtype,
+                          FerrocxReduceOp op,
+                          int32_t root,
+                          FerrocxComm comm,
+                          FerrocxStream stream);
+  /*
+   Root's `recv[r*send_count..]` = rank r's `send`.
+   */
+  FerrocxStatus (*gather)(FerrocxDevicePtr send,
+                          FerrocxDevicePtr recv,
+                          size_t send_count,
+                          FerrocxDataType dtype,
+                          int32_t root,
+                          FerrocxComm comm,
+                          FerrocxStream stream);
+  /*
+   Rank r's `recv` = root's `send[r*recv_count..]`.
+   */
+  FerrocxStatus (*scatter)(FerrocxDevicePtr send,
+                           FerrocxDevicePtr recv,
+                           size_t recv_count,
+                           FerrocxDataType dtype,
+                           int32_t root,
+                           FerrocxComm comm,
+                           FerrocxStream stream);
+  /*
+   Block `r` of `send` goes to rank r; block `r` of `recv` comes from rank r; blocks of
+   `count` elements.
+   */
+  FerrocxStatus (*all_to_all)(FerrocxDevicePtr send,
+                              FerrocxDevicePtr recv,
+                              size_t count,
+                              FerrocxDataType dtype,
+                              FerrocxComm comm,
+                              FerrocxStream stream);
+  /*
+   As `all_to_all` with per-peer counts and displacements (host arrays of `nranks` elements,
+   in elements).
+   */
+  FerrocxStatus (*all_to_allv)(FerrocxDevicePtr send,
+                               const size_t *send_counts,
+                               const size_t *send_displs,
+                               FerrocxDevicePtr recv,
+                               const size_t *recv_counts,
+                               const size_t *recv_displs,
+                               FerrocxDataType dtype,
+                               FerrocxComm comm,
+                               FerrocxStream stream);
+  /*
+   Sends `count` elements to `peer`.
+   */
+  FerrocxStatus (*send)(FerrocxDevicePtr buf,
+                        size_t count,
+                        FerrocxDataType dtype,
+                        int32_t peer,
+                        FerrocxComm comm,
+                        FerrocxStream stream);
+  /*
+   Receives `count` elements from `peer`.
+   */
+  FerrocxStatus (*recv)(FerrocxDevicePtr buf,
+                        size_t count,
+                        FerrocxDataType dtype,
+                        int32_t peer,
+                        FerrocxComm comm,
+                        FerrocxStream stream);
+  /*
+   Starts a group: operations until `group_end` are issued together.
+   */
+  FerrocxStatus (*group_start)(void);
+  /*
+   Ends a group and issues its operations.
+   */
+  FerrocxStatus (*group_end)(void);
+  /*
+   Allocates memory suited to the CCL (NCCL: `ncclMemAlloc`).
+   */
+  FerrocxStatus (*mem_alloc)(size_t bytes, FerrocxDevicePtr *ptr);
+  /*
+   Frees memory from `mem_alloc`.
+   */
+  FerrocxStatus (*mem_free)(FerrocxDevicePtr ptr);
+  /*
+   Registers a buffer with the communicator for faster collectives.
+   */
+  FerrocxStatus (*mem_register)(FerrocxComm comm,
+                                FerrocxDevicePtr buf,
+                                size_t bytes,
+                                FerrocxRegHandle *handle);
+  /*
+   Releases a registration.
+   */
+  FerrocxStatus (*mem_deregister)(FerrocxComm comm, FerrocxRegHandle handle);
+} FerrocxCclAdaptorV1;
+
+/*
+ Optional group `ferrocx_ccl_window_v1`: the CCL's own window registration.
+ */
+typedef struct {
+  /*
+   Header: magic, ABI version, `sizeof` this table, adaptor name.
+   */
+  FerrocxAbiHeader header;
+  /*
+   Registers `bytes` at `buf` as a window; collective over the communicator.
+   */
+  FerrocxStatus (*window_register)(FerrocxComm comm,
+                                   FerrocxDevicePtr buf,
+                                   size_t bytes,
+                                   uint32_t flags,
+                                   FerrocxWindowHandle *window);
+  /*
+   Deregisters a window; collective.
+   */
+  FerrocxStatus (*window_deregister)(FerrocxComm comm, FerrocxWindowHandle window);
+} FerrocxCclWindowV1;
+
+#endif  /* FERROCX_PLUGIN_H */
