@@ -1,7 +1,33 @@
 //! ferrocx core: the stable ABI between ferrocx and its adaptors, the plugin loader and
 //! registry, and the configuration that chooses adaptors per cluster.
+//!
+//! ```no_run
+//! use ferrocx::config::Config;
+//! use ferrocx::registry::Registry;
+//!
+//! // The configuration from FERROCX_CONFIG (or the built-in local one) and the environment.
+//! let (config, _warnings) = Config::from_process_env().expect("valid configuration");
+//! // Built-in adaptors plus every plugin in the configured directories.
+//! let registry = Registry::discover(&config.runtime);
+//! for (i, cluster) in config.clusters.iter().enumerate() {
+//!     match registry.select(&config, i) {
+//!         Ok(sel) => println!("{}: device {} + ccl {}", cluster.name, sel.device.name(), sel.ccl.name()),
+//!         Err(e) => eprintln!("{e}"),
+//!     }
+//! }
+//! ```
 
 pub mod abi;
 
 #[cfg(feature = "runtime")]
+pub mod adaptor;
+#[cfg(feature = "runtime")]
 pub mod config;
+#[cfg(feature = "runtime")]
+pub mod loader;
+#[cfg(feature = "runtime")]
+pub mod registry;
+
+#[cfg(feature = "runtime")]
+#[doc(hidden)]
+pub use inventory;

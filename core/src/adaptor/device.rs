@@ -1,0 +1,179 @@
+//! Safe calls through a device adaptor's table.
+
+use std::ffi::{c_char, CStr, CString};
+use std::sync::Arc;
+
+use crate::abi::{Capabilities, DevicePtr, DeviceProperties, KeyValue, MemKind, Status};
+use crate::loader::DeviceTables;
+
+use super::error::AdaptorError;
+
+/// A device adaptor, ready to call. Cheap to clone.
+#[derive(Clone)]
+pub struct Device {
+    tables: Arc<DeviceTables>,
+}
+
+/// Device properties with owned strings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Properties {
+    /// Vendor name.
+    pub vendor: String,
+    /// Device name.
+    pub name: String,
+    /// Capability bits.
+    pub capabilities: Capabilities,
+    /// Device memory in bytes (0 when unknown).
+    pub total_memory: u64,
+    /// Vendor architecture number.
+    pub arch: u32,
+    /// Devices visible to this process.
+    pub device_count: i32,
+}
+
+/// Calls entry `$op` of table `$t` with `$args`, turning `None` and failure statuses into errors.
+macro_rules! call {
+    ($self:ident, $t:expr, $op:ident ( $($arg:expr),* )) => {{
+        let f = $t.$op.ok_or_else(|| $self.unsupported(stringify!($op)))?;
+        // SAFETY: the table was checked by the loader; the arguments follow the ABI's contract
+        // for this entry (valid out-pointers, handles from this adaptor).
+        let status = unsafe { f($($arg),*) };
+        $self.check(stringify!($op), status)
+    }};
+}
+
+impl Device {
+    /// Wraps checked tables.
+    pub fn new(tables: Arc<DeviceTables>) -> Self {
+        Device { tables }
+    }
+
+    /// The adaptor's name.
+    pub fn name(&self) -> &str {
+        self.tables.root.name()
+    }
+
+    /// The tables, for callers that dispatch themselves.
+    pub fn tables(&self) -> &DeviceTables {
+        &self.tables
+    }
+
+    fn unsupported(&self, op: &'static str) -> AdaptorError {
+        AdaptorError::Unsupported {
+            adaptor: self.name().to_string(),
+            op,
+        }
+    }
+
+    fn check(&self, op: &'static str, status: Status) -> Result<(), AdaptorError> {
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(AdaptorError::Failed {
+            adaptor: self.name().to_string(),
+            op,
+            status,
+            message: last_error(self.tables.root.get().get_last_error),
+        })
+    }
+
+    /// `init` with the configuration's options for this adaptor.
+    pub fn init(&self, options: &[(String, String)]) -> Result<(), AdaptorError> {
+        let owned: Vec<(CString, CString)> = options
+            .iter()
+            .map(|(k, v)| (c_string(k), c_string(v)))
+            .collect();
+        let kvs: Vec<KeyValue> = owned
+            .iter()
+            .map(|(k, v)| KeyValue {
+                key: k.as_ptr(),
+                value: v.as_ptr(),
+            })
+            .collect();
+        call!(self, self.tables.root.get(), init(kvs.as_ptr(), kvs.len()))
+    }
+
+    /// `finalize`.
+    pub fn finalize(&self) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), finalize())
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> Result<i32, AdaptorError> {
+        let mut n = 0;
+        call!(self, self.tables.root.get(), device_count(&mut n))?;
+        Ok(n)
+    }
+
+    /// Selects the calling thread's device.
+    pub fn set_device(&self, device: i32) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), set_device(device))
+    }
+
+    /// The calling thread's device.
+    pub fn get_device(&self) -> Result<i32, AdaptorError> {
+        let mut d = 0;
+        call!(self, self.tables.root.get(), get_device(&mut d))?;
+        Ok(d)
+    }
+
+    /// Vendor, name and capabilities of a device.
+    pub fn properties(&self, device: i32) -> Result<Properties, AdaptorError> {
+        let mut p = DeviceProperties::default();
+        call!(self, self.tables.root.get(), get_properties(device, &mut p))?;
+        Ok(Properties {
+            vendor: fixed_str(&p.vendor),
+            name: fixed_str(&p.name),
+            capabilities: p.capabilities,
+            total_memory: p.total_memory,
+            arch: p.arch,
+            device_count: p.device_count,
+        })
+    }
+
+    /// Allocates memory.
+    pub fn mem_alloc(&self, bytes: usize, kind: MemKind) -> Result<DevicePtr, AdaptorError> {
+        let mut p = DevicePtr::NULL;
+        call!(self, self.tables.root.get(), mem_alloc(bytes, kind, &mut p))?;
+        Ok(p)
+    }
+
+    /// Frees memory.
+    pub fn mem_free(&self, ptr: DevicePtr, kind: MemKind) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), mem_free(ptr, kind))
+    }
+
+    /// Copies synchronously.
+    pub fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), mem_copy(dst, src, bytes))
+    }
+
+    /// Sets bytes synchronously.
+    pub fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), mem_set(dst, value, bytes))
+    }
+}
+
+/// Reads a plugin's `get_last_error`, tolerating its absence or a null return.
+pub(crate) fn last_error(f: Option<unsafe extern "C" fn() -> *const c_char>) -> String {
+    let Some(f) = f else {
+        return "(the adaptor has no get_last_error)".to_string();
+    };
+    // SAFETY: the entry takes no argument and returns null or a NUL-terminated string valid until
+    // the next call on this thread.
+    let p = unsafe { f() };
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, NUL-terminated by the ABI's contract.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn c_string(s: &str) -> CString {
+    CString::new(s.replace('\0', "")).unwrap_or_default()
+}
+
+fn fixed_str(chars: &[c_char]) -> String {
+    let bytes: Vec<u8> = chars.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}

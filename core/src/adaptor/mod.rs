@@ -1,0 +1,10 @@
+//! Safe handles over adaptor tables: every call returns a `Result` naming the adaptor, the
+//! operation, the status and the adaptor's own message.
+
+mod ccl;
+mod device;
+mod error;
+
+pub use ccl::Ccl;
+pub use device::{Device, Properties};
+pub use error::AdaptorError;
