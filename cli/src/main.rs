@@ -1,1 +1,109 @@
-fn main() {}
+//! `ferrocx`: the command-line front of ferrocx.
+//!
+//! - `ferrocx info [--config FILE] [--json]`: every adaptor found (built-in or plugin path), its
+//!   ABI version, groups, capabilities, and whether each cluster selected it or why not; every
+//!   plugin refused, with the reason.
+//! - `ferrocx config check FILE [--json]`: validates a configuration and prints what each
+//!   cluster would use.
+
+mod check;
+mod info;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use ferrocx::config::{Config, ConfigError};
+
+#[derive(Parser)]
+#[command(name = "ferrocx", version, about = "ferrocx: vendor-neutral collective communication")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List every adaptor found (built-in and plugins), their groups and capabilities, which
+    /// cluster selects each, and every plugin refused with the reason.
+    Info {
+        /// Configuration file (default: $FERROCX_CONFIG, else the built-in local config).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Work with configuration files.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate a configuration and print what each cluster would use.
+    Check {
+        /// The TOML file.
+        file: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The configuration `--config` names, else `FERROCX_CONFIG`, else the local default, with the
+/// environment's overrides applied. Warnings (e.g. a kill-switch overriding the file) are logged.
+pub(crate) fn load_config(path: Option<&PathBuf>) -> Result<Config, ConfigError> {
+    let lookup = |k: &str| std::env::var(k).ok();
+    let (config, warnings) = match path {
+        Some(p) => {
+            let mut c = Config::load(p)?;
+            let w = c.apply_env(lookup)?;
+            (c, w)
+        }
+        None => Config::from_env(lookup)?,
+    };
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(config)
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    // FERROCX_LOG takes a level (error|warn|info|debug|trace) or a full filter; WARN by default
+    // so refused plugins and fallbacks are seen.
+    let filter = std::env::var("FERROCX_LOG")
+        .ok()
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new("warn"));
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .without_time()
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let result = match cli.command {
+        Command::Info { config, json } => info::run(config.as_ref(), json),
+        Command::Config {
+            command: ConfigCommand::Check { file, json },
+        } => check::run(&file, json),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferrocx: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! What `info` and `config check` say about an adaptor, as data (for `--json`) and as text.
+
+use ferrocx::abi::{AbiTable, ABI_MAJOR, ABI_MINOR};
+use ferrocx::loader::{Checked, Table};
+use ferrocx::registry::{AdaptorEntry, Source};
+use serde_json::{json, Value};
+
+/// Calls `init` where present and reads what the adaptor says about itself. Errors are data:
+/// an adaptor that cannot start here (no driver, no library) is "unavailable" with the reason.
+pub fn probe(entry: &AdaptorEntry) -> Value {
+    let mut out = serde_json::Map::new();
+    if let Some(dev) = entry.device() {
+        let d = &dev.tables().root;
+        let started = if d.get().init.is_some() {
+            dev.init(&[]).map_err(|e| e.to_string())
+        } else {
+            Ok(())
+        };
+        let info = started.and_then(|()| {
+            let count = dev.device_count().map_err(|e| e.to_string())?;
+            let props = if count > 0 && d.get().get_properties.is_some() {
+                let p = dev.properties(0).map_err(|e| e.to_string())?;
+                json!({
+                    "vendor": p.vendor, "name": p.name, "arch": p.arch,
+                    "total_memory": p.total_memory, "capabilities": p.capabilities.names(),
+                })
+            } else {
+                Value::Null
+            };
+            Ok(json!({ "device_count": count, "device0": props }))
+        });
+        out.insert(
+            "device_probe".into(),
+            match info {
+                Ok(v) => json!({ "available": true, "info": v }),
+                Err(e) => json!({ "available": false, "reason": e }),
+            },
+        );
+    }
+    if let Some(ccl) = entry.ccl() {
+        let c = &ccl.tables().root;
+        let started = if c.get().init.is_some() {
+            ccl.init().map_err(|e| e.to_string())
+        } else {
+            Ok(())
+        };
+        let version = started.and_then(|()| {
+            if c.get().get_version.is_some() {
+                ccl.version().map(|v| json!(v)).map_err(|e| e.to_string())
+            } else {
+                Ok(Value::Null)
+            }
+        });
+        out.insert(
+            "ccl_probe".into(),
+            match version {
+                Ok(v) => json!({ "available": true, "version": v }),
+                Err(e) => json!({ "available": false, "reason": e }),
+            },
+        );
+    }
+    Value::Object(out)
+}
+
+fn table_json<T: AbiTable>(t: &Table<T>) -> Value {
+    let (major, minor) = t.version();
+    json!({
+        "symbol": T::SYMBOL,
+        "abi": format!("{major}.{minor}"),
+        "struct_size": t.declared_size(),
+        "entries_present": t.present().len(),
+        "entries_total": T::entries().len(),
+        "present": t.present(),
+        "absent": t.absent(),
+        "beyond_struct_size": t.beyond_size(),
+    })
+}
+
+/// Everything known about one adaptor, without calling it.
+pub fn describe(entry: &AdaptorEntry) -> Value {
+    let (major, minor) = entry.abi_version();
+    let mut tables = Vec::new();
+    if let Some(d) = &entry.device {
+        tables.push(table_json(&d.root));
+        d.vmm.as_ref().map(|t| tables.push(table_json(t)));
+        d.flatmap.as_ref().map(|t| tables.push(table_json(t)));
+        d.multicast.as_ref().map(|t| tables.push(table_json(t)));
+    }
+    if let Some(c) = &entry.ccl {
+        tables.push(table_json(&c.root));
+        c.window.as_ref().map(|t| tables.push(table_json(t)));
+    }
+    json!({
+        "name": entry.name,
+        "source": match &entry.source {
+            Source::Builtin => "built-in".to_string(),
+            Source::Plugin(p) => p.display().to_string(),
+        },
+        "abi": format!("{major}.{minor}"),
+        "checked": match entry.checked {
+            Checked::AbiStable => "abi_stable layout check + headers",
+            Checked::HeaderOnly => "headers (C/C++ plugin)",
+            Checked::Builtin => "built-in",
+        },
+        "kinds": {
+            "device": entry.device.is_some(),
+            "ccl": entry.ccl.is_some(),
+        },
+        "groups": entry.groups(),
+        "tables": tables,
+        "notes": entry.notes,
+    })
+}
+
+/// The loader's own ABI version, for headers of reports.
+pub fn abi_version() -> String {
+    format!("{ABI_MAJOR}.{ABI_MINOR}")
+}
+
+/// Renders a described-and-probed adaptor as indented text lines.
+pub fn adaptor_text(a: &Value, out: &mut String) {
+    use std::fmt::Write;
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    let _ = writeln!(out, "  {}  [{}]", s(&a["name"]), s(&a["source"]));
+    let _ = writeln!(out, "    ABI {}, checked by {}", s(&a["abi"]), s(&a["checked"]));
+    let groups: Vec<String> = a["groups"]
+        .as_array()
+        .map(|g| g.iter().map(s).collect())
+        .unwrap_or_default();
+    let _ = writeln!(out, "    tables: {}", groups.join(", "));
+    for t in a["tables"].as_array().into_iter().flatten() {
+        let absent: Vec<String> = t["absent"].as_array().into_iter().flatten().map(s).collect();
+        let present = t["entries_present"].as_u64().unwrap_or(0) as usize;
+        let beyond: Vec<String> = t["beyond_struct_size"].as_array().into_iter().flatten().map(s).collect();
+        let mut line = format!(
+            "      {} {}/{} entries",
+            s(&t["symbol"]),
+            t["entries_present"],
+            t["entries_total"]
+        );
+        if !absent.is_empty() && absent.len() <= present {
+            line += &format!("; absent: {}", absent.join(", "));
+        } else if !absent.is_empty() {
+            line += &format!("; present: {}", t["present"].as_array().into_iter().flatten().map(s).collect::<Vec<_>>().join(", "));
+        }
+        if !beyond.is_empty() {
+            line += &format!("; past struct_size {} (older minor): {}", t["struct_size"], beyond.join(", "));
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    if let Some(p) = a.get("device_probe") {
+        if p["available"].as_bool() == Some(true) {
+            let i = &p["info"];
+            let d0 = &i["device0"];
+            let caps: Vec<String> = d0["capabilities"].as_array().into_iter().flatten().map(s).collect();
+            let _ = writeln!(
+                out,
+                "    device: {} device(s); device 0: {} {} (capabilities: {})",
+                i["device_count"],
+                s(&d0["vendor"]),
+                s(&d0["name"]),
+                if caps.is_empty() { "none".to_string() } else { caps.join(", ") }
+            );
+        } else {
+            let _ = writeln!(out, "    device: unavailable: {}", s(&p["reason"]));
+        }
+    }
+    if let Some(p) = a.get("ccl_probe") {
+        if p["available"].as_bool() == Some(true) {
+            let _ = writeln!(out, "    ccl: version {}", p["version"]);
+        } else {
+            let _ = writeln!(out, "    ccl: unavailable: {}", s(&p["reason"]));
+        }
+    }
+    for n in a["notes"].as_array().into_iter().flatten() {
+        let _ = writeln!(out, "    note: {}", s(n));
+    }
+    if let Some(sel) = a.get("selected_by").and_then(|v| v.as_array()) {
+        if sel.is_empty() {
+            let _ = writeln!(out, "    selected: no cluster uses it");
+        } else {
+            let who: Vec<String> = sel.iter().map(s).collect();
+            let _ = writeln!(out, "    selected: {}", who.join(", "));
+        }
+    }
+}
