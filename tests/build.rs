@@ -19,7 +19,10 @@ fn main() {
     let source = manifest.join("plugins/c/testplugin.c");
     let include = manifest.join("../plugin-sdk/include");
     println!("cargo:rerun-if-changed={}", source.display());
-    println!("cargo:rerun-if-changed={}", include.join("ferrocx_plugin.h").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        include.join("ferrocx_plugin.h").display()
+    );
     println!("cargo:rerun-if-env-changed=CC");
 
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("c-plugins");
@@ -28,7 +31,9 @@ fn main() {
     for (name, defines) in VARIANTS {
         let so = out.join(format!("libferrocx_adaptor_{name}.so"));
         let status = Command::new(&cc)
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-O1"])
+            .args([
+                "-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-O1",
+            ])
             .args(*defines)
             .arg("-I")
             .arg(&include)
@@ -37,7 +42,11 @@ fn main() {
             .arg(&so)
             .status()
             .unwrap_or_else(|e| panic!("could not run the C compiler `{cc}`: {e}"));
-        assert!(status.success(), "`{cc}` failed on {} ({name})", source.display());
+        assert!(
+            status.success(),
+            "`{cc}` failed on {} ({name})",
+            source.display()
+        );
     }
     println!("cargo:rustc-env=FERROCX_TEST_C_PLUGINS={}", out.display());
 }

@@ -33,7 +33,11 @@ pub fn run(file: &PathBuf, as_json: bool) -> Result<ExitCode, Box<dyn std::error
     for c in clusters.iter_mut() {
         let source = |name: &Value, device: bool| -> Value {
             let name = name.as_str().unwrap_or("");
-            let e = if device { registry.device(name) } else { registry.ccl(name) };
+            let e = if device {
+                registry.device(name)
+            } else {
+                registry.ccl(name)
+            };
             match e.map(|e| &e.source) {
                 Some(Source::Builtin) => json!("built-in"),
                 Some(Source::Plugin(p)) => json!(p.display().to_string()),
@@ -43,7 +47,9 @@ pub fn run(file: &PathBuf, as_json: bool) -> Result<ExitCode, Box<dyn std::error
         c["device_source"] = source(&c["device"], true);
         c["ccl_source"] = source(&c["ccl"], false);
     }
-    let valid = clusters.iter().all(|c| c["selected"].as_bool() == Some(true));
+    let valid = clusters
+        .iter()
+        .all(|c| c["selected"].as_bool() == Some(true));
     let report = json!({
         "valid": valid,
         "config": config.origin.to_string(),
@@ -58,20 +64,48 @@ pub fn run(file: &PathBuf, as_json: bool) -> Result<ExitCode, Box<dyn std::error
         print!("{text}");
         eprint!("{errors}");
     }
-    Ok(if valid { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn render(r: &Value) -> (String, String) {
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
     let mut out = String::new();
     let mut err = String::new();
-    let verdict = if r["valid"].as_bool() == Some(true) { "valid" } else { "INVALID" };
-    let _ = writeln!(out, "{}: {verdict} (timeout {} ms)", s(&r["config"]), r["timeout_ms"]);
+    let verdict = if r["valid"].as_bool() == Some(true) {
+        "valid"
+    } else {
+        "INVALID"
+    };
+    let _ = writeln!(
+        out,
+        "{}: {verdict} (timeout {} ms)",
+        s(&r["config"]),
+        r["timeout_ms"]
+    );
     for c in r["clusters"].as_array().into_iter().flatten() {
-        let _ = writeln!(out, "  cluster {} (ranks {})", s(&c["name"]), s(&c["ranks"]));
+        let _ = writeln!(
+            out,
+            "  cluster {} (ranks {})",
+            s(&c["name"]),
+            s(&c["ranks"])
+        );
         if c["selected"].as_bool() == Some(true) {
-            let _ = writeln!(out, "    device: {} ({})", s(&c["device"]), s(&c["device_source"]));
-            let _ = writeln!(out, "    ccl:    {} ({})", s(&c["ccl"]), s(&c["ccl_source"]));
+            let _ = writeln!(
+                out,
+                "    device: {} ({})",
+                s(&c["device"]),
+                s(&c["device_source"])
+            );
+            let _ = writeln!(
+                out,
+                "    ccl:    {} ({})",
+                s(&c["ccl"]),
+                s(&c["ccl_source"])
+            );
             let _ = writeln!(
                 out,
                 "    multicast: {}, fallback: {}",

@@ -11,7 +11,10 @@ use crate::report::{abi_version, adaptor_text, describe, probe};
 
 /// Clusters of `config` with their selection (or the reason there is none), and for each
 /// adaptor the clusters that selected it.
-pub(crate) fn clusters_json(config: &ferrocx::config::Config, registry: &Registry) -> (Vec<Value>, Vec<(String, String)>) {
+pub(crate) fn clusters_json(
+    config: &ferrocx::config::Config,
+    registry: &Registry,
+) -> (Vec<Value>, Vec<(String, String)>) {
     let mut clusters = Vec::new();
     let mut uses = Vec::new();
     for (i, c) in config.clusters.iter().enumerate() {
@@ -56,7 +59,10 @@ pub(crate) fn rejected_json(registry: &Registry) -> Vec<Value> {
         .collect()
 }
 
-pub fn run(config_path: Option<&PathBuf>, as_json: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+pub fn run(
+    config_path: Option<&PathBuf>,
+    as_json: bool,
+) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let config = crate::load_config(config_path)?;
     let registry = Registry::discover(&config.runtime);
     let (clusters, uses) = clusters_json(&config, &registry);
@@ -97,11 +103,20 @@ pub fn run(config_path: Option<&PathBuf>, as_json: bool) -> Result<ExitCode, Box
 fn render(r: &Value) -> String {
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
     let paths = |v: &Value| -> String {
-        let p: Vec<String> = v.as_array().into_iter().flatten().map(|x| s(x)).collect();
-        if p.is_empty() { "(none)".into() } else { p.join(", ") }
+        let p: Vec<String> = v.as_array().into_iter().flatten().map(s).collect();
+        if p.is_empty() {
+            "(none)".into()
+        } else {
+            p.join(", ")
+        }
     };
     let mut out = String::new();
-    let _ = writeln!(out, "ferrocx {} (plugin ABI {})", s(&r["ferrocx"]), s(&r["abi"]));
+    let _ = writeln!(
+        out,
+        "ferrocx {} (plugin ABI {})",
+        s(&r["ferrocx"]),
+        s(&r["abi"])
+    );
     let _ = writeln!(out, "config: {}", s(&r["config"]));
     let _ = writeln!(out, "plugin directories: {}", paths(&r["plugin_dirs"]));
     let _ = writeln!(out, "plugin files: {}", paths(&r["plugins"]));

@@ -17,7 +17,11 @@ use clap::{Parser, Subcommand};
 use ferrocx::config::{Config, ConfigError};
 
 #[derive(Parser)]
-#[command(name = "ferrocx", version, about = "ferrocx: vendor-neutral collective communication")]
+#[command(
+    name = "ferrocx",
+    version,
+    about = "ferrocx: vendor-neutral collective communication"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

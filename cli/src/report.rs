@@ -82,13 +82,13 @@ pub fn describe(entry: &AdaptorEntry) -> Value {
     let mut tables = Vec::new();
     if let Some(d) = &entry.device {
         tables.push(table_json(&d.root));
-        d.vmm.as_ref().map(|t| tables.push(table_json(t)));
-        d.flatmap.as_ref().map(|t| tables.push(table_json(t)));
-        d.multicast.as_ref().map(|t| tables.push(table_json(t)));
+        tables.extend(d.vmm.as_ref().map(table_json));
+        tables.extend(d.flatmap.as_ref().map(table_json));
+        tables.extend(d.multicast.as_ref().map(table_json));
     }
     if let Some(c) = &entry.ccl {
         tables.push(table_json(&c.root));
-        c.window.as_ref().map(|t| tables.push(table_json(t)));
+        tables.extend(c.window.as_ref().map(table_json));
     }
     json!({
         "name": entry.name,
@@ -122,16 +122,31 @@ pub fn adaptor_text(a: &Value, out: &mut String) {
     use std::fmt::Write;
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
     let _ = writeln!(out, "  {}  [{}]", s(&a["name"]), s(&a["source"]));
-    let _ = writeln!(out, "    ABI {}, checked by {}", s(&a["abi"]), s(&a["checked"]));
+    let _ = writeln!(
+        out,
+        "    ABI {}, checked by {}",
+        s(&a["abi"]),
+        s(&a["checked"])
+    );
     let groups: Vec<String> = a["groups"]
         .as_array()
         .map(|g| g.iter().map(s).collect())
         .unwrap_or_default();
     let _ = writeln!(out, "    tables: {}", groups.join(", "));
     for t in a["tables"].as_array().into_iter().flatten() {
-        let absent: Vec<String> = t["absent"].as_array().into_iter().flatten().map(s).collect();
+        let absent: Vec<String> = t["absent"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(s)
+            .collect();
         let present = t["entries_present"].as_u64().unwrap_or(0) as usize;
-        let beyond: Vec<String> = t["beyond_struct_size"].as_array().into_iter().flatten().map(s).collect();
+        let beyond: Vec<String> = t["beyond_struct_size"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(s)
+            .collect();
         let mut line = format!(
             "      {} {}/{} entries",
             s(&t["symbol"]),
@@ -141,10 +156,23 @@ pub fn adaptor_text(a: &Value, out: &mut String) {
         if !absent.is_empty() && absent.len() <= present {
             line += &format!("; absent: {}", absent.join(", "));
         } else if !absent.is_empty() {
-            line += &format!("; present: {}", t["present"].as_array().into_iter().flatten().map(s).collect::<Vec<_>>().join(", "));
+            line += &format!(
+                "; present: {}",
+                t["present"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(s)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
         if !beyond.is_empty() {
-            line += &format!("; past struct_size {} (older minor): {}", t["struct_size"], beyond.join(", "));
+            line += &format!(
+                "; past struct_size {} (older minor): {}",
+                t["struct_size"],
+                beyond.join(", ")
+            );
         }
         let _ = writeln!(out, "{line}");
     }
@@ -152,14 +180,23 @@ pub fn adaptor_text(a: &Value, out: &mut String) {
         if p["available"].as_bool() == Some(true) {
             let i = &p["info"];
             let d0 = &i["device0"];
-            let caps: Vec<String> = d0["capabilities"].as_array().into_iter().flatten().map(s).collect();
+            let caps: Vec<String> = d0["capabilities"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(s)
+                .collect();
             let _ = writeln!(
                 out,
                 "    device: {} device(s); device 0: {} {} (capabilities: {})",
                 i["device_count"],
                 s(&d0["vendor"]),
                 s(&d0["name"]),
-                if caps.is_empty() { "none".to_string() } else { caps.join(", ") }
+                if caps.is_empty() {
+                    "none".to_string()
+                } else {
+                    caps.join(", ")
+                }
             );
         } else {
             let _ = writeln!(out, "    device: unavailable: {}", s(&p["reason"]));

@@ -32,21 +32,46 @@ fn info_lists_plugins_from_the_plugin_path_and_why_others_were_refused() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     let rust_so = dir.path().join(file_name("testrust"));
-    assert!(stdout.contains(&format!("testrust  [{}]", rust_so.display())), "{stdout}");
-    assert!(stdout.contains("checked by abi_stable layout check"), "{stdout}");
-    assert!(stdout.contains("ferrocx_device_vmm_v1 5/5 entries"), "{stdout}");
-    assert!(stdout.contains("ferrocx_ccl_adaptor_v1 29/30 entries; absent: all_to_allv"), "{stdout}");
-    assert!(stdout.contains("device 0: ferrocx-test rust test device"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("testrust  [{}]", rust_so.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("checked by abi_stable layout check"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ferrocx_device_vmm_v1 5/5 entries"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ferrocx_ccl_adaptor_v1 29/30 entries; absent: all_to_allv"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("device 0: ferrocx-test rust test device"),
+        "{stdout}"
+    );
     assert!(stdout.contains("ccl: version 12345"), "{stdout}");
-    assert!(stdout.contains(&format!("testc  [{}]", dir.path().join(file_name("testc")).display())));
+    assert!(stdout.contains(&format!(
+        "testc  [{}]",
+        dir.path().join(file_name("testc")).display()
+    )));
     assert!(stdout.contains("rejected (2):"), "{stdout}");
-    assert!(stdout.contains("libferrocx_adaptor_garbage.so: dlopen failed"), "{stdout}");
+    assert!(
+        stdout.contains("libferrocx_adaptor_garbage.so: dlopen failed"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("libferrocx_adaptor_newmajor.so: symbol `ferrocx_device_adaptor_v1`: plugin built for ABI 2.x, this build reads ABI 1.x"),
         "{stdout}"
     );
     // Refusals are also logged at WARN on stderr.
-    assert!(text(&out.stderr).contains("plugin refused"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("plugin refused"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -67,7 +92,10 @@ fn info_json_is_machine_readable() {
     assert_eq!(a["device_probe"]["info"]["device_count"], 2);
     assert_eq!(a["ccl_probe"]["version"], 20800);
     assert_eq!(v["rejected"][0]["kind"], "NoSymbols");
-    assert!(v["rejected"][0]["path"].as_str().unwrap_or("").ends_with(&file_name("nosymbols")));
+    assert!(v["rejected"][0]["path"]
+        .as_str()
+        .unwrap_or("")
+        .ends_with(&file_name("nosymbols")));
 }
 
 fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
@@ -84,13 +112,22 @@ fn config_check_prints_what_each_cluster_uses() {
         plugins.path()
     );
     let cfg = write_config(plugins.path(), &body);
-    let out = ferrocx(&["config", "check", cfg.to_str().expect("utf-8 path")], None);
+    let out = ferrocx(
+        &["config", "check", cfg.to_str().expect("utf-8 path")],
+        None,
+    );
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains(": valid"), "{stdout}");
     assert!(stdout.contains("cluster a (ranks 0-1)"), "{stdout}");
-    assert!(stdout.contains(&format!("device: testc ({})", plugins.path().join(file_name("testc")).display())));
-    assert!(stdout.contains(&format!("ccl:    testrust ({})", plugins.path().join(file_name("testrust")).display())));
+    assert!(stdout.contains(&format!(
+        "device: testc ({})",
+        plugins.path().join(file_name("testc")).display()
+    )));
+    assert!(stdout.contains(&format!(
+        "ccl:    testrust ({})",
+        plugins.path().join(file_name("testrust")).display()
+    )));
     assert!(stdout.contains("cluster b (ranks 2-3)"), "{stdout}");
 }
 
@@ -102,7 +139,10 @@ fn config_check_names_file_line_and_key_of_an_unknown_adaptor() {
         plugins.path()
     );
     let cfg = write_config(plugins.path(), &body);
-    let out = ferrocx(&["config", "check", cfg.to_str().expect("utf-8 path")], None);
+    let out = ferrocx(
+        &["config", "check", cfg.to_str().expect("utf-8 path")],
+        None,
+    );
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(stderr.contains(&format!("{}:7", cfg.display())), "{stderr}");
@@ -114,8 +154,14 @@ fn config_check_names_file_line_and_key_of_an_unknown_adaptor() {
 #[test]
 fn config_check_reports_a_syntax_error_with_its_line() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = write_config(dir.path(), "[runtime]\ntimeout_ms = 5\n\n[[cluster]\nname = \"x\"\n");
-    let out = ferrocx(&["config", "check", cfg.to_str().expect("utf-8 path")], None);
+    let cfg = write_config(
+        dir.path(),
+        "[runtime]\ntimeout_ms = 5\n\n[[cluster]\nname = \"x\"\n",
+    );
+    let out = ferrocx(
+        &["config", "check", cfg.to_str().expect("utf-8 path")],
+        None,
+    );
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(stderr.contains(&format!("{}:4", cfg.display())), "{stderr}");
@@ -128,7 +174,15 @@ fn config_check_json_carries_line_and_key() {
         dir.path(),
         "[[cluster]]\nname = \"x\"\ndevice = \"host\"\nccl = \"host\"\nmulticast = \"maybe\"\n",
     );
-    let out = ferrocx(&["config", "check", "--json", cfg.to_str().expect("utf-8 path")], None);
+    let out = ferrocx(
+        &[
+            "config",
+            "check",
+            "--json",
+            cfg.to_str().expect("utf-8 path"),
+        ],
+        None,
+    );
     assert_eq!(out.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
     assert_eq!(v["valid"], false);

@@ -112,7 +112,9 @@ impl AdaptorEntry {
             g.push(DeviceAdaptorV1::SYMBOL);
             d.vmm.is_some().then(|| g.push(DeviceVmmV1::SYMBOL));
             d.flatmap.is_some().then(|| g.push(DeviceFlatMapV1::SYMBOL));
-            d.multicast.is_some().then(|| g.push(DeviceMulticastV1::SYMBOL));
+            d.multicast
+                .is_some()
+                .then(|| g.push(DeviceMulticastV1::SYMBOL));
         }
         if let Some(c) = &self.ccl {
             g.push(CclAdaptorV1::SYMBOL);
@@ -278,7 +280,9 @@ impl Registry {
 
     /// The adaptor named `name` that has a CCL table.
     pub fn ccl(&self, name: &str) -> Option<&AdaptorEntry> {
-        self.entries.iter().find(|e| e.name == name && e.ccl.is_some())
+        self.entries
+            .iter()
+            .find(|e| e.name == name && e.ccl.is_some())
     }
 
     /// Names of the device adaptors.
@@ -314,7 +318,11 @@ impl Registry {
 
     /// The device and CCL adaptors a cluster of `config` would use; an error names the file,
     /// line and key of the cluster's `device` or `ccl`.
-    pub fn select(&self, config: &Config, index: usize) -> Result<Selection, crate::config::ConfigError> {
+    pub fn select(
+        &self,
+        config: &Config,
+        index: usize,
+    ) -> Result<Selection, crate::config::ConfigError> {
         let cluster: &ClusterConfig = &config.clusters[index];
         let device = self.device(&cluster.device).ok_or_else(|| {
             config.cluster_error(

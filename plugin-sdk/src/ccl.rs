@@ -68,27 +68,123 @@ pub trait CclAdaptor: Send + Sync + Sized + 'static {
     /// The communicator's device.
     fn comm_device(&self, comm: Comm) -> Result<i32>;
     /// All-reduce.
-    fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, comm: Comm, stream: Stream) -> Result<()>;
+    fn all_reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// All-gather.
-    fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, comm: Comm, stream: Stream) -> Result<()>;
+    fn all_gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// Reduce-scatter.
-    fn reduce_scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp, comm: Comm, stream: Stream) -> Result<()>;
+    fn reduce_scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        recv_count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// Broadcast.
-    fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<()>;
+    fn broadcast(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        root: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// Reduce to a root.
-    fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, comm: Comm, stream: Stream) -> Result<()>;
+    fn reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// Gather to a root.
-    fn gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<()>;
+    fn gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        root: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// Scatter from a root.
-    fn scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<()>;
+    fn scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        recv_count: usize,
+        dtype: DataType,
+        root: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// All-to-all with equal blocks.
-    fn all_to_all(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, comm: Comm, stream: Stream) -> Result<()>;
+    fn all_to_all(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// All-to-all with per-peer counts.
-    fn all_to_allv(&self, send: DevicePtr, send_v: VCounts<'_>, recv: DevicePtr, recv_v: VCounts<'_>, dtype: DataType, comm: Comm, stream: Stream) -> Result<()>;
+    fn all_to_allv(
+        &self,
+        send: DevicePtr,
+        send_v: VCounts<'_>,
+        recv: DevicePtr,
+        recv_v: VCounts<'_>,
+        dtype: DataType,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// Point-to-point send.
-    fn send(&self, buf: DevicePtr, count: usize, dtype: DataType, peer: i32, comm: Comm, stream: Stream) -> Result<()>;
+    fn send(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        peer: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// Point-to-point receive.
-    fn recv(&self, buf: DevicePtr, count: usize, dtype: DataType, peer: i32, comm: Comm, stream: Stream) -> Result<()>;
+    fn recv(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        peer: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<()>;
     /// Starts a group.
     fn group_start(&self) -> Result<()>;
     /// Ends a group.
@@ -106,7 +202,13 @@ pub trait CclAdaptor: Send + Sync + Sized + 'static {
 /// The window group (`ferrocx_ccl_window_v1`).
 pub trait CclWindow: CclAdaptor {
     /// Registers a window (collective).
-    fn window_register(&self, comm: Comm, buf: DevicePtr, bytes: usize, flags: u32) -> Result<WindowHandle>;
+    fn window_register(
+        &self,
+        comm: Comm,
+        buf: DevicePtr,
+        bytes: usize,
+        flags: u32,
+    ) -> Result<WindowHandle>;
     /// Deregisters a window (collective).
     fn window_deregister(&self, comm: Comm, window: WindowHandle) -> Result<()>;
 }
@@ -121,9 +223,16 @@ mod tramp {
 
     /// # Safety
     /// Each pointer must be null or valid for `n` reads.
-    unsafe fn counts<'a>(c: *const usize, d: *const usize, n: usize, what: &str) -> Result<VCounts<'a>> {
+    unsafe fn counts<'a>(
+        c: *const usize,
+        d: *const usize,
+        n: usize,
+        what: &str,
+    ) -> Result<VCounts<'a>> {
         if c.is_null() || d.is_null() {
-            return Err(Error::invalid_argument(format!("`{what}` counts or displacements are null")));
+            return Err(Error::invalid_argument(format!(
+                "`{what}` counts or displacements are null"
+            )));
         }
         // SAFETY: non-null, `n` elements by the caller's contract.
         Ok(unsafe {
@@ -136,7 +245,9 @@ mod tramp {
 
     pub unsafe extern "C" fn init<A: CclAdaptor>(opts: *const KeyValue, n: usize) -> Status {
         // SAFETY: the caller passes `n` valid options.
-        call("init", || A::instance().init(&unsafe { Options::from_raw(opts, n) }?))
+        call("init", || {
+            A::instance().init(&unsafe { Options::from_raw(opts, n) }?)
+        })
     }
     pub unsafe extern "C" fn finalize<A: CclAdaptor>() -> Status {
         call("finalize", || A::instance().finalize())
@@ -146,7 +257,9 @@ mod tramp {
     }
     pub unsafe extern "C" fn get_version<A: CclAdaptor>(out: *mut i32) -> Status {
         // SAFETY: `out` null or writable by the ABI's contract.
-        call("get_version", || unsafe { write_out(out, "version", A::instance().version()?) })
+        call("get_version", || unsafe {
+            write_out(out, "version", A::instance().version()?)
+        })
     }
     pub unsafe extern "C" fn get_unique_id<A: CclAdaptor>(id: *mut u8, len: *mut usize) -> Status {
         guard("get_unique_id", || {
@@ -158,7 +271,10 @@ mod tramp {
             unsafe { write_bytes(id, len, &bytes) }
         })
     }
-    pub unsafe extern "C" fn comm_init_rank<A: CclAdaptor>(args: *const CommInitArgs, out: *mut Comm) -> Status {
+    pub unsafe extern "C" fn comm_init_rank<A: CclAdaptor>(
+        args: *const CommInitArgs,
+        out: *mut Comm,
+    ) -> Status {
         call("comm_init_rank", || {
             if args.is_null() || out.is_null() {
                 return Err(Error::invalid_argument("`args` or `comm` is null"));
@@ -196,44 +312,126 @@ mod tramp {
     pub unsafe extern "C" fn comm_abort<A: CclAdaptor>(c: Comm) -> Status {
         call("comm_abort", || A::instance().comm_abort(c))
     }
-    pub unsafe extern "C" fn comm_get_async_error<A: CclAdaptor>(c: Comm, out: *mut Status) -> Status {
+    pub unsafe extern "C" fn comm_get_async_error<A: CclAdaptor>(
+        c: Comm,
+        out: *mut Status,
+    ) -> Status {
         // SAFETY: `out` null or writable.
-        call("comm_get_async_error", || unsafe { write_out(out, "error", A::instance().comm_async_error(c)?) })
+        call("comm_get_async_error", || unsafe {
+            write_out(out, "error", A::instance().comm_async_error(c)?)
+        })
     }
     pub unsafe extern "C" fn comm_count<A: CclAdaptor>(c: Comm, out: *mut i32) -> Status {
         // SAFETY: `out` null or writable.
-        call("comm_count", || unsafe { write_out(out, "count", A::instance().comm_count(c)?) })
+        call("comm_count", || unsafe {
+            write_out(out, "count", A::instance().comm_count(c)?)
+        })
     }
     pub unsafe extern "C" fn comm_user_rank<A: CclAdaptor>(c: Comm, out: *mut i32) -> Status {
         // SAFETY: `out` null or writable.
-        call("comm_user_rank", || unsafe { write_out(out, "rank", A::instance().comm_user_rank(c)?) })
+        call("comm_user_rank", || unsafe {
+            write_out(out, "rank", A::instance().comm_user_rank(c)?)
+        })
     }
     pub unsafe extern "C" fn comm_device<A: CclAdaptor>(c: Comm, out: *mut i32) -> Status {
         // SAFETY: `out` null or writable.
-        call("comm_device", || unsafe { write_out(out, "device", A::instance().comm_device(c)?) })
+        call("comm_device", || unsafe {
+            write_out(out, "device", A::instance().comm_device(c)?)
+        })
     }
-    pub unsafe extern "C" fn all_reduce<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, op: ReduceOp, c: Comm, st: Stream) -> Status {
-        call("all_reduce", || A::instance().all_reduce(s, r, n, t, op, c, st))
+    pub unsafe extern "C" fn all_reduce<A: CclAdaptor>(
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        op: ReduceOp,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
+        call("all_reduce", || {
+            A::instance().all_reduce(s, r, n, t, op, c, st)
+        })
     }
-    pub unsafe extern "C" fn all_gather<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, c: Comm, st: Stream) -> Status {
+    pub unsafe extern "C" fn all_gather<A: CclAdaptor>(
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
         call("all_gather", || A::instance().all_gather(s, r, n, t, c, st))
     }
-    pub unsafe extern "C" fn reduce_scatter<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, op: ReduceOp, c: Comm, st: Stream) -> Status {
-        call("reduce_scatter", || A::instance().reduce_scatter(s, r, n, t, op, c, st))
+    pub unsafe extern "C" fn reduce_scatter<A: CclAdaptor>(
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        op: ReduceOp,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
+        call("reduce_scatter", || {
+            A::instance().reduce_scatter(s, r, n, t, op, c, st)
+        })
     }
-    pub unsafe extern "C" fn broadcast<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Status {
-        call("broadcast", || A::instance().broadcast(s, r, n, t, root, c, st))
+    pub unsafe extern "C" fn broadcast<A: CclAdaptor>(
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        root: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
+        call("broadcast", || {
+            A::instance().broadcast(s, r, n, t, root, c, st)
+        })
     }
-    pub unsafe extern "C" fn reduce<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, op: ReduceOp, root: i32, c: Comm, st: Stream) -> Status {
-        call("reduce", || A::instance().reduce(s, r, n, t, op, root, c, st))
+    pub unsafe extern "C" fn reduce<A: CclAdaptor>(
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        op: ReduceOp,
+        root: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
+        call("reduce", || {
+            A::instance().reduce(s, r, n, t, op, root, c, st)
+        })
     }
-    pub unsafe extern "C" fn gather<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Status {
+    pub unsafe extern "C" fn gather<A: CclAdaptor>(
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        root: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
         call("gather", || A::instance().gather(s, r, n, t, root, c, st))
     }
-    pub unsafe extern "C" fn scatter<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Status {
+    pub unsafe extern "C" fn scatter<A: CclAdaptor>(
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        root: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
         call("scatter", || A::instance().scatter(s, r, n, t, root, c, st))
     }
-    pub unsafe extern "C" fn all_to_all<A: CclAdaptor>(s: DevicePtr, r: DevicePtr, n: usize, t: DataType, c: Comm, st: Stream) -> Status {
+    pub unsafe extern "C" fn all_to_all<A: CclAdaptor>(
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
         call("all_to_all", || A::instance().all_to_all(s, r, n, t, c, st))
     }
     #[allow(clippy::too_many_arguments)]
@@ -255,10 +453,24 @@ mod tramp {
             A::instance().all_to_allv(s, sv, r, rv, t, c, st)
         })
     }
-    pub unsafe extern "C" fn send<A: CclAdaptor>(b: DevicePtr, n: usize, t: DataType, peer: i32, c: Comm, st: Stream) -> Status {
+    pub unsafe extern "C" fn send<A: CclAdaptor>(
+        b: DevicePtr,
+        n: usize,
+        t: DataType,
+        peer: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
         call("send", || A::instance().send(b, n, t, peer, c, st))
     }
-    pub unsafe extern "C" fn recv<A: CclAdaptor>(b: DevicePtr, n: usize, t: DataType, peer: i32, c: Comm, st: Stream) -> Status {
+    pub unsafe extern "C" fn recv<A: CclAdaptor>(
+        b: DevicePtr,
+        n: usize,
+        t: DataType,
+        peer: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Status {
         call("recv", || A::instance().recv(b, n, t, peer, c, st))
     }
     pub unsafe extern "C" fn group_start<A: CclAdaptor>() -> Status {
@@ -280,7 +492,12 @@ mod tramp {
     pub unsafe extern "C" fn mem_free<A: CclAdaptor>(p: DevicePtr) -> Status {
         call("mem_free", || A::instance().mem_free(p))
     }
-    pub unsafe extern "C" fn mem_register<A: CclAdaptor>(c: Comm, b: DevicePtr, bytes: usize, out: *mut RegHandle) -> Status {
+    pub unsafe extern "C" fn mem_register<A: CclAdaptor>(
+        c: Comm,
+        b: DevicePtr,
+        bytes: usize,
+        out: *mut RegHandle,
+    ) -> Status {
         call("mem_register", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`handle` is null"));
@@ -293,7 +510,13 @@ mod tramp {
     pub unsafe extern "C" fn mem_deregister<A: CclAdaptor>(c: Comm, h: RegHandle) -> Status {
         call("mem_deregister", || A::instance().mem_deregister(c, h))
     }
-    pub unsafe extern "C" fn window_register<A: CclWindow>(c: Comm, b: DevicePtr, bytes: usize, flags: u32, out: *mut WindowHandle) -> Status {
+    pub unsafe extern "C" fn window_register<A: CclWindow>(
+        c: Comm,
+        b: DevicePtr,
+        bytes: usize,
+        flags: u32,
+        out: *mut WindowHandle,
+    ) -> Status {
         call("window_register", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`window` is null"));
@@ -304,12 +527,17 @@ mod tramp {
         })
     }
     pub unsafe extern "C" fn window_deregister<A: CclWindow>(c: Comm, w: WindowHandle) -> Status {
-        call("window_deregister", || A::instance().window_deregister(c, w))
+        call("window_deregister", || {
+            A::instance().window_deregister(c, w)
+        })
     }
 }
 
 /// Builds the CCL adaptor table of `A`. Entries named in `absent` are exported as `None`.
-pub const fn ccl_table<A: CclAdaptor>(name: &'static std::ffi::CStr, absent: &[&str]) -> CclAdaptorV1 {
+pub const fn ccl_table<A: CclAdaptor>(
+    name: &'static std::ffi::CStr,
+    absent: &[&str],
+) -> CclAdaptorV1 {
     use tramp::*;
     macro_rules! entry {
         ($f:ident) => {

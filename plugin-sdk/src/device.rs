@@ -4,9 +4,8 @@
 use std::ffi::{c_char, c_void};
 
 use ferrocx::abi::{
-    AbiHeader, Capabilities, DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DevicePtr,
-    DeviceProperties, DeviceVmmV1, Event, HostFn, KeyValue, McHandle, MemKind, Status, Stream,
-    VmmHandle,
+    AbiHeader, Capabilities, DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DeviceProperties,
+    DevicePtr, DeviceVmmV1, Event, HostFn, KeyValue, McHandle, MemKind, Status, Stream, VmmHandle,
 };
 
 use crate::boundary::{call, guard, read_bytes, write_bytes, write_out};
@@ -78,8 +77,13 @@ pub trait DeviceAdaptor: Send + Sync + Sized + 'static {
     /// Copies synchronously.
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
     /// Enqueues a copy.
-    fn mem_copy_async(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream)
-        -> Result<()>;
+    fn mem_copy_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<()>;
     /// Sets bytes synchronously.
     fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
     /// Enqueues a memset.
@@ -137,7 +141,8 @@ pub trait DeviceFlatMap: DeviceAdaptor {
     /// Reserves a virtual range.
     fn flat_reserve(&self, bytes: usize) -> Result<DevicePtr>;
     /// Maps `handle` at `base + index * size`.
-    fn flat_map(&self, base: DevicePtr, index: usize, size: usize, handle: VmmHandle) -> Result<()>;
+    fn flat_map(&self, base: DevicePtr, index: usize, size: usize, handle: VmmHandle)
+        -> Result<()>;
     /// Unmaps the slot at `base + index * size`.
     fn flat_unmap(&self, base: DevicePtr, index: usize, size: usize) -> Result<()>;
     /// Releases a reservation.
@@ -157,8 +162,14 @@ pub trait DeviceMulticast: DeviceAdaptor {
     /// Adds a device of this process.
     fn mc_add_device(&self, mc: McHandle, device: i32) -> Result<()>;
     /// Binds memory into the object.
-    fn mc_bind(&self, mc: McHandle, mc_offset: usize, mem: VmmHandle, mem_offset: usize, bytes: usize)
-        -> Result<()>;
+    fn mc_bind(
+        &self,
+        mc: McHandle,
+        mc_offset: usize,
+        mem: VmmHandle,
+        mem_offset: usize,
+        bytes: usize,
+    ) -> Result<()>;
     /// Maps the object.
     fn mc_map(&self, mc: McHandle, bytes: usize) -> Result<DevicePtr>;
     /// Unmaps a mapping.
@@ -184,7 +195,9 @@ mod tramp {
 
     pub unsafe extern "C" fn init<A: DeviceAdaptor>(opts: *const KeyValue, n: usize) -> Status {
         // SAFETY: the caller passes `n` valid options.
-        call("init", || A::instance().init(&unsafe { Options::from_raw(opts, n) }?))
+        call("init", || {
+            A::instance().init(&unsafe { Options::from_raw(opts, n) }?)
+        })
     }
     pub unsafe extern "C" fn finalize<A: DeviceAdaptor>() -> Status {
         call("finalize", || A::instance().finalize())
@@ -194,14 +207,18 @@ mod tramp {
     }
     pub unsafe extern "C" fn device_count<A: DeviceAdaptor>(out: *mut i32) -> Status {
         // SAFETY: `out` is null or writable by the ABI's contract.
-        call("device_count", || unsafe { write_out(out, "count", A::instance().device_count()?) })
+        call("device_count", || unsafe {
+            write_out(out, "count", A::instance().device_count()?)
+        })
     }
     pub unsafe extern "C" fn set_device<A: DeviceAdaptor>(device: i32) -> Status {
         call("set_device", || A::instance().set_device(device))
     }
     pub unsafe extern "C" fn get_device<A: DeviceAdaptor>(out: *mut i32) -> Status {
         // SAFETY: as above.
-        call("get_device", || unsafe { write_out(out, "device", A::instance().get_device()?) })
+        call("get_device", || unsafe {
+            write_out(out, "device", A::instance().get_device()?)
+        })
     }
     pub unsafe extern "C" fn get_properties<A: DeviceAdaptor>(
         device: i32,
@@ -267,9 +284,15 @@ mod tramp {
         bytes: usize,
         stream: Stream,
     ) -> Status {
-        call("mem_copy_async", || A::instance().mem_copy_async(dst, src, bytes, stream))
+        call("mem_copy_async", || {
+            A::instance().mem_copy_async(dst, src, bytes, stream)
+        })
     }
-    pub unsafe extern "C" fn mem_set<A: DeviceAdaptor>(dst: DevicePtr, v: u8, bytes: usize) -> Status {
+    pub unsafe extern "C" fn mem_set<A: DeviceAdaptor>(
+        dst: DevicePtr,
+        v: u8,
+        bytes: usize,
+    ) -> Status {
         call("mem_set", || A::instance().mem_set(dst, v, bytes))
     }
     pub unsafe extern "C" fn mem_set_async<A: DeviceAdaptor>(
@@ -278,9 +301,14 @@ mod tramp {
         bytes: usize,
         stream: Stream,
     ) -> Status {
-        call("mem_set_async", || A::instance().mem_set_async(dst, v, bytes, stream))
+        call("mem_set_async", || {
+            A::instance().mem_set_async(dst, v, bytes, stream)
+        })
     }
-    pub unsafe extern "C" fn stream_create<A: DeviceAdaptor>(flags: u32, out: *mut Stream) -> Status {
+    pub unsafe extern "C" fn stream_create<A: DeviceAdaptor>(
+        flags: u32,
+        out: *mut Stream,
+    ) -> Status {
         call("stream_create", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`stream` is null"));
@@ -290,7 +318,10 @@ mod tramp {
             unsafe { write_out(out, "stream", s) }
         })
     }
-    pub unsafe extern "C" fn stream_wrap<A: DeviceAdaptor>(native: *mut c_void, out: *mut Stream) -> Status {
+    pub unsafe extern "C" fn stream_wrap<A: DeviceAdaptor>(
+        native: *mut c_void,
+        out: *mut Stream,
+    ) -> Status {
         call("stream_wrap", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`stream` is null"));
@@ -310,7 +341,9 @@ mod tramp {
         guard("stream_query", || Ok(ready(A::instance().stream_query(s)?)))
     }
     pub unsafe extern "C" fn stream_wait_event<A: DeviceAdaptor>(s: Stream, e: Event) -> Status {
-        call("stream_wait_event", || A::instance().stream_wait_event(s, e))
+        call("stream_wait_event", || {
+            A::instance().stream_wait_event(s, e)
+        })
     }
     pub unsafe extern "C" fn event_create<A: DeviceAdaptor>(flags: u32, out: *mut Event) -> Status {
         call("event_create", || {
@@ -334,7 +367,11 @@ mod tramp {
     pub unsafe extern "C" fn event_query<A: DeviceAdaptor>(e: Event) -> Status {
         guard("event_query", || Ok(ready(A::instance().event_query(e)?)))
     }
-    pub unsafe extern "C" fn event_elapsed_ms<A: DeviceAdaptor>(a: Event, b: Event, ms: *mut f32) -> Status {
+    pub unsafe extern "C" fn event_elapsed_ms<A: DeviceAdaptor>(
+        a: Event,
+        b: Event,
+        ms: *mut f32,
+    ) -> Status {
         call("event_elapsed_ms", || {
             if ms.is_null() {
                 return Err(Error::invalid_argument("`ms` is null"));
@@ -398,7 +435,9 @@ mod tramp {
 
     pub unsafe extern "C" fn vmm_granularity<A: DeviceVmm>(device: i32, out: *mut usize) -> Status {
         // SAFETY: `out` null or writable by the ABI's contract.
-        call("vmm_granularity", || unsafe { write_out(out, "bytes", A::instance().vmm_granularity(device)?) })
+        call("vmm_granularity", || unsafe {
+            write_out(out, "bytes", A::instance().vmm_granularity(device)?)
+        })
     }
     pub unsafe extern "C" fn vmm_alloc<A: DeviceVmm>(bytes: usize, out: *mut VmmHandle) -> Status {
         call("vmm_alloc", || {
@@ -420,7 +459,11 @@ mod tramp {
             unsafe { write_out(out, "fd", fd) }
         })
     }
-    pub unsafe extern "C" fn vmm_import_fd<A: DeviceVmm>(fd: i32, bytes: usize, out: *mut VmmHandle) -> Status {
+    pub unsafe extern "C" fn vmm_import_fd<A: DeviceVmm>(
+        fd: i32,
+        bytes: usize,
+        out: *mut VmmHandle,
+    ) -> Status {
         call("vmm_import_fd", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`handle` is null"));
@@ -434,7 +477,10 @@ mod tramp {
         call("vmm_release", || A::instance().vmm_release(h))
     }
 
-    pub unsafe extern "C" fn flat_reserve<A: DeviceFlatMap>(bytes: usize, out: *mut DevicePtr) -> Status {
+    pub unsafe extern "C" fn flat_reserve<A: DeviceFlatMap>(
+        bytes: usize,
+        out: *mut DevicePtr,
+    ) -> Status {
         call("flat_reserve", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`base` is null"));
@@ -452,21 +498,35 @@ mod tramp {
     ) -> Status {
         call("flat_map", || A::instance().flat_map(base, index, size, h))
     }
-    pub unsafe extern "C" fn flat_unmap<A: DeviceFlatMap>(base: DevicePtr, index: usize, size: usize) -> Status {
+    pub unsafe extern "C" fn flat_unmap<A: DeviceFlatMap>(
+        base: DevicePtr,
+        index: usize,
+        size: usize,
+    ) -> Status {
         call("flat_unmap", || A::instance().flat_unmap(base, index, size))
     }
-    pub unsafe extern "C" fn flat_release<A: DeviceFlatMap>(base: DevicePtr, bytes: usize) -> Status {
+    pub unsafe extern "C" fn flat_release<A: DeviceFlatMap>(
+        base: DevicePtr,
+        bytes: usize,
+    ) -> Status {
         call("flat_release", || A::instance().flat_release(base, bytes))
     }
 
-    pub unsafe extern "C" fn mc_supported<A: DeviceMulticast>(device: i32, out: *mut i32) -> Status {
+    pub unsafe extern "C" fn mc_supported<A: DeviceMulticast>(
+        device: i32,
+        out: *mut i32,
+    ) -> Status {
         call("mc_supported", || {
             let s = A::instance().mc_supported(device)?;
             // SAFETY: `out` null or writable by the ABI's contract.
             unsafe { write_out(out, "supported", i32::from(s)) }
         })
     }
-    pub unsafe extern "C" fn mc_create<A: DeviceMulticast>(bytes: usize, n: i32, out: *mut McHandle) -> Status {
+    pub unsafe extern "C" fn mc_create<A: DeviceMulticast>(
+        bytes: usize,
+        n: i32,
+        out: *mut McHandle,
+    ) -> Status {
         call("mc_create", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`mc` is null"));
@@ -476,7 +536,10 @@ mod tramp {
             unsafe { write_out(out, "mc", h) }
         })
     }
-    pub unsafe extern "C" fn mc_export_fd<A: DeviceMulticast>(mc: McHandle, out: *mut i32) -> Status {
+    pub unsafe extern "C" fn mc_export_fd<A: DeviceMulticast>(
+        mc: McHandle,
+        out: *mut i32,
+    ) -> Status {
         call("mc_export_fd", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`fd` is null"));
@@ -486,7 +549,11 @@ mod tramp {
             unsafe { write_out(out, "fd", fd) }
         })
     }
-    pub unsafe extern "C" fn mc_import_fd<A: DeviceMulticast>(fd: i32, bytes: usize, out: *mut McHandle) -> Status {
+    pub unsafe extern "C" fn mc_import_fd<A: DeviceMulticast>(
+        fd: i32,
+        bytes: usize,
+        out: *mut McHandle,
+    ) -> Status {
         call("mc_import_fd", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`mc` is null"));
@@ -496,7 +563,10 @@ mod tramp {
             unsafe { write_out(out, "mc", h) }
         })
     }
-    pub unsafe extern "C" fn mc_add_device<A: DeviceMulticast>(mc: McHandle, device: i32) -> Status {
+    pub unsafe extern "C" fn mc_add_device<A: DeviceMulticast>(
+        mc: McHandle,
+        device: i32,
+    ) -> Status {
         call("mc_add_device", || A::instance().mc_add_device(mc, device))
     }
     pub unsafe extern "C" fn mc_bind<A: DeviceMulticast>(
@@ -506,9 +576,15 @@ mod tramp {
         mem_offset: usize,
         bytes: usize,
     ) -> Status {
-        call("mc_bind", || A::instance().mc_bind(mc, mc_offset, mem, mem_offset, bytes))
+        call("mc_bind", || {
+            A::instance().mc_bind(mc, mc_offset, mem, mem_offset, bytes)
+        })
     }
-    pub unsafe extern "C" fn mc_map<A: DeviceMulticast>(mc: McHandle, bytes: usize, out: *mut DevicePtr) -> Status {
+    pub unsafe extern "C" fn mc_map<A: DeviceMulticast>(
+        mc: McHandle,
+        bytes: usize,
+        out: *mut DevicePtr,
+    ) -> Status {
         call("mc_map", || {
             if out.is_null() {
                 return Err(Error::invalid_argument("`ptr` is null"));
@@ -527,7 +603,9 @@ mod tramp {
         mc_offset: usize,
         bytes: usize,
     ) -> Status {
-        call("mc_unbind", || A::instance().mc_unbind(mc, device, mc_offset, bytes))
+        call("mc_unbind", || {
+            A::instance().mc_unbind(mc, device, mc_offset, bytes)
+        })
     }
     pub unsafe extern "C" fn mc_release<A: DeviceMulticast>(mc: McHandle) -> Status {
         call("mc_release", || A::instance().mc_release(mc))
@@ -610,7 +688,9 @@ pub const fn flatmap_table<A: DeviceFlatMap>(name: &'static std::ffi::CStr) -> D
 }
 
 /// Builds the multicast group table of `A`.
-pub const fn multicast_table<A: DeviceMulticast>(name: &'static std::ffi::CStr) -> DeviceMulticastV1 {
+pub const fn multicast_table<A: DeviceMulticast>(
+    name: &'static std::ffi::CStr,
+) -> DeviceMulticastV1 {
     use tramp::*;
     DeviceMulticastV1 {
         header: AbiHeader::new::<DeviceMulticastV1>(name),

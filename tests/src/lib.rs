@@ -23,7 +23,10 @@ pub fn file_name(name: &str) -> String {
 
 /// Path of a C plugin variant built by the build script.
 pub fn c_plugin(variant: &str) -> PathBuf {
-    assert!(C_VARIANTS.contains(&variant), "unknown C plugin variant {variant}");
+    assert!(
+        C_VARIANTS.contains(&variant),
+        "unknown C plugin variant {variant}"
+    );
     Path::new(env!("FERROCX_TEST_C_PLUGINS")).join(file_name(variant))
 }
 

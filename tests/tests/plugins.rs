@@ -26,7 +26,11 @@ fn assert_still_usable(r: &mut Registry) {
     let before = r.entries().len();
     r.add_plugin_dir(dir.path());
     assert_eq!(r.entries().len(), before + 1, "refused: {:?}", r.rejected());
-    let dev = r.device("testc").expect("testc registered").device().expect("device table");
+    let dev = r
+        .device("testc")
+        .expect("testc registered")
+        .device()
+        .expect("device table");
     assert_eq!(dev.device_count().expect("device_count"), 2);
 }
 
@@ -37,14 +41,26 @@ fn rust_plugin_loads_reports_groups_and_answers() {
     let e = r.add_plugin(&path).expect("the Rust plugin loads");
     assert_eq!(e.name, "testrust");
     assert_eq!(e.source, Source::Plugin(path.clone()));
-    assert_eq!(e.checked, Checked::AbiStable, "layout-checked through abi_stable");
+    assert_eq!(
+        e.checked,
+        Checked::AbiStable,
+        "layout-checked through abi_stable"
+    );
     assert_eq!(e.abi_version(), (1, 0));
     assert_eq!(
         e.groups(),
-        ["ferrocx_device_adaptor_v1", "ferrocx_device_vmm_v1", "ferrocx_ccl_adaptor_v1"]
+        [
+            "ferrocx_device_adaptor_v1",
+            "ferrocx_device_vmm_v1",
+            "ferrocx_ccl_adaptor_v1"
+        ]
     );
     let ccl_tables = e.ccl.as_ref().expect("ccl");
-    assert_eq!(ccl_tables.root.absent(), ["all_to_allv"], "declared absent in export_plugin!");
+    assert_eq!(
+        ccl_tables.root.absent(),
+        ["all_to_allv"],
+        "declared absent in export_plugin!"
+    );
 
     let dev = e.device().expect("device");
     dev.init(&[("k".into(), "v".into())]).expect("init");
@@ -75,30 +91,49 @@ fn rust_plugin_loads_reports_groups_and_answers() {
 
     let ccl = e.ccl().expect("ccl");
     assert_eq!(ccl.version().expect("version"), 12_345);
-    assert_eq!(ccl.unique_id().expect("unique id"), b"ferrocx-test-unique-id");
+    assert_eq!(
+        ccl.unique_id().expect("unique id"),
+        b"ferrocx-test-unique-id"
+    );
 }
 
 #[test]
 fn c_plugin_loads_reports_groups_and_answers() {
     let mut r = Registry::empty();
-    let e = r.add_plugin(&c_plugin("testc")).expect("the C plugin loads");
+    let e = r
+        .add_plugin(&c_plugin("testc"))
+        .expect("the C plugin loads");
     assert_eq!(e.name, "testc");
     assert_eq!(e.checked, Checked::HeaderOnly);
     assert_eq!(
         e.groups(),
-        ["ferrocx_device_adaptor_v1", "ferrocx_device_flatmap_v1", "ferrocx_ccl_adaptor_v1"]
+        [
+            "ferrocx_device_adaptor_v1",
+            "ferrocx_device_flatmap_v1",
+            "ferrocx_ccl_adaptor_v1"
+        ]
     );
     let d = e.device.as_ref().expect("device");
     assert_eq!(
         d.root.present(),
-        ["get_last_error", "device_count", "set_device", "get_device", "get_properties", "stream_query"]
+        [
+            "get_last_error",
+            "device_count",
+            "set_device",
+            "get_device",
+            "get_properties",
+            "stream_query"
+        ]
     );
     let dev = e.device().expect("device");
     assert_eq!(dev.device_count().expect("count"), 2);
     dev.set_device(1).expect("set_device");
     assert_eq!(dev.get_device().expect("get_device"), 1);
     let p = dev.properties(1).expect("properties");
-    assert_eq!((p.name.as_str(), p.arch, p.device_count), ("c test device", 1, 2));
+    assert_eq!(
+        (p.name.as_str(), p.arch, p.device_count),
+        ("c test device", 1, 2)
+    );
     assert!(p.capabilities.contains(Capabilities::FLAT_MAP));
     // A failure carries the plugin's own message.
     let err = dev.set_device(7).expect_err("out of range");
@@ -106,7 +141,10 @@ fn c_plugin_loads_reports_groups_and_answers() {
     assert!(err.to_string().contains("device out of range"), "{err}");
     // An absent entry is "unsupported", not a crash.
     let err = dev.init(&[]).expect_err("init is absent");
-    assert!(matches!(err, AdaptorError::Unsupported { op: "init", .. }), "{err}");
+    assert!(
+        matches!(err, AdaptorError::Unsupported { op: "init", .. }),
+        "{err}"
+    );
 
     // The optional group is callable by its own table.
     let flat = d.flatmap.as_ref().expect("flatmap group");
@@ -123,12 +161,18 @@ fn c_plugin_loads_reports_groups_and_answers() {
 #[test]
 fn a_file_that_is_not_elf_is_refused() {
     let mut r = Registry::empty();
-    let dir = plugin_dir(&[], &[(&file_name("garbage"), b"this is not a shared library\n")]);
+    let dir = plugin_dir(
+        &[],
+        &[(&file_name("garbage"), b"this is not a shared library\n")],
+    );
     r.add_plugin_dir(dir.path());
     let e = refused(&r, "garbage");
     assert_eq!(e.kind, LoadErrorKind::Open);
     let msg = e.to_string();
-    assert!(msg.contains(&dir.path().join(file_name("garbage")).display().to_string()), "{msg}");
+    assert!(
+        msg.contains(&dir.path().join(file_name("garbage")).display().to_string()),
+        "{msg}"
+    );
     assert!(msg.contains("dlopen failed"), "{msg}");
     assert!(r.entries().is_empty());
     assert_still_usable(&mut r);
@@ -140,7 +184,10 @@ fn an_elf_with_no_ferrocx_symbol_is_refused() {
     let e = r.add_plugin(&c_plugin("nosymbols")).err().expect("refused");
     assert_eq!(e.kind, LoadErrorKind::NoSymbols);
     assert!(e.reason.contains("ferrocx_device_adaptor_v1"), "{e}");
-    assert!(e.to_string().contains("libferrocx_adaptor_nosymbols.so"), "{e}");
+    assert!(
+        e.to_string().contains("libferrocx_adaptor_nosymbols.so"),
+        "{e}"
+    );
     assert_still_usable(&mut r);
 }
 
@@ -150,7 +197,10 @@ fn a_newer_major_in_the_header_is_refused_naming_both_versions() {
     let e = r.add_plugin(&c_plugin("newmajor")).err().expect("refused");
     assert_eq!(e.kind, LoadErrorKind::BadHeader);
     assert_eq!(e.symbol.as_deref(), Some("ferrocx_device_adaptor_v1"));
-    assert!(e.reason.contains("ABI 2.x") && e.reason.contains("ABI 1.x"), "{e}");
+    assert!(
+        e.reason.contains("ABI 2.x") && e.reason.contains("ABI 1.x"),
+        "{e}"
+    );
     assert_still_usable(&mut r);
 }
 
@@ -160,7 +210,10 @@ fn a_plugin_exporting_only_a_newer_major_is_refused() {
     let e = r.add_plugin(&c_plugin("v2only")).err().expect("refused");
     assert_eq!(e.kind, LoadErrorKind::NewerMajor);
     assert_eq!(e.symbol.as_deref(), Some("ferrocx_device_adaptor_v2"));
-    assert!(e.reason.contains("ABI 2.x") && e.reason.contains("ABI 1.x"), "{e}");
+    assert!(
+        e.reason.contains("ABI 2.x") && e.reason.contains("ABI 1.x"),
+        "{e}"
+    );
     assert!(e.reason.contains("ferrocx_ccl_adaptor_v2"), "{e}");
     assert_still_usable(&mut r);
 }
@@ -168,7 +221,9 @@ fn a_plugin_exporting_only_a_newer_major_is_refused() {
 #[test]
 fn fields_past_an_older_minors_struct_size_are_absent() {
     let mut r = Registry::empty();
-    let e = r.add_plugin(&c_plugin("oldminor")).expect("an older minor still loads");
+    let e = r
+        .add_plugin(&c_plugin("oldminor"))
+        .expect("an older minor still loads");
     let d = e.device.as_ref().expect("device");
     let beyond = d.root.beyond_size();
     assert_eq!(beyond.first(), Some(&"stream_create"));
@@ -202,12 +257,19 @@ fn an_unresolved_symbol_is_refused_at_load_not_at_call() {
 #[test]
 fn a_panic_inside_an_entry_becomes_an_internal_error() {
     let mut r = Registry::empty();
-    let dev = r.add_plugin(&rust_plugin()).expect("loads").device().expect("device");
+    let dev = r
+        .add_plugin(&rust_plugin())
+        .expect("loads")
+        .device()
+        .expect("device");
     // The test plugin panics on purpose when asked for device 666 (its PANIC_DEVICE).
     let err = dev.set_device(666).expect_err("panics inside");
     assert_eq!(err.status(), Status::INTERNAL_ERROR);
     let msg = err.to_string();
-    assert!(msg.contains("panic") && msg.contains("deliberate panic in set_device(666)"), "{msg}");
+    assert!(
+        msg.contains("panic") && msg.contains("deliberate panic in set_device(666)"),
+        "{msg}"
+    );
     // The process and the plugin go on.
     assert_eq!(dev.device_count().expect("count after the panic"), 1);
     dev.set_device(0).expect("set_device after the panic");
@@ -228,12 +290,23 @@ fn a_missing_directory_is_reported_and_skipped() {
 
 #[test]
 fn a_directory_of_good_and_broken_plugins_loads_the_good_ones() {
-    let plugins: Vec<_> = ["testc", "newmajor", "v2only", "oldminor", "badmagic", "nosymbols", "undefined"]
-        .iter()
-        .map(|v| c_plugin(v))
-        .chain([rust_plugin()])
-        .collect();
-    let dir = plugin_dir(&plugins, &[(&file_name("garbage"), b"\x7fELF but not really")]);
+    let plugins: Vec<_> = [
+        "testc",
+        "newmajor",
+        "v2only",
+        "oldminor",
+        "badmagic",
+        "nosymbols",
+        "undefined",
+    ]
+    .iter()
+    .map(|v| c_plugin(v))
+    .chain([rust_plugin()])
+    .collect();
+    let dir = plugin_dir(
+        &plugins,
+        &[(&file_name("garbage"), b"\x7fELF but not really")],
+    );
     let mut r = Registry::empty();
     r.add_plugin_dir(dir.path());
     let mut names: Vec<_> = r.entries().iter().map(|e| e.name.as_str()).collect();
@@ -242,7 +315,12 @@ fn a_directory_of_good_and_broken_plugins_loads_the_good_ones() {
     let mut bad: Vec<_> = r
         .rejected()
         .iter()
-        .map(|e| (e.path.file_name().unwrap().to_string_lossy().into_owned(), e.kind))
+        .map(|e| {
+            (
+                e.path.file_name().unwrap().to_string_lossy().into_owned(),
+                e.kind,
+            )
+        })
         .collect();
     bad.sort();
     assert_eq!(
@@ -257,7 +335,10 @@ fn a_directory_of_good_and_broken_plugins_loads_the_good_ones() {
         ]
     );
     for e in r.rejected() {
-        assert!(e.to_string().starts_with(&dir.path().display().to_string()), "{e}");
+        assert!(
+            e.to_string().starts_with(&dir.path().display().to_string()),
+            "{e}"
+        );
     }
 }
 

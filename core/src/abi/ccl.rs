@@ -68,7 +68,8 @@ pub struct CclAdaptorV1 {
     pub comm_abort: Option<unsafe extern "C" fn(comm: Comm) -> Status>,
     /// Writes the communicator's asynchronous error (`SUCCESS` if none, `NOT_READY` while
     /// initialising).
-    pub comm_get_async_error: Option<unsafe extern "C" fn(comm: Comm, error: *mut Status) -> Status>,
+    pub comm_get_async_error:
+        Option<unsafe extern "C" fn(comm: Comm, error: *mut Status) -> Status>,
     /// Number of ranks.
     pub comm_count: Option<unsafe extern "C" fn(comm: Comm, count: *mut i32) -> Status>,
     /// This process's rank.
@@ -220,7 +221,12 @@ pub struct CclAdaptorV1 {
     pub mem_free: Option<unsafe extern "C" fn(ptr: DevicePtr) -> Status>,
     /// Registers a buffer with the communicator for faster collectives.
     pub mem_register: Option<
-        unsafe extern "C" fn(comm: Comm, buf: DevicePtr, bytes: usize, handle: *mut RegHandle) -> Status,
+        unsafe extern "C" fn(
+            comm: Comm,
+            buf: DevicePtr,
+            bytes: usize,
+            handle: *mut RegHandle,
+        ) -> Status,
     >,
     /// Releases a registration.
     pub mem_deregister: Option<unsafe extern "C" fn(comm: Comm, handle: RegHandle) -> Status>,

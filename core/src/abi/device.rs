@@ -82,22 +82,30 @@ pub struct DeviceAdaptorV1 {
     /// Frees memory from `mem_alloc` of the same kind.
     pub mem_free: Option<unsafe extern "C" fn(ptr: DevicePtr, kind: MemKind) -> Status>,
     /// Copies `bytes` between any two addresses; returns when the copy is done.
-    pub mem_copy: Option<unsafe extern "C" fn(dst: DevicePtr, src: DevicePtr, bytes: usize) -> Status>,
+    pub mem_copy:
+        Option<unsafe extern "C" fn(dst: DevicePtr, src: DevicePtr, bytes: usize) -> Status>,
     /// Enqueues a copy on `stream`.
     pub mem_copy_async: Option<
-        unsafe extern "C" fn(dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Status,
+        unsafe extern "C" fn(
+            dst: DevicePtr,
+            src: DevicePtr,
+            bytes: usize,
+            stream: Stream,
+        ) -> Status,
     >,
     /// Sets `bytes` bytes to `value`; returns when done.
     pub mem_set: Option<unsafe extern "C" fn(dst: DevicePtr, value: u8, bytes: usize) -> Status>,
     /// Enqueues a memset on `stream`.
-    pub mem_set_async:
-        Option<unsafe extern "C" fn(dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Status>,
+    pub mem_set_async: Option<
+        unsafe extern "C" fn(dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Status,
+    >,
 
     /// Creates a stream (`flags`: 0 = default, 1 = non-blocking).
     pub stream_create: Option<unsafe extern "C" fn(flags: u32, stream: *mut Stream) -> Status>,
     /// Wraps a stream created by another library (a `CUstream`); destroying the wrapper does not
     /// destroy the native stream.
-    pub stream_wrap: Option<unsafe extern "C" fn(native: *mut c_void, stream: *mut Stream) -> Status>,
+    pub stream_wrap:
+        Option<unsafe extern "C" fn(native: *mut c_void, stream: *mut Stream) -> Status>,
     /// Destroys a stream after the work enqueued on it completes.
     pub stream_destroy: Option<unsafe extern "C" fn(stream: Stream) -> Status>,
     /// Blocks until all work enqueued on `stream` has completed.
@@ -165,7 +173,12 @@ pub struct DeviceFlatMapV1 {
     pub flat_reserve: Option<unsafe extern "C" fn(bytes: usize, base: *mut DevicePtr) -> Status>,
     /// Maps `handle` at `base + index * size` with read/write access for the current device.
     pub flat_map: Option<
-        unsafe extern "C" fn(base: DevicePtr, index: usize, size: usize, handle: VmmHandle) -> Status,
+        unsafe extern "C" fn(
+            base: DevicePtr,
+            index: usize,
+            size: usize,
+            handle: VmmHandle,
+        ) -> Status,
     >,
     /// Unmaps the slot at `base + index * size`.
     pub flat_unmap:
@@ -203,7 +216,8 @@ pub struct DeviceMulticastV1 {
         ) -> Status,
     >,
     /// Maps the object into this process's address space.
-    pub mc_map: Option<unsafe extern "C" fn(mc: McHandle, bytes: usize, ptr: *mut DevicePtr) -> Status>,
+    pub mc_map:
+        Option<unsafe extern "C" fn(mc: McHandle, bytes: usize, ptr: *mut DevicePtr) -> Status>,
     /// Unmaps a mapping from `mc_map`.
     pub mc_unmap: Option<unsafe extern "C" fn(ptr: DevicePtr, bytes: usize) -> Status>,
     /// Unbinds the memory bound at `mc_offset` for `device`.

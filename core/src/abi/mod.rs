@@ -16,12 +16,14 @@ mod root;
 mod types;
 
 pub use ccl::{CclAdaptorV1, CclWindowV1, CommInitArgs};
-pub use device::{DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DeviceProperties, DeviceVmmV1};
+pub use device::{
+    DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DeviceProperties, DeviceVmmV1,
+};
 pub use header::{AbiHeader, AbiTable, ABI_MAGIC, ABI_MAJOR, ABI_MINOR};
 pub use root::{AbiScalars, ExportedTable, PluginModule, PluginModuleRef};
 pub use types::{
     Capabilities, Comm, DataType, DevicePtr, Event, HostFn, KeyValue, McHandle, MemKind, ReduceOp,
-    RegHandle, Status, StaticCStr, Stream, VmmHandle, WindowHandle,
+    RegHandle, StaticCStr, Status, Stream, VmmHandle, WindowHandle,
 };
 
 /// Implements [`AbiTable`] for a table, listing its entries in field order.
@@ -46,34 +48,120 @@ macro_rules! abi_table {
     };
 }
 
-abi_table!(DeviceAdaptorV1, "ferrocx_device_adaptor_v1", "device adaptor", [
-    init, finalize, get_last_error, device_count, set_device, get_device, get_properties,
-    mem_alloc, mem_free, mem_copy, mem_copy_async, mem_set, mem_set_async,
-    stream_create, stream_wrap, stream_destroy, stream_synchronize, stream_query, stream_wait_event,
-    event_create, event_destroy, event_record, event_synchronize, event_query, event_elapsed_ms,
-    launch_host_func, ipc_export, ipc_import, ipc_close,
-]);
-abi_table!(DeviceVmmV1, "ferrocx_device_vmm_v1", "VMM group", [
-    vmm_granularity, vmm_alloc, vmm_export_fd, vmm_import_fd, vmm_release,
-]);
-abi_table!(DeviceFlatMapV1, "ferrocx_device_flatmap_v1", "flat-map group", [
-    flat_reserve, flat_map, flat_unmap, flat_release,
-]);
-abi_table!(DeviceMulticastV1, "ferrocx_device_multicast_v1", "multicast group", [
-    mc_supported, mc_create, mc_export_fd, mc_import_fd, mc_add_device, mc_bind, mc_map,
-    mc_unmap, mc_unbind, mc_release,
-]);
-abi_table!(CclAdaptorV1, "ferrocx_ccl_adaptor_v1", "CCL adaptor", [
-    init, finalize, get_last_error, get_version, get_unique_id,
-    comm_init_rank, comm_finalize, comm_destroy, comm_abort, comm_get_async_error,
-    comm_count, comm_user_rank, comm_device,
-    all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter,
-    all_to_all, all_to_allv, send, recv, group_start, group_end,
-    mem_alloc, mem_free, mem_register, mem_deregister,
-]);
-abi_table!(CclWindowV1, "ferrocx_ccl_window_v1", "window group", [
-    window_register, window_deregister,
-]);
+abi_table!(
+    DeviceAdaptorV1,
+    "ferrocx_device_adaptor_v1",
+    "device adaptor",
+    [
+        init,
+        finalize,
+        get_last_error,
+        device_count,
+        set_device,
+        get_device,
+        get_properties,
+        mem_alloc,
+        mem_free,
+        mem_copy,
+        mem_copy_async,
+        mem_set,
+        mem_set_async,
+        stream_create,
+        stream_wrap,
+        stream_destroy,
+        stream_synchronize,
+        stream_query,
+        stream_wait_event,
+        event_create,
+        event_destroy,
+        event_record,
+        event_synchronize,
+        event_query,
+        event_elapsed_ms,
+        launch_host_func,
+        ipc_export,
+        ipc_import,
+        ipc_close,
+    ]
+);
+abi_table!(
+    DeviceVmmV1,
+    "ferrocx_device_vmm_v1",
+    "VMM group",
+    [
+        vmm_granularity,
+        vmm_alloc,
+        vmm_export_fd,
+        vmm_import_fd,
+        vmm_release,
+    ]
+);
+abi_table!(
+    DeviceFlatMapV1,
+    "ferrocx_device_flatmap_v1",
+    "flat-map group",
+    [flat_reserve, flat_map, flat_unmap, flat_release,]
+);
+abi_table!(
+    DeviceMulticastV1,
+    "ferrocx_device_multicast_v1",
+    "multicast group",
+    [
+        mc_supported,
+        mc_create,
+        mc_export_fd,
+        mc_import_fd,
+        mc_add_device,
+        mc_bind,
+        mc_map,
+        mc_unmap,
+        mc_unbind,
+        mc_release,
+    ]
+);
+abi_table!(
+    CclAdaptorV1,
+    "ferrocx_ccl_adaptor_v1",
+    "CCL adaptor",
+    [
+        init,
+        finalize,
+        get_last_error,
+        get_version,
+        get_unique_id,
+        comm_init_rank,
+        comm_finalize,
+        comm_destroy,
+        comm_abort,
+        comm_get_async_error,
+        comm_count,
+        comm_user_rank,
+        comm_device,
+        all_reduce,
+        all_gather,
+        reduce_scatter,
+        broadcast,
+        reduce,
+        gather,
+        scatter,
+        all_to_all,
+        all_to_allv,
+        send,
+        recv,
+        group_start,
+        group_end,
+        mem_alloc,
+        mem_free,
+        mem_register,
+        mem_deregister,
+    ]
+);
+abi_table!(
+    CclWindowV1,
+    "ferrocx_ccl_window_v1",
+    "window group",
+    [window_register, window_deregister,]
+);
 
 /// The prefix of every root symbol; the version follows (`_v1`).
 pub const DEVICE_ROOT_PREFIX: &str = "ferrocx_device_adaptor_v";
@@ -88,7 +176,12 @@ mod tests {
         let entries = T::entries();
         let header = std::mem::size_of::<AbiHeader>();
         let ptr = std::mem::size_of::<usize>();
-        assert_eq!(header + entries.len() * ptr, std::mem::size_of::<T>(), "{}", T::SYMBOL);
+        assert_eq!(
+            header + entries.len() * ptr,
+            std::mem::size_of::<T>(),
+            "{}",
+            T::SYMBOL
+        );
         for (i, (name, off)) in entries.iter().enumerate() {
             assert_eq!(*off, header + i * ptr, "{}.{name} out of order", T::SYMBOL);
         }

@@ -3,7 +3,7 @@
 use std::ffi::{c_char, CStr, CString};
 use std::sync::Arc;
 
-use crate::abi::{Capabilities, DevicePtr, DeviceProperties, KeyValue, MemKind, Status};
+use crate::abi::{Capabilities, DeviceProperties, DevicePtr, KeyValue, MemKind, Status};
 use crate::loader::DeviceTables;
 
 use super::error::AdaptorError;
@@ -144,7 +144,12 @@ impl Device {
     }
 
     /// Copies synchronously.
-    pub fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<(), AdaptorError> {
+    pub fn mem_copy(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+    ) -> Result<(), AdaptorError> {
         call!(self, self.tables.root.get(), mem_copy(dst, src, bytes))
     }
 
@@ -174,6 +179,10 @@ fn c_string(s: &str) -> CString {
 }
 
 fn fixed_str(chars: &[c_char]) -> String {
-    let bytes: Vec<u8> = chars.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = chars
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }

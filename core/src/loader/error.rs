@@ -38,7 +38,11 @@ pub struct LoadError {
 }
 
 impl LoadError {
-    pub(crate) fn new(kind: LoadErrorKind, path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        kind: LoadErrorKind,
+        path: impl Into<PathBuf>,
+        reason: impl Into<String>,
+    ) -> Self {
         LoadError {
             kind,
             path: path.into(),

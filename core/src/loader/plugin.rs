@@ -75,7 +75,11 @@ fn cache() -> &'static Cache {
 /// library is opened once and never unloaded.
 pub fn load_plugin(path: &Path) -> Result<Arc<LoadedPlugin>, LoadError> {
     let key = std::fs::canonicalize(path).map_err(|e| {
-        LoadError::new(LoadErrorKind::NotFound, path, format!("cannot read the plugin: {e}"))
+        LoadError::new(
+            LoadErrorKind::NotFound,
+            path,
+            format!("cannot read the plugin: {e}"),
+        )
     })?;
     let mut cache = cache().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(done) = cache.get(&key) {
@@ -97,7 +101,7 @@ impl Opened {
         // (checked by the table header before any field is used).
         unsafe { self.lib.get::<*const c_void>(name.as_bytes()) }
             .ok()
-            .map(|s| *s as *const c_void)
+            .map(|s| *s)
             .filter(|p| !p.is_null())
     }
 
@@ -180,7 +184,9 @@ fn probe(lib: &Opened) -> Result<LoadedPlugin, LoadError> {
         ));
     }
     for sym in &newer {
-        notes.push(format!("ignored `{sym}` (a newer ABI major); using the v{ABI_MAJOR} tables"));
+        notes.push(format!(
+            "ignored `{sym}` (a newer ABI major); using the v{ABI_MAJOR} tables"
+        ));
     }
 
     let name = match (&device_root, &ccl_root) {
@@ -213,22 +219,20 @@ fn probe(lib: &Opened) -> Result<LoadedPlugin, LoadError> {
             }
         }
     }
-    let device = match device_root {
-        Some(root) => Some(Arc::new(DeviceTables {
+    let device = device_root.map(|root| {
+        Arc::new(DeviceTables {
             root,
             vmm: group::<DeviceVmmV1>(lib, &mut notes),
             flatmap: group::<DeviceFlatMapV1>(lib, &mut notes),
             multicast: group::<DeviceMulticastV1>(lib, &mut notes),
-        })),
-        None => None,
-    };
-    let ccl = match ccl_root {
-        Some(root) => Some(Arc::new(CclTables {
+        })
+    });
+    let ccl = ccl_root.map(|root| {
+        Arc::new(CclTables {
             root,
             window: group::<CclWindowV1>(lib, &mut notes),
-        })),
-        None => None,
-    };
+        })
+    });
     Ok(LoadedPlugin {
         path: path.clone(),
         name,
@@ -246,14 +250,18 @@ fn check_root_module(lib: &Opened) -> Result<Checked, LoadError> {
     if lib.symbol(ROOT_MODULE_LOADER_NAME).is_none() {
         return Ok(Checked::HeaderOnly);
     }
-    let fail = |kind, reason: String| {
-        LoadError::new(kind, path, reason).at(ROOT_MODULE_LOADER_NAME)
-    };
+    let fail =
+        |kind, reason: String| LoadError::new(kind, path, reason).at(ROOT_MODULE_LOADER_NAME);
     // lib_header_from_path opens the same file again (the same handle, reference-counted) and
     // leaks it; init_root_module is per library, unlike load_from_file's per-type cache.
     let module = lib_header_from_path(path)
         .and_then(|h| h.init_root_module::<PluginModuleRef>())
-        .map_err(|e| fail(LoadErrorKind::LayoutCheck, format!("abi_stable check failed: {e}")))?;
+        .map_err(|e| {
+            fail(
+                LoadErrorKind::LayoutCheck,
+                format!("abi_stable check failed: {e}"),
+            )
+        })?;
     if module.abi_major() != ABI_MAJOR {
         return Err(fail(
             LoadErrorKind::NewerMajor,

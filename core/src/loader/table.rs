@@ -129,7 +129,9 @@ impl<T: AbiTable> Table<T> {
     fn entry_set(&self, offset: usize) -> bool {
         // SAFETY: `offset` comes from `T::entries()`, a pointer-sized Option<fn> field within T.
         let word = unsafe {
-            std::ptr::read_unaligned((&self.table as *const T as *const u8).add(offset) as *const usize)
+            std::ptr::read_unaligned(
+                (&self.table as *const T as *const u8).add(offset) as *const usize
+            )
         };
         word != 0
     }
@@ -147,7 +149,9 @@ impl<T: AbiTable> Table<T> {
     pub fn absent(&self) -> Vec<&'static str> {
         T::entries()
             .iter()
-            .filter(|(_, off)| *off + size_of::<usize>() <= self.struct_size && !self.entry_set(*off))
+            .filter(|(_, off)| {
+                *off + size_of::<usize>() <= self.struct_size && !self.entry_set(*off)
+            })
             .map(|(n, _)| *n)
             .collect()
     }
@@ -173,11 +177,19 @@ unsafe fn read_name(header: &AbiHeader) -> Result<String, TableError> {
     let c = unsafe { CStr::from_ptr(ptr) };
     let bytes = c.to_bytes();
     if bytes.is_empty() || bytes.len() > MAX_NAME {
-        return Err(TableError::BadName(format!("length {} (1..={MAX_NAME})", bytes.len())));
+        return Err(TableError::BadName(format!(
+            "length {} (1..={MAX_NAME})",
+            bytes.len()
+        )));
     }
     let s = std::str::from_utf8(bytes).map_err(|_| TableError::BadName("not UTF-8".into()))?;
-    if !s.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-') {
-        return Err(TableError::BadName(format!("{s:?} (use ASCII letters, digits, '_' and '-')")));
+    if !s
+        .chars()
+        .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+    {
+        return Err(TableError::BadName(format!(
+            "{s:?} (use ASCII letters, digits, '_' and '-')"
+        )));
     }
     Ok(s.to_string())
 }

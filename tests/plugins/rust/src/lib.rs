@@ -20,19 +20,32 @@ pub struct TestDevice {
 pub const PANIC_DEVICE: i32 = 666;
 
 fn unsupported<T>(what: &str) -> Result<T> {
-    Err(Error::unsupported(format!("{what} is not implemented by the test plugin")))
+    Err(Error::unsupported(format!(
+        "{what} is not implemented by the test plugin"
+    )))
 }
 
 impl TestDevice {
-    fn with_buf<R>(&self, ptr: DevicePtr, bytes: usize, f: impl FnOnce(&mut [u8]) -> R) -> Result<R> {
-        let mut allocs = self.allocs.lock().map_err(|_| Error::internal("lock poisoned"))?;
+    fn with_buf<R>(
+        &self,
+        ptr: DevicePtr,
+        bytes: usize,
+        f: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R> {
+        let mut allocs = self
+            .allocs
+            .lock()
+            .map_err(|_| Error::internal("lock poisoned"))?;
         for (base, buf) in allocs.iter_mut() {
             let off = ptr.0.wrapping_sub(*base) as usize;
             if ptr.0 >= *base && off + bytes <= buf.len() {
                 return Ok(f(&mut buf[off..off + bytes]));
             }
         }
-        Err(Error::invalid_argument(format!("{:#x}+{bytes} is not an allocation of this device", ptr.0)))
+        Err(Error::invalid_argument(format!(
+            "{:#x}+{bytes} is not an allocation of this device",
+            ptr.0
+        )))
     }
 }
 
@@ -54,7 +67,9 @@ impl DeviceAdaptor for TestDevice {
             panic!("deliberate panic in set_device({device})");
         }
         if device != 0 {
-            return Err(Error::invalid_argument(format!("device {device} out of range 0..1")));
+            return Err(Error::invalid_argument(format!(
+                "device {device} out of range 0..1"
+            )));
         }
         Ok(())
     }
@@ -63,7 +78,9 @@ impl DeviceAdaptor for TestDevice {
     }
     fn properties(&self, device: i32) -> Result<Properties> {
         if device != 0 {
-            return Err(Error::invalid_argument(format!("device {device} out of range 0..1")));
+            return Err(Error::invalid_argument(format!(
+                "device {device} out of range 0..1"
+            )));
         }
         Ok(Properties {
             vendor: "ferrocx-test".into(),
@@ -80,20 +97,37 @@ impl DeviceAdaptor for TestDevice {
         }
         let buf = vec![0u8; bytes];
         let ptr = buf.as_ptr() as u64;
-        self.allocs.lock().map_err(|_| Error::internal("lock poisoned"))?.insert(ptr, buf);
+        self.allocs
+            .lock()
+            .map_err(|_| Error::internal("lock poisoned"))?
+            .insert(ptr, buf);
         Ok(DevicePtr(ptr))
     }
     fn mem_free(&self, ptr: DevicePtr, _kind: MemKind) -> Result<()> {
-        match self.allocs.lock().map_err(|_| Error::internal("lock poisoned"))?.remove(&ptr.0) {
+        match self
+            .allocs
+            .lock()
+            .map_err(|_| Error::internal("lock poisoned"))?
+            .remove(&ptr.0)
+        {
             Some(_) => Ok(()),
-            None => Err(Error::invalid_handle(format!("{:#x} was not allocated here", ptr.0))),
+            None => Err(Error::invalid_handle(format!(
+                "{:#x} was not allocated here",
+                ptr.0
+            ))),
         }
     }
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         let data = self.with_buf(src, bytes, |s| s.to_vec())?;
         self.with_buf(dst, bytes, |d| d.copy_from_slice(&data))
     }
-    fn mem_copy_async(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, _s: Stream) -> Result<()> {
+    fn mem_copy_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        _s: Stream,
+    ) -> Result<()> {
         self.mem_copy(dst, src, bytes)
     }
     fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
@@ -219,37 +253,133 @@ impl CclAdaptor for TestCcl {
     fn comm_device(&self, _c: Comm) -> Result<i32> {
         Ok(0)
     }
-    fn all_reduce(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _o: ReduceOp, _c: Comm, _st: Stream) -> Result<()> {
+    fn all_reduce(
+        &self,
+        _s: DevicePtr,
+        _r: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _o: ReduceOp,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("all_reduce")
     }
-    fn all_gather(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _c: Comm, _st: Stream) -> Result<()> {
+    fn all_gather(
+        &self,
+        _s: DevicePtr,
+        _r: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("all_gather")
     }
-    fn reduce_scatter(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _o: ReduceOp, _c: Comm, _st: Stream) -> Result<()> {
+    fn reduce_scatter(
+        &self,
+        _s: DevicePtr,
+        _r: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _o: ReduceOp,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("reduce_scatter")
     }
-    fn broadcast(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _root: i32, _c: Comm, _st: Stream) -> Result<()> {
+    fn broadcast(
+        &self,
+        _s: DevicePtr,
+        _r: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _root: i32,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("broadcast")
     }
-    fn reduce(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _o: ReduceOp, _root: i32, _c: Comm, _st: Stream) -> Result<()> {
+    fn reduce(
+        &self,
+        _s: DevicePtr,
+        _r: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _o: ReduceOp,
+        _root: i32,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("reduce")
     }
-    fn gather(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _root: i32, _c: Comm, _st: Stream) -> Result<()> {
+    fn gather(
+        &self,
+        _s: DevicePtr,
+        _r: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _root: i32,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("gather")
     }
-    fn scatter(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _root: i32, _c: Comm, _st: Stream) -> Result<()> {
+    fn scatter(
+        &self,
+        _s: DevicePtr,
+        _r: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _root: i32,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("scatter")
     }
-    fn all_to_all(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _c: Comm, _st: Stream) -> Result<()> {
+    fn all_to_all(
+        &self,
+        _s: DevicePtr,
+        _r: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("all_to_all")
     }
-    fn all_to_allv(&self, _s: DevicePtr, _sv: VCounts<'_>, _r: DevicePtr, _rv: VCounts<'_>, _t: DataType, _c: Comm, _st: Stream) -> Result<()> {
+    fn all_to_allv(
+        &self,
+        _s: DevicePtr,
+        _sv: VCounts<'_>,
+        _r: DevicePtr,
+        _rv: VCounts<'_>,
+        _t: DataType,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("all_to_allv")
     }
-    fn send(&self, _b: DevicePtr, _n: usize, _t: DataType, _p: i32, _c: Comm, _st: Stream) -> Result<()> {
+    fn send(
+        &self,
+        _b: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _p: i32,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("send")
     }
-    fn recv(&self, _b: DevicePtr, _n: usize, _t: DataType, _p: i32, _c: Comm, _st: Stream) -> Result<()> {
+    fn recv(
+        &self,
+        _b: DevicePtr,
+        _n: usize,
+        _t: DataType,
+        _p: i32,
+        _c: Comm,
+        _st: Stream,
+    ) -> Result<()> {
         unsupported("recv")
     }
     fn group_start(&self) -> Result<()> {
