@@ -90,6 +90,9 @@ pub fn run(
         "plugins": config.runtime.plugins,
         "adaptors": adaptors,
         "rejected": rejected_json(&registry),
+        "shadowed": registry.shadowed().iter().map(|(p, by)| json!({
+            "path": p.display().to_string(), "by": by,
+        })).collect::<Vec<_>>(),
         "clusters": clusters,
     });
     if as_json {
@@ -135,6 +138,14 @@ fn render(r: &Value) -> String {
     }
     for e in &rejected {
         let _ = writeln!(out, "  {}", s(&e["message"]));
+    }
+    for sh in r["shadowed"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "  (not opened: {}, shadowed by {})",
+            s(&sh["path"]),
+            s(&sh["by"])
+        );
     }
     let clusters = r["clusters"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(out, "\nclusters ({}):", clusters.len());

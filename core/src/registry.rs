@@ -118,7 +118,7 @@ impl AdaptorEntry {
         }
         if let Some(c) = &self.ccl {
             g.push(CclAdaptorV1::SYMBOL);
-            c.window.is_some().then(|| g.push(CclWindowV1::SYMBOL));
+            g.extend(c.window.as_ref().map(|_| CclWindowV1::SYMBOL));
         }
         g
     }
@@ -129,6 +129,7 @@ impl AdaptorEntry {
 pub struct Registry {
     entries: Vec<AdaptorEntry>,
     rejected: Vec<LoadError>,
+    shadowed: Vec<(PathBuf, String)>,
 }
 
 /// The file name a plugin for adaptor `name` has: `libferrocx_adaptor_<name>.so`.
@@ -240,6 +241,23 @@ impl Registry {
             if self.is_loaded_from(&p) {
                 continue;
             }
+            // First match wins: a file named for an adaptor already registered (a built-in, or
+            // the same plugin in an earlier directory) is not opened at all.
+            let stem = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("libferrocx_adaptor_"))
+                .and_then(|n| n.strip_suffix(".so"))
+                .unwrap_or_default();
+            if let Some(existing) = self.find(stem) {
+                let by = match &existing.source {
+                    Source::Builtin => "the built-in adaptor".to_string(),
+                    Source::Plugin(other) => other.display().to_string(),
+                };
+                tracing::debug!(plugin = %p.display(), "shadowed by {by}");
+                self.shadowed.push((p, by));
+                continue;
+            }
             // Errors are recorded in `rejected`.
             let _ = self.add_plugin(&p);
         }
@@ -264,6 +282,12 @@ impl Registry {
     /// Every registered adaptor, built-ins first.
     pub fn entries(&self) -> &[AdaptorEntry] {
         &self.entries
+    }
+
+    /// Plugin files not opened because an adaptor of their name was already registered (first
+    /// match wins), with what registered it.
+    pub fn shadowed(&self) -> &[(PathBuf, String)] {
+        &self.shadowed
     }
 
     /// Every plugin (or directory) that was refused, with the reason.

@@ -343,15 +343,32 @@ fn a_directory_of_good_and_broken_plugins_loads_the_good_ones() {
 }
 
 #[test]
-fn a_second_plugin_of_the_same_name_is_refused() {
+fn the_first_directory_wins_and_a_name_clash_is_refused() {
     let a = plugin_dir(&[c_plugin("testc")], &[]);
     let b = plugin_dir(&[c_plugin("testc")], &[]);
     let mut r = Registry::empty();
     r.add_plugin_dir(a.path());
     r.add_plugin_dir(b.path());
+    // The same file name in a later directory is shadowed, not opened and not an error.
     assert_eq!(r.entries().len(), 1);
-    let e = refused(&r, "testc");
+    assert_eq!(
+        r.entries()[0].source,
+        Source::Plugin(a.path().join(file_name("testc")))
+    );
+    assert!(r.rejected().is_empty(), "{:?}", r.rejected());
+    assert_eq!(r.shadowed().len(), 1);
+    assert_eq!(r.shadowed()[0].0, b.path().join(file_name("testc")));
+
+    // A different file whose tables carry a registered name is refused, naming the first.
+    let c = tempfile::tempdir().expect("tempdir");
+    let other = c.path().join(file_name("other"));
+    std::fs::copy(c_plugin("testc"), &other).expect("copy");
+    let e = r.add_plugin(&other).err().expect("refused");
     assert_eq!(e.kind, LoadErrorKind::Duplicate);
+    assert!(
+        e.reason.contains("\"testc\" is already registered by"),
+        "{e}"
+    );
     assert!(e.reason.contains(&a.path().display().to_string()), "{e}");
 }
 
