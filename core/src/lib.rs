@@ -22,6 +22,8 @@ pub mod abi;
 #[cfg(feature = "runtime")]
 pub mod adaptor;
 #[cfg(feature = "runtime")]
+pub mod bootstrap;
+#[cfg(feature = "runtime")]
 pub mod config;
 #[cfg(feature = "runtime")]
 pub mod loader;
