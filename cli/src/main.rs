@@ -95,6 +95,8 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
+    // The host backend is built in: it runs on any machine.
+    ferrocx_adaptor_host::link();
     let cli = Cli::parse();
     init_logging();
     let result = match cli.command {

@@ -1,0 +1,7 @@
+//! `libferrocx_adaptor_host.so`: the host adaptor exported under the ABI's symbols.
+
+ferrocx_plugin_sdk::export_plugin! {
+    name: "host",
+    device: host::HostDevice,
+    ccl: host::HostCcl,
+}

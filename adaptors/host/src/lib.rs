@@ -1,0 +1,38 @@
+//! The host backend: a CPU "device" and a shared-memory CCL, usable on any Linux machine.
+//!
+//! - Device `host`: memory from POSIX shared memory (so other processes of the job can map it),
+//!   streams as ordered queues run by worker threads, events with CUDA's semantics, host
+//!   functions, IPC, VMM (memfd) and flat mapping.
+//! - CCL `host`: a communicator over shared memory for N processes of one host, every
+//!   collective of the ABI, point-to-point and groups, enqueued on the device's streams.
+//!
+//! Linked into a program it is a built-in adaptor (registered with `ferrocx::register_builtin!`);
+//! `adaptors/host/plugin` builds the same code as `libferrocx_adaptor_host.so`.
+
+mod ccl;
+mod device;
+mod event;
+mod stream;
+
+pub use ccl::HostCcl;
+pub use device::HostDevice;
+
+use ferrocx::abi::{CclAdaptorV1, DeviceAdaptorV1};
+use ferrocx::registry::BuiltinAdaptor;
+
+const NAME: &std::ffi::CStr = c"host";
+
+static DEVICE: DeviceAdaptorV1 = ferrocx_plugin_sdk::device_table::<HostDevice>(NAME, &[]);
+static CCL: CclAdaptorV1 = ferrocx_plugin_sdk::ccl_table::<HostCcl>(NAME, &[]);
+
+ferrocx::register_builtin!(BuiltinAdaptor {
+    name: "host",
+    priority: 100,
+    device: Some(&DEVICE),
+    ccl: Some(&CCL),
+    ..BuiltinAdaptor::EMPTY
+});
+
+/// Makes sure this crate is linked (and its built-in registration kept) by a program that
+/// otherwise names nothing from it.
+pub fn link() {}

@@ -1,0 +1,250 @@
+//! Streams of the host device: ordered queues, each run by its own worker thread.
+//!
+//! Enqueueing returns at once; the worker runs tasks in order. A task that fails leaves its
+//! error on the stream (sticky, as CUDA's are) until `synchronize` reports it; later tasks still
+//! run, so events recorded after a failure still complete and nothing waits forever.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread;
+
+use ferrocx_plugin_sdk::abi::Stream;
+use ferrocx_plugin_sdk::{Error, Result};
+
+/// Work enqueued on a stream.
+pub type Task = Box<dyn FnOnce() -> Result<()> + Send>;
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Task>,
+    enqueued: u64,
+    completed: u64,
+    error: Option<Error>,
+    closing: bool,
+}
+
+/// One stream: its queue and the worker's progress.
+pub struct StreamInner {
+    id: u64,
+    state: Mutex<State>,
+    /// Signalled when a task is enqueued or the stream closes.
+    work: Condvar,
+    /// Signalled when a task completes.
+    done: Condvar,
+}
+
+impl StreamInner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic inside a task is caught before it can poison the lock; recover anyway.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Enqueues `task`; returns at once.
+    pub fn enqueue(&self, task: Task) -> Result<()> {
+        let mut s = self.lock();
+        if s.closing {
+            return Err(Error::invalid_handle(format!("stream {} is being destroyed", self.id)));
+        }
+        s.queue.push_back(task);
+        s.enqueued += 1;
+        drop(s);
+        self.work.notify_one();
+        Ok(())
+    }
+
+    /// Blocks until everything enqueued before this call has run; returns (and clears) the
+    /// stream's sticky error, if any.
+    pub fn synchronize(&self) -> Result<()> {
+        let mut s = self.lock();
+        let target = s.enqueued;
+        while s.completed < target {
+            s = self.done.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        match s.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// `true` when every enqueued task has run.
+    pub fn is_idle(&self) -> bool {
+        let s = self.lock();
+        s.completed == s.enqueued
+    }
+
+    fn run(self: Arc<Self>) {
+        loop {
+            let task = {
+                let mut s = self.lock();
+                loop {
+                    if let Some(t) = s.queue.pop_front() {
+                        break t;
+                    }
+                    if s.closing {
+                        return;
+                    }
+                    s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task))
+                .unwrap_or_else(|_| Err(Error::internal("a task on the stream panicked")));
+            let mut s = self.lock();
+            if let Err(e) = outcome {
+                tracing::debug!(stream = self.id, "task failed: {e}");
+                s.error.get_or_insert(e);
+            }
+            s.completed += 1;
+            drop(s);
+            self.done.notify_all();
+        }
+    }
+}
+
+/// All live streams of this process, by handle value.
+fn streams() -> &'static Mutex<HashMap<u64, Arc<StreamInner>>> {
+    static STREAMS: OnceLock<Mutex<HashMap<u64, Arc<StreamInner>>>> = OnceLock::new();
+    STREAMS.get_or_init(Default::default)
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static DEFAULT: OnceLock<Arc<StreamInner>> = OnceLock::new();
+
+fn spawn() -> Result<Arc<StreamInner>> {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let inner = Arc::new(StreamInner {
+        id,
+        state: Mutex::new(State::default()),
+        work: Condvar::new(),
+        done: Condvar::new(),
+    });
+    let worker = inner.clone();
+    thread::Builder::new()
+        .name(format!("ferrocx-stream-{id}"))
+        .spawn(move || worker.run())
+        .map_err(|e| Error::system("spawn a stream worker", e))?;
+    Ok(inner)
+}
+
+/// Creates a stream and returns its handle.
+pub fn create() -> Result<Stream> {
+    let inner = spawn()?;
+    let id = inner.id;
+    streams().lock().unwrap_or_else(|p| p.into_inner()).insert(id, inner);
+    Ok(Stream(id as usize as *mut std::ffi::c_void))
+}
+
+/// The stream behind a handle; the null handle is this process's default stream.
+pub fn get(handle: Stream) -> Result<Arc<StreamInner>> {
+    if handle.is_null() {
+        if let Some(d) = DEFAULT.get() {
+            return Ok(d.clone());
+        }
+        let d = spawn()?;
+        return Ok(DEFAULT.get_or_init(|| d).clone());
+    }
+    let id = handle.0 as usize as u64;
+    streams()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| Error::invalid_handle(format!("unknown stream handle {id:#x}")))
+}
+
+/// Destroys a stream: work already enqueued still runs, then the worker exits.
+pub fn destroy(handle: Stream) -> Result<()> {
+    if handle.is_null() {
+        return Err(Error::invalid_handle("the default stream cannot be destroyed"));
+    }
+    let id = handle.0 as usize as u64;
+    let inner = streams()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id)
+        .ok_or_else(|| Error::invalid_handle(format!("unknown stream handle {id:#x}")))?;
+    inner.lock().closing = true;
+    inner.work.notify_all();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    #[test]
+    fn tasks_run_in_order_and_enqueue_does_not_block() {
+        let s = get(create().unwrap()).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let g = gate.clone();
+        s.enqueue(Box::new(move || {
+            let (m, c) = &*g;
+            let mut open = m.lock().unwrap();
+            while !*open {
+                open = c.wait(open).unwrap();
+            }
+            Ok(())
+        }))
+        .unwrap();
+        for i in 0..100 {
+            let l = log.clone();
+            s.enqueue(Box::new(move || {
+                l.lock().unwrap().push(i);
+                Ok(())
+            }))
+            .unwrap();
+        }
+        // Everything is queued behind the gate: nothing ran, and enqueue returned.
+        assert!(!s.is_idle());
+        assert!(log.lock().unwrap().is_empty());
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        s.synchronize().unwrap();
+        assert_eq!(*log.lock().unwrap(), (0..100).collect::<Vec<_>>());
+        assert!(s.is_idle());
+    }
+
+    #[test]
+    fn an_error_is_sticky_until_synchronize_and_later_tasks_still_run() {
+        let h = create().unwrap();
+        let s = get(h).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        s.enqueue(Box::new(|| Err(Error::invalid_argument("first")))).unwrap();
+        s.enqueue(Box::new(|| Err(Error::invalid_argument("second")))).unwrap();
+        let r = ran.clone();
+        s.enqueue(Box::new(move || {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }))
+        .unwrap();
+        let e = s.synchronize().unwrap_err();
+        assert_eq!(e.message(), "first");
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        s.synchronize().unwrap();
+        destroy(h).unwrap();
+        assert!(get(h).is_err());
+        assert!(destroy(h).is_err());
+    }
+
+    #[test]
+    fn destroy_lets_enqueued_work_finish() {
+        let h = create().unwrap();
+        let s = get(h).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..10 {
+            let r = ran.clone();
+            s.enqueue(Box::new(move || {
+                thread::sleep(Duration::from_millis(1));
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap();
+        }
+        destroy(h).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 10);
+    }
+}
