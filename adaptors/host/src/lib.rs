@@ -14,7 +14,7 @@ mod device;
 mod event;
 mod stream;
 
-pub use ccl::HostCcl;
+pub use ccl::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, HostCcl};
 pub use device::HostDevice;
 
 use ferrocx::abi::{CclAdaptorV1, DeviceAdaptorV1};

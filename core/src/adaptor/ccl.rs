@@ -1,8 +1,9 @@
 //! Safe calls through a CCL adaptor's table.
 
+use std::ffi::CString;
 use std::sync::Arc;
 
-use crate::abi::Status;
+use crate::abi::{Comm, CommInitArgs, DataType, DevicePtr, KeyValue, ReduceOp, Status, Stream};
 use crate::loader::CclTables;
 
 use super::device::last_error;
@@ -80,5 +81,182 @@ impl Ccl {
         self.check("get_unique_id", status)?;
         buf.truncate(len);
         Ok(buf)
+    }
+
+    /// Creates this rank's communicator from the unique id rank 0 made; collective.
+    pub fn comm_init_rank(
+        &self,
+        rank: i32,
+        nranks: i32,
+        device: i32,
+        unique_id: &[u8],
+        timeout_ms: u64,
+        options: &[(String, String)],
+    ) -> Result<Comm, AdaptorError> {
+        let f = self.entry("comm_init_rank", self.tables.root.get().comm_init_rank)?;
+        let owned: Vec<(CString, CString)> = options
+            .iter()
+            .map(|(k, v)| {
+                (
+                    CString::new(k.replace('\0', "")).unwrap_or_default(),
+                    CString::new(v.replace('\0', "")).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let kvs: Vec<KeyValue> = owned
+            .iter()
+            .map(|(k, v)| KeyValue {
+                key: k.as_ptr(),
+                value: v.as_ptr(),
+            })
+            .collect();
+        let args = CommInitArgs {
+            struct_size: std::mem::size_of::<CommInitArgs>() as u32,
+            rank,
+            nranks,
+            device,
+            unique_id: unique_id.as_ptr(),
+            unique_id_len: unique_id.len(),
+            timeout_ms,
+            options: kvs.as_ptr(),
+            n_options: kvs.len(),
+        };
+        let mut comm = Comm::NULL;
+        // SAFETY: `args` and everything it points to live across the call; `comm` is writable.
+        let status = unsafe { f(&args, &mut comm) };
+        self.check("comm_init_rank", status)?;
+        Ok(comm)
+    }
+}
+
+/// Calls a CCL entry, turning `None` and failure statuses into errors.
+macro_rules! ccl_call {
+    ($self:ident, $op:ident ( $($arg:expr),* )) => {{
+        let f = $self.entry(stringify!($op), $self.tables.root.get().$op)?;
+        // SAFETY: the table was checked by the loader; the arguments follow the ABI's contract
+        // for this entry (buffers valid until the operation completes on the stream).
+        let status = unsafe { f($($arg),*) };
+        $self.check(stringify!($op), status)
+    }};
+}
+
+impl Ccl {
+    /// Completes outstanding operations of `comm`.
+    pub fn comm_finalize(&self, comm: Comm) -> Result<(), AdaptorError> {
+        ccl_call!(self, comm_finalize(comm))
+    }
+
+    /// Frees `comm`.
+    pub fn comm_destroy(&self, comm: Comm) -> Result<(), AdaptorError> {
+        ccl_call!(self, comm_destroy(comm))
+    }
+
+    /// Fails every pending operation of `comm` and frees it.
+    pub fn comm_abort(&self, comm: Comm) -> Result<(), AdaptorError> {
+        ccl_call!(self, comm_abort(comm))
+    }
+
+    /// The asynchronous error of `comm` (`SUCCESS` if none).
+    pub fn comm_async_error(&self, comm: Comm) -> Result<Status, AdaptorError> {
+        let mut s = Status::SUCCESS;
+        ccl_call!(self, comm_get_async_error(comm, &mut s))?;
+        Ok(s)
+    }
+
+    /// Number of ranks of `comm`.
+    pub fn comm_count(&self, comm: Comm) -> Result<i32, AdaptorError> {
+        let mut n = 0;
+        ccl_call!(self, comm_count(comm, &mut n))?;
+        Ok(n)
+    }
+
+    /// This process's rank in `comm`.
+    pub fn comm_user_rank(&self, comm: Comm) -> Result<i32, AdaptorError> {
+        let mut r = 0;
+        ccl_call!(self, comm_user_rank(comm, &mut r))?;
+        Ok(r)
+    }
+
+    /// All-reduce of `count` elements.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, all_reduce(send, recv, count, dtype, op, comm, stream))
+    }
+
+    /// All-gather of `send_count` elements per rank.
+    pub fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, all_gather(send, recv, send_count, dtype, comm, stream))
+    }
+
+    /// Reduce-scatter of `recv_count` elements per rank.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, reduce_scatter(send, recv, recv_count, dtype, op, comm, stream))
+    }
+
+    /// Broadcast from `root`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, broadcast(send, recv, count, dtype, root, comm, stream))
+    }
+
+    /// Reduce to `root`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, reduce(send, recv, count, dtype, op, root, comm, stream))
+    }
+
+    /// Gather to `root`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, gather(send, recv, send_count, dtype, root, comm, stream))
+    }
+
+    /// Scatter from `root`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, scatter(send, recv, recv_count, dtype, root, comm, stream))
+    }
+
+    /// All-to-all with `count` elements per peer.
+    pub fn all_to_all(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, all_to_all(send, recv, count, dtype, comm, stream))
+    }
+
+    /// All-to-all with per-peer counts and displacements (elements; one entry per rank).
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_to_allv(&self, send: DevicePtr, send_counts: &[usize], send_displs: &[usize], recv: DevicePtr, recv_counts: &[usize], recv_displs: &[usize], dtype: DataType, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        let n = self.comm_count(comm)? as usize;
+        for (what, v) in [("send_counts", send_counts), ("send_displs", send_displs), ("recv_counts", recv_counts), ("recv_displs", recv_displs)] {
+            if v.len() != n {
+                return Err(AdaptorError::Failed {
+                    adaptor: self.name().to_string(),
+                    op: "all_to_allv",
+                    status: Status::INVALID_ARGUMENT,
+                    message: format!("{what} has {} entries, the communicator {n} ranks", v.len()),
+                });
+            }
+        }
+        ccl_call!(self, all_to_allv(send, send_counts.as_ptr(), send_displs.as_ptr(), recv, recv_counts.as_ptr(), recv_displs.as_ptr(), dtype, comm, stream))
+    }
+
+    /// Sends `count` elements to `peer`.
+    pub fn send(&self, buf: DevicePtr, count: usize, dtype: DataType, peer: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, send(buf, count, dtype, peer, comm, stream))
+    }
+
+    /// Receives `count` elements from `peer`.
+    pub fn recv(&self, buf: DevicePtr, count: usize, dtype: DataType, peer: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+        ccl_call!(self, recv(buf, count, dtype, peer, comm, stream))
+    }
+
+    /// Starts a group.
+    pub fn group_start(&self) -> Result<(), AdaptorError> {
+        ccl_call!(self, group_start())
+    }
+
+    /// Ends a group and issues its operations.
+    pub fn group_end(&self) -> Result<(), AdaptorError> {
+        ccl_call!(self, group_end())
     }
 }

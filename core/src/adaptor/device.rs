@@ -3,7 +3,9 @@
 use std::ffi::{c_char, CStr, CString};
 use std::sync::Arc;
 
-use crate::abi::{Capabilities, DeviceProperties, DevicePtr, KeyValue, MemKind, Status};
+use crate::abi::{
+    Capabilities, DeviceProperties, DevicePtr, Event, KeyValue, MemKind, Status, Stream,
+};
 use crate::loader::DeviceTables;
 
 use super::error::AdaptorError;
@@ -156,6 +158,72 @@ impl Device {
     /// Sets bytes synchronously.
     pub fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<(), AdaptorError> {
         call!(self, self.tables.root.get(), mem_set(dst, value, bytes))
+    }
+
+    /// Enqueues a copy on `stream`.
+    pub fn mem_copy_async(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), mem_copy_async(dst, src, bytes, stream))
+    }
+
+    /// Creates a stream.
+    pub fn stream_create(&self) -> Result<Stream, AdaptorError> {
+        let mut s = Stream::NULL;
+        call!(self, self.tables.root.get(), stream_create(0, &mut s))?;
+        Ok(s)
+    }
+
+    /// Destroys a stream.
+    pub fn stream_destroy(&self, stream: Stream) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), stream_destroy(stream))
+    }
+
+    /// Waits for a stream's work; reports its failure, if one.
+    pub fn stream_synchronize(&self, stream: Stream) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), stream_synchronize(stream))
+    }
+
+    /// `true` when the stream's work has completed.
+    pub fn stream_query(&self, stream: Stream) -> Result<bool, AdaptorError> {
+        let f = self.tables.root.get().stream_query.ok_or_else(|| self.unsupported("stream_query"))?;
+        // SAFETY: a handle from this adaptor.
+        match unsafe { f(stream) } {
+            Status::NOT_READY => Ok(false),
+            s => self.check("stream_query", s).map(|()| true),
+        }
+    }
+
+    /// Orders later work of `stream` after the event's most recent record.
+    pub fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), stream_wait_event(stream, event))
+    }
+
+    /// Creates an event (`flags`: 1 = no timing).
+    pub fn event_create(&self, flags: u32) -> Result<Event, AdaptorError> {
+        let mut e = Event::NULL;
+        call!(self, self.tables.root.get(), event_create(flags, &mut e))?;
+        Ok(e)
+    }
+
+    /// Destroys an event.
+    pub fn event_destroy(&self, event: Event) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), event_destroy(event))
+    }
+
+    /// Records an event on a stream.
+    pub fn event_record(&self, event: Event, stream: Stream) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), event_record(event, stream))
+    }
+
+    /// Waits for the event's most recent record.
+    pub fn event_synchronize(&self, event: Event) -> Result<(), AdaptorError> {
+        call!(self, self.tables.root.get(), event_synchronize(event))
+    }
+
+    /// Milliseconds between two completed records.
+    pub fn event_elapsed_ms(&self, start: Event, end: Event) -> Result<f32, AdaptorError> {
+        let mut ms = 0f32;
+        call!(self, self.tables.root.get(), event_elapsed_ms(start, end, &mut ms))?;
+        Ok(ms)
     }
 }
 

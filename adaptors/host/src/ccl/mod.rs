@@ -1,13 +1,181 @@
 //! The host CCL: a communicator over shared memory for the processes of one host.
+//!
+//! `comm_init_rank`: rank 0 creates a POSIX shared-memory segment named from the job id and
+//! the unique id, the others attach to it (retrying until the timeout), every rank publishes its
+//! pid, and once all are attached rank 0 removes the name, so a crash leaves nothing behind.
+//! Every collective is enqueued on the device stream and returns at once; waits on peers spin
+//! briefly, then yield, then sleep on a futex, and fail by the deadline naming the rank.
+
+mod comm;
+mod p2p;
+mod reduce;
+mod segment;
+mod sync;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use ferrocx_plugin_sdk::prelude::*;
+
+use crate::stream;
+use comm::{elem_size, HostComm, Kind};
+use p2p::Transfer;
+use segment::{Layout, Segment};
+
+pub use reduce::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
 /// The shared-memory CCL.
 #[derive(Default)]
 pub struct HostCcl {}
 
-fn unsupported<T>(what: &str) -> Result<T> {
-    Err(Error::unsupported(format!("{what} is not implemented by the host CCL yet")))
+/// `"fxh1"`: the first bytes of a host unique id.
+const UID_MAGIC: &[u8; 4] = b"fxh1";
+/// Default bytes per rank slot (per parity).
+const DEFAULT_SLOT: usize = 1 << 20;
+/// Default bytes per point-to-point ring.
+const DEFAULT_RING: usize = 256 << 10;
+
+fn comms() -> &'static Mutex<HashMap<u64, Arc<HostComm>>> {
+    static COMMS: OnceLock<Mutex<HashMap<u64, Arc<HostComm>>>> = OnceLock::new();
+    COMMS.get_or_init(Default::default)
+}
+
+static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
+
+fn get(c: Comm) -> Result<Arc<HostComm>> {
+    let id = c.0 as usize as u64;
+    comms()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id)
+        .cloned()
+        .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))
+}
+
+fn take(c: Comm) -> Result<Arc<HostComm>> {
+    let id = c.0 as usize as u64;
+    comms()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id)
+        .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))
+}
+
+/// The job id used in segment names: `FERROCX_JOB_ID`, made safe for a file name.
+pub fn job_id() -> String {
+    let raw = std::env::var("FERROCX_JOB_ID").unwrap_or_else(|_| "local".to_string());
+    let s: String = raw
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .take(48)
+        .collect();
+    if s.is_empty() {
+        "local".to_string()
+    } else {
+        s
+    }
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+    use std::io::Read;
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| Error::system("read /dev/urandom", e))?;
+    Ok(b)
+}
+
+fn opt_usize(o: &Options, key: &str, default: usize) -> Result<usize> {
+    match o.get(key) {
+        None => Ok(default),
+        Some(v) => v
+            .parse::<usize>()
+            .map_err(|_| Error::invalid_argument(format!("option {key} = {v:?}: expected a byte count"))),
+    }
+}
+
+/// Enqueues a collective on `stream`: it takes a ticket now and runs on the stream's worker.
+fn enqueue(c: Comm, s: Stream, f: impl FnOnce(&mut comm::Ctx<'_>) -> Result<()> + Send + 'static) -> Result<()> {
+    let comm = get(c)?;
+    let st = stream::get(s)?;
+    let ticket = comm.ticket();
+    st.enqueue(Box::new(move || comm.run(ticket, f)))
+}
+
+fn ptr(p: DevicePtr) -> usize {
+    p.0 as usize
+}
+
+fn root_of(comm: &HostComm, root: i32) -> Result<usize> {
+    usize::try_from(root)
+        .ok()
+        .filter(|r| *r < comm.nranks)
+        .ok_or_else(|| Error::invalid_argument(format!("root {root} is not a rank of {} ranks", comm.nranks)))
+}
+
+struct Pending {
+    comm: Arc<HostComm>,
+    stream: Stream,
+    transfer: Transfer,
+}
+
+thread_local! {
+    static GROUP: RefCell<(u32, Vec<Pending>)> = const { RefCell::new((0, Vec::new())) };
+}
+
+/// Issues transfers grouped by communicator: one ticket and one task per communicator.
+fn issue(pending: Vec<Pending>) -> Result<()> {
+    let mut by_comm: Vec<(Arc<HostComm>, Stream, Vec<Transfer>)> = Vec::new();
+    for p in pending {
+        match by_comm.iter_mut().find(|(c, _, _)| Arc::ptr_eq(c, &p.comm)) {
+            Some((_, s, ts)) => {
+                if *s != p.stream {
+                    return Err(Error::unsupported(
+                        "the host CCL runs a group's transfers of one communicator on one stream; \
+                         this group used two",
+                    ));
+                }
+                ts.push(p.transfer);
+            }
+            None => by_comm.push((p.comm, p.stream, vec![p.transfer])),
+        }
+    }
+    for (comm, s, transfers) in by_comm {
+        let st = stream::get(s)?;
+        let ticket = comm.ticket();
+        let c = comm.clone();
+        st.enqueue(Box::new(move || c.run(ticket, |ctx| p2p::run(ctx.comm, transfers))))?;
+    }
+    Ok(())
+}
+
+fn p2p(c: Comm, s: Stream, transfer: Transfer) -> Result<()> {
+    let comm = get(c)?;
+    stream::get(s)?;
+    let p = Pending { comm, stream: s, transfer };
+    let grouped = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.0 > 0 {
+            g.1.push(p);
+            None
+        } else {
+            Some(p)
+        }
+    });
+    match grouped {
+        None => Ok(()),
+        Some(p) => issue(vec![p]),
+    }
+}
+
+fn peer_of(comm: &HostComm, peer: i32) -> Result<usize> {
+    usize::try_from(peer)
+        .ok()
+        .filter(|r| *r < comm.nranks)
+        .ok_or_else(|| Error::invalid_argument(format!("peer {peer} is not a rank of {} ranks", comm.nranks)))
 }
 
 impl CclAdaptor for HostCcl {
@@ -24,81 +192,176 @@ impl CclAdaptor for HostCcl {
         Ok(10_000)
     }
     fn unique_id(&self) -> Result<Vec<u8>> {
-        unsupported("unique_id")
+        let mut id = UID_MAGIC.to_vec();
+        id.extend_from_slice(&std::process::id().to_le_bytes());
+        id.extend_from_slice(&random_bytes::<16>()?);
+        Ok(id)
     }
-    fn comm_init_rank(&self, _i: &CommInit<'_>) -> Result<Comm> {
-        unsupported("comm_init_rank")
+    fn comm_init_rank(&self, init: &CommInit<'_>) -> Result<Comm> {
+        let uid = init.unique_id;
+        if uid.len() != 24 || &uid[..4] != UID_MAGIC {
+            return Err(Error::invalid_argument("not a unique id of the host CCL"));
+        }
+        let nranks = usize::try_from(init.nranks).ok().filter(|n| *n >= 1).ok_or_else(|| {
+            Error::invalid_argument(format!("nranks {} must be at least 1", init.nranks))
+        })?;
+        let rank = usize::try_from(init.rank).ok().filter(|r| *r < nranks).ok_or_else(|| {
+            Error::invalid_argument(format!("rank {} is not in 0..{nranks}", init.rank))
+        })?;
+        let timeout = Duration::from_millis(if init.timeout_ms == 0 { 30_000 } else { init.timeout_ms });
+        let slot = opt_usize(&init.options, "slot_bytes", DEFAULT_SLOT)?.max(4096) / 4096 * 4096;
+        let ring = opt_usize(&init.options, "ring_bytes", DEFAULT_RING)?.max(4096) / 4096 * 4096;
+        let layout = Layout { nranks, slot_bytes: slot, ring_bytes: ring };
+        let pid0 = u32::from_le_bytes([uid[4], uid[5], uid[6], uid[7]]);
+        let hex: String = uid[8..].iter().map(|b| format!("{b:02x}")).collect();
+        let name = format!("/ferrocx-{}-{pid0}-c{hex}", job_id());
+        let deadline = Instant::now() + timeout;
+        let mut seg = if rank == 0 {
+            Segment::create(&name, layout)?
+        } else {
+            Segment::open(&name, layout, deadline)?
+        };
+        seg.rank(rank).pid.store(std::process::id(), Ordering::Release);
+        seg.header().attached.fetch_add(1, Ordering::AcqRel);
+        // Everyone attached: nobody needs the name any more.
+        let attached = sync::barrier(&seg, rank, 1, timeout, "comm_init_rank");
+        if rank == 0 || attached.is_err() {
+            seg.unlink();
+        }
+        attached?;
+        let comm = Arc::new(HostComm::new(rank, nranks, seg, timeout));
+        comm.set_generation(1);
+        let id = NEXT_COMM.fetch_add(1, Ordering::Relaxed);
+        comms().lock().unwrap_or_else(|p| p.into_inner()).insert(id, comm);
+        Ok(Comm(id as usize as *mut std::ffi::c_void))
     }
-    fn comm_finalize(&self, _c: Comm) -> Result<()> {
-        unsupported("comm_finalize")
+    fn comm_finalize(&self, c: Comm) -> Result<()> {
+        get(c)?.wait_idle()
     }
-    fn comm_destroy(&self, _c: Comm) -> Result<()> {
-        unsupported("comm_destroy")
+    fn comm_destroy(&self, c: Comm) -> Result<()> {
+        // Operations already enqueued hold the communicator and finish first.
+        take(c).map(|_| ())
     }
-    fn comm_abort(&self, _c: Comm) -> Result<()> {
-        unsupported("comm_abort")
+    fn comm_abort(&self, c: Comm) -> Result<()> {
+        take(c)?.abort();
+        Ok(())
     }
-    fn comm_async_error(&self, _c: Comm) -> Result<Status> {
-        unsupported("comm_async_error")
+    fn comm_async_error(&self, c: Comm) -> Result<Status> {
+        Ok(get(c)?.async_error().map_or(Status::SUCCESS, |e| e.status()))
     }
-    fn comm_count(&self, _c: Comm) -> Result<i32> {
-        unsupported("comm_count")
+    fn comm_count(&self, c: Comm) -> Result<i32> {
+        Ok(get(c)?.nranks as i32)
     }
-    fn comm_user_rank(&self, _c: Comm) -> Result<i32> {
-        unsupported("comm_user_rank")
+    fn comm_user_rank(&self, c: Comm) -> Result<i32> {
+        Ok(get(c)?.rank as i32)
     }
-    fn comm_device(&self, _c: Comm) -> Result<i32> {
-        unsupported("comm_device")
+    fn comm_device(&self, c: Comm) -> Result<i32> {
+        get(c).map(|_| 0)
     }
-    fn all_reduce(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _o: ReduceOp, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("all_reduce")
+    fn all_reduce(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, o: ReduceOp, c: Comm, st: Stream) -> Result<()> {
+        elem_size(t)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: the ABI's contract: both buffers hold n elements until the operation completes.
+        enqueue(c, st, move |ctx| unsafe { comm::all_reduce(ctx, s as *const u8, r as *mut u8, n, t, o, None) })
     }
-    fn all_gather(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("all_gather")
+    fn all_gather(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, c: Comm, st: Stream) -> Result<()> {
+        elem_size(t)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above, recv holds n * nranks elements.
+        enqueue(c, st, move |ctx| unsafe { comm::all_gather(ctx, s as *const u8, r as *mut u8, n, t, None) })
     }
-    fn reduce_scatter(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _o: ReduceOp, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("reduce_scatter")
+    fn reduce_scatter(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, o: ReduceOp, c: Comm, st: Stream) -> Result<()> {
+        elem_size(t)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above, send holds n * nranks elements.
+        enqueue(c, st, move |ctx| unsafe {
+            comm::exchange(ctx, Kind::ReduceScatter, s as *const u8, r as *mut u8, n, t, o, None)
+        })
     }
-    fn broadcast(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _root: i32, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("broadcast")
+    fn broadcast(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Result<()> {
+        elem_size(t)?;
+        let root = root_of(&*get(c)?, root)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above.
+        enqueue(c, st, move |ctx| unsafe { comm::broadcast(ctx, s as *const u8, r as *mut u8, n, t, root) })
     }
-    fn reduce(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _o: ReduceOp, _root: i32, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("reduce")
+    fn reduce(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, o: ReduceOp, root: i32, c: Comm, st: Stream) -> Result<()> {
+        elem_size(t)?;
+        let root = root_of(&*get(c)?, root)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above.
+        enqueue(c, st, move |ctx| unsafe { comm::all_reduce(ctx, s as *const u8, r as *mut u8, n, t, o, Some(root)) })
     }
-    fn gather(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _root: i32, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("gather")
+    fn gather(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Result<()> {
+        elem_size(t)?;
+        let root = root_of(&*get(c)?, root)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above.
+        enqueue(c, st, move |ctx| unsafe { comm::all_gather(ctx, s as *const u8, r as *mut u8, n, t, Some(root)) })
     }
-    fn scatter(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _root: i32, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("scatter")
+    fn scatter(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Result<()> {
+        elem_size(t)?;
+        let root = root_of(&*get(c)?, root)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above.
+        enqueue(c, st, move |ctx| unsafe {
+            comm::exchange(ctx, Kind::Scatter, s as *const u8, r as *mut u8, n, t, ReduceOp::SUM, Some(root))
+        })
     }
-    fn all_to_all(&self, _s: DevicePtr, _r: DevicePtr, _n: usize, _t: DataType, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("all_to_all")
+    fn all_to_all(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, c: Comm, st: Stream) -> Result<()> {
+        elem_size(t)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above.
+        enqueue(c, st, move |ctx| unsafe {
+            comm::exchange(ctx, Kind::AllToAll, s as *const u8, r as *mut u8, n, t, ReduceOp::SUM, None)
+        })
     }
-    fn all_to_allv(&self, _s: DevicePtr, _sv: VCounts<'_>, _r: DevicePtr, _rv: VCounts<'_>, _t: DataType, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("all_to_allv")
+    fn all_to_allv(&self, s: DevicePtr, sv: VCounts<'_>, r: DevicePtr, rv: VCounts<'_>, t: DataType, c: Comm, st: Stream) -> Result<()> {
+        elem_size(t)?;
+        let (s, r) = (ptr(s), ptr(r));
+        let (sc, sd, rc, rd) = (sv.counts.to_vec(), sv.displs.to_vec(), rv.counts.to_vec(), rv.displs.to_vec());
+        // SAFETY: as above, within the counts and displacements given.
+        enqueue(c, st, move |ctx| unsafe {
+            comm::all_to_allv(ctx, s as *const u8, &sc, &sd, r as *mut u8, &rc, &rd, t)
+        })
     }
-    fn send(&self, _b: DevicePtr, _n: usize, _t: DataType, _p: i32, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("send")
+    fn send(&self, b: DevicePtr, n: usize, t: DataType, peer: i32, c: Comm, st: Stream) -> Result<()> {
+        let len = n * elem_size(t)?;
+        let peer = peer_of(&*get(c)?, peer)?;
+        p2p(c, st, Transfer::Send { peer, ptr: b.0 as usize as *const u8, len })
     }
-    fn recv(&self, _b: DevicePtr, _n: usize, _t: DataType, _p: i32, _c: Comm, _st: Stream) -> Result<()> {
-        unsupported("recv")
+    fn recv(&self, b: DevicePtr, n: usize, t: DataType, peer: i32, c: Comm, st: Stream) -> Result<()> {
+        let len = n * elem_size(t)?;
+        let peer = peer_of(&*get(c)?, peer)?;
+        p2p(c, st, Transfer::Recv { peer, ptr: b.0 as usize as *mut u8, len })
     }
     fn group_start(&self) -> Result<()> {
-        unsupported("group_start")
+        GROUP.with(|g| g.borrow_mut().0 += 1);
+        Ok(())
     }
     fn group_end(&self) -> Result<()> {
-        unsupported("group_end")
+        let pending = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.0 == 0 {
+                return Err(Error::invalid_argument("group_end without group_start"));
+            }
+            g.0 -= 1;
+            Ok(if g.0 == 0 { std::mem::take(&mut g.1) } else { Vec::new() })
+        })?;
+        issue(pending)
     }
     fn mem_alloc(&self, _bytes: usize) -> Result<DevicePtr> {
-        unsupported("mem_alloc")
+        Err(Error::unsupported("the host CCL has no memory of its own; use the device's mem_alloc"))
     }
     fn mem_free(&self, _p: DevicePtr) -> Result<()> {
-        unsupported("mem_free")
+        Err(Error::unsupported("the host CCL has no memory of its own; use the device's mem_free"))
     }
-    fn mem_register(&self, _c: Comm, _b: DevicePtr, _n: usize) -> Result<RegHandle> {
-        unsupported("mem_register")
+    fn mem_register(&self, c: Comm, _b: DevicePtr, _n: usize) -> Result<RegHandle> {
+        // Registration is an optimisation hint; shared memory needs none.
+        get(c)?;
+        Ok(RegHandle(std::ptr::dangling_mut()))
     }
-    fn mem_deregister(&self, _c: Comm, _h: RegHandle) -> Result<()> {
-        unsupported("mem_deregister")
+    fn mem_deregister(&self, c: Comm, _h: RegHandle) -> Result<()> {
+        get(c).map(|_| ())
     }
 }
