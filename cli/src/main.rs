@@ -5,9 +5,12 @@
 //!   plugin refused, with the reason.
 //! - `ferrocx config check FILE [--json]`: validates a configuration and prints what each
 //!   cluster would use.
+//! - `ferrocx launch -n N [--master-addr A] [--master-port P] [--timeout-s S] -- CMD ARGS...`:
+//!   N ranks of CMD on this host with torchrun's environment and a job store.
 
 mod check;
 mod info;
+mod launch;
 mod report;
 
 use std::path::PathBuf;
@@ -44,6 +47,10 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Start N ranks of a command on this host, with torchrun's environment (RANK, WORLD_SIZE,
+    /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and a job store the launcher
+    /// hosts.
+    Launch(launch::LaunchArgs),
 }
 
 #[derive(Subcommand)]
@@ -104,6 +111,7 @@ fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check { file, json },
         } => check::run(&file, json),
+        Command::Launch(args) => launch::run(args),
     };
     match result {
         Ok(code) => code,

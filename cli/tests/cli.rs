@@ -86,8 +86,10 @@ fn info_json_is_machine_readable() {
         .iter()
         .map(|a| a["name"].as_str().unwrap_or(""))
         .collect();
-    assert_eq!(names, ["testc"]);
-    let a = &v["adaptors"][0];
+    // The host backend is built in; the plugin follows it.
+    assert_eq!(names, ["host", "testc"]);
+    assert_eq!(v["adaptors"][0]["source"], "built-in");
+    let a = &v["adaptors"][1];
     assert_eq!(a["groups"][1], "ferrocx_device_flatmap_v1");
     assert_eq!(a["device_probe"]["info"]["device_count"], 2);
     assert_eq!(a["ccl_probe"]["version"], 20800);
@@ -148,7 +150,7 @@ fn config_check_names_file_line_and_key_of_an_unknown_adaptor() {
     assert!(stderr.contains(&format!("{}:7", cfg.display())), "{stderr}");
     assert!(stderr.contains("cluster[0].ccl"), "{stderr}");
     assert!(stderr.contains("\"nccl\" is not available"), "{stderr}");
-    assert!(stderr.contains("available: testc"), "{stderr}");
+    assert!(stderr.contains("available: host, testc"), "{stderr}");
 }
 
 #[test]

@@ -24,6 +24,8 @@ pub mod adaptor;
 #[cfg(feature = "runtime")]
 pub mod bootstrap;
 #[cfg(feature = "runtime")]
+pub mod comm;
+#[cfg(feature = "runtime")]
 pub mod config;
 #[cfg(feature = "runtime")]
 pub mod loader;

@@ -103,7 +103,7 @@ fn with_scratch<R>(bytes: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
 /// # Safety
 /// Both ranges must be valid for `n` bytes.
 unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) {
-    if n > 0 && dst as *const u8 != src {
+    if n > 0 && !std::ptr::eq(dst, src) {
         // SAFETY: by the caller's contract; ranges may overlap (in-place user buffers).
         unsafe { std::ptr::copy(src, dst, n) };
     }
@@ -306,6 +306,7 @@ fn share(n: usize, k: usize, r: usize) -> (usize, usize) {
 ///
 /// # Safety
 /// `dst` must hold `(hi - lo) * es` bytes, aligned for the type.
+#[allow(clippy::too_many_arguments)]
 unsafe fn reduce_slots(ctx: &Ctx<'_>, p: usize, lo: usize, hi: usize, es: usize, dtype: DataType, op: ReduceOp, dst: &mut [u8]) -> Result<()> {
     let len = (hi - lo) * es;
     let srcs: Vec<&[u8]> = (0..ctx.n())
@@ -319,6 +320,7 @@ unsafe fn reduce_slots(ctx: &Ctx<'_>, p: usize, lo: usize, hi: usize, es: usize,
 ///
 /// # Safety
 /// `send`/`recv` are valid for `count` elements (recv only on the root for a reduce).
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp, root: Option<usize>) -> Result<()> {
     let es = elem_size(dtype)?;
     if op.name().is_none() {
@@ -437,6 +439,7 @@ pub unsafe fn all_gather(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
 /// # Safety
 /// `send` valid for `count * nranks` elements (on the root only, for scatter); `recv` for
 /// `count * nranks` for all-to-all, `count` otherwise.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn exchange(ctx: &mut Ctx<'_>, kind: Kind, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp, root: Option<usize>) -> Result<()> {
     let es = elem_size(dtype)?;
     if kind == Kind::ReduceScatter && op.name().is_none() {
@@ -451,7 +454,7 @@ pub unsafe fn exchange(ctx: &mut Ctx<'_>, kind: Kind, send: *const u8, recv: *mu
     let block = count * es;
     // The whole input of reduce-scatter and all-to-all is read before any output is written, so
     // in place works chunk by chunk only when recv is not send: stage the input when it is.
-    let staged: Option<Vec<u8>> = if send == recv as *const u8 && block > 0 && root.is_none() {
+    let staged: Option<Vec<u8>> = if std::ptr::eq(send, recv) && block > 0 && root.is_none() {
         // SAFETY: send holds count * nranks elements.
         Some(unsafe { std::slice::from_raw_parts(send, block * n) }.to_vec())
     } else {
@@ -515,7 +518,7 @@ pub unsafe fn all_to_allv(ctx: &mut Ctx<'_>, send: *const u8, sc: &[usize], sd: 
     let sub = Ctx::fit(ctx.slot_bytes() / n, es);
     let local_max = sc.iter().chain(rc).copied().max().unwrap_or(0) * es;
     let desc = Desc { kind: Kind::AllToAllV, count: local_max as u64, dtype, op: ReduceOp::SUM, root: -1 };
-    let staged: Option<Vec<u8>> = if send == recv as *const u8 {
+    let staged: Option<Vec<u8>> = if std::ptr::eq(send, recv) {
         let end = (0..n).map(|d| (sd[d] + sc[d]) * es).max().unwrap_or(0);
         // SAFETY: send is valid up to `end`.
         Some(unsafe { std::slice::from_raw_parts(send, end) }.to_vec())

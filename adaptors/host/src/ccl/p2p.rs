@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use ferrocx_plugin_sdk::{Error, Result};
 
 use super::comm::HostComm;
-use super::sync::{futex_wake, Waiter};
+use super::sync::{wake, Waiter};
 
 const HDR: usize = 16;
 
@@ -118,8 +118,8 @@ impl Progress {
                     unsafe { ring_write(data, cap, pos, ptr.add(off), left) };
                     self.moved += left;
                 }
-                ring.head.store(head + n as u64, Ordering::Release);
-                futex_wake(low(&ring.head));
+                ring.head.store(head + n as u64, Ordering::SeqCst);
+                wake(&comm.seg, low(&ring.head));
                 Ok(n)
             }
             Transfer::Recv { peer, ptr, len } => {
@@ -155,8 +155,8 @@ impl Progress {
                     unsafe { ring_read(data, cap, pos, ptr.add(off), left) };
                     self.moved += left;
                 }
-                ring.tail.store(tail + n as u64, Ordering::Release);
-                futex_wake(low(&ring.tail));
+                ring.tail.store(tail + n as u64, Ordering::SeqCst);
+                wake(&comm.seg, low(&ring.tail));
                 Ok(n)
             }
         }
@@ -169,7 +169,7 @@ impl Progress {
             Transfer::Send { peer, .. } => low(&comm.seg.ring(me, peer).0.tail),
             Transfer::Recv { peer, .. } => low(&comm.seg.ring(peer, me).0.head),
         };
-        (w, w.load(Ordering::Acquire))
+        (w, w.load(Ordering::SeqCst))
     }
 }
 

@@ -170,7 +170,8 @@ fn reduce_typed<T: Elem>(dst: &mut [u8], srcs: &[&[u8]], op: ReduceOp, avg_n: Op
 }
 
 fn reduce_half(dst: &mut [u8], srcs: &[&[u8]], op: ReduceOp, avg_n: Option<usize>, bf: bool) {
-    let (to, from): (fn(u16) -> f32, fn(f32) -> u16) = if bf {
+    type Convert = (fn(u16) -> f32, fn(f32) -> u16);
+    let (to, from): Convert = if bf {
         (bf16_to_f32, f32_to_bf16)
     } else {
         (f16_to_f32, f32_to_f16)

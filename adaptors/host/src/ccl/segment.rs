@@ -30,7 +30,10 @@ pub struct Header {
     _pad0: [u8; LINE - 36],
     /// Bumped by the last arriver of a barrier; waiters sleep on it (futex word).
     pub wake: AtomicU32,
-    _pad1: [u8; LINE - 4],
+    /// Ranks asleep in a futex wait on this segment: a waker makes the wake system call only
+    /// when this is non-zero.
+    pub sleepers: AtomicU32,
+    _pad1: [u8; LINE - 8],
 }
 
 /// Per-rank state, one cache line each.

@@ -23,6 +23,14 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     }
 }
 
+/// Wakes every sleeper on `word`, if any rank of `seg` sleeps (the common case is a spinning
+/// peer, and the system call is then skipped).
+pub fn wake(seg: &Segment, word: &AtomicU32) {
+    if seg.header().sleepers.load(Ordering::SeqCst) > 0 {
+        futex_wake(word);
+    }
+}
+
 /// Wakes every sleeper on `word`.
 pub fn futex_wake(word: &AtomicU32) {
     // SAFETY: `word` is a valid, aligned u32.
@@ -91,7 +99,12 @@ impl<'a> Waiter<'a> {
         if self.spins < SPIN + YIELD {
             std::thread::yield_now();
         } else {
+            // Announce the sleep before re-checking the word (futex_wait compares it), so a
+            // waker that changed it either sees a sleeper or the compare fails.
+            let sleepers = &self.seg.header().sleepers;
+            sleepers.fetch_add(1, Ordering::SeqCst);
             futex_wait(sleep_on.0, sleep_on.1, Duration::from_millis(5));
+            sleepers.fetch_sub(1, Ordering::SeqCst);
         }
         self.check(pending)
     }
@@ -136,17 +149,17 @@ impl<'a> Waiter<'a> {
 pub fn barrier(seg: &Segment, me: usize, gen: u64, timeout: Duration, what: &str) -> Result<()> {
     let n = seg.layout.nranks;
     let h = seg.header();
-    seg.rank(me).arrived.store(gen, Ordering::Release);
+    seg.rank(me).arrived.store(gen, Ordering::SeqCst);
     let all_here = || (0..n).all(|r| seg.rank(r).arrived.load(Ordering::Acquire) >= gen);
     if all_here() {
         // Last to arrive (or tied for last): wake the sleepers.
-        h.wake.fetch_add(1, Ordering::AcqRel);
-        futex_wake(&h.wake);
+        h.wake.fetch_add(1, Ordering::SeqCst);
+        wake(seg, &h.wake);
         return Ok(());
     }
     let mut w = Waiter::new(seg, me, timeout, what);
     loop {
-        let word = h.wake.load(Ordering::Acquire);
+        let word = h.wake.load(Ordering::SeqCst);
         if all_here() {
             return Ok(());
         }

@@ -1,0 +1,444 @@
+//! `ferrocx launch -n N [--master-addr A] [--master-port P] [--timeout-s S] -- CMD ARGS...`:
+//! N ranks of CMD on this host, with torchrun's environment and a store hosted by the launcher.
+//!
+//! Each rank runs in its own process group, so that stopping a rank stops whatever it started.
+//! Ranks' output comes back line by line with a `[rank] ` prefix. The first rank to fail stops
+//! the job (SIGTERM, SIGKILL after a grace period) and gives the launcher its exit code.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ferrocx::bootstrap::{
+    StoreServer, ENV_JOB_ID, ENV_JOB_TOKEN, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_STORE_HOSTED,
+};
+
+/// Time between SIGTERM and SIGKILL when the job is stopped.
+const GRACE: Duration = Duration::from_secs(2);
+/// How often the launcher looks at its ranks.
+const POLL: Duration = Duration::from_millis(10);
+/// How long to wait for the last output of ranks that have exited (a process they left behind
+/// may hold their pipes open).
+const DRAIN: Duration = Duration::from_secs(2);
+/// Exit code of a job stopped by `--timeout-s`, as timeout(1).
+const TIMEOUT_EXIT: u8 = 124;
+
+/// Arguments of `ferrocx launch`.
+#[derive(clap::Args, Debug)]
+pub struct LaunchArgs {
+    /// Number of ranks to start on this host.
+    #[arg(short = 'n', long = "nproc", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub nproc: u32,
+    /// Address the job's store listens on (the ranks get it as MASTER_ADDR).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Port of the job's store, 0 for any free one (the ranks get it as MASTER_PORT).
+    #[arg(long, default_value_t = 0)]
+    pub master_port: u16,
+    /// Stop the job if it still runs after this many seconds, and exit 124.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_s: Option<u64>,
+    /// The command every rank runs, and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// Writes a line to stderr; a closed stderr must not stop the launcher (`eprintln!` panics).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(io::stderr().lock(), $($arg)*);
+    }};
+}
+
+/// Count and number of the signals the launcher received (SIGINT, SIGTERM, SIGHUP).
+static SIGNALS: AtomicU32 = AtomicU32::new(0);
+static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // Only lock-free atomics here: async-signal-safe.
+    LAST_SIGNAL.store(sig, Ordering::SeqCst);
+    SIGNALS.fetch_add(1, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> io::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: an all-zero `sigaction` is a valid value to fill in; the handler only touches
+        // atomics, and `sa_mask` is initialised by `sigemptyset` before the call.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Sends `sig` to rank process group `pgid`. A group already gone is not an error.
+fn signal_group(pgid: u32, sig: libc::c_int) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    // SAFETY: kill(2) with a negative pid signals that process group; it has no memory
+    // effects. The group is one of our ranks' (each rank leads its own group).
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+/// How a rank ended.
+#[derive(Clone, Copy)]
+enum Outcome {
+    Code(i32),
+    Signal(i32),
+    /// The launcher could not wait for it.
+    Lost,
+}
+
+impl Outcome {
+    fn of(status: ExitStatus) -> Outcome {
+        match (status.code(), status.signal()) {
+            (Some(c), _) => Outcome::Code(c),
+            (None, Some(s)) => Outcome::Signal(s),
+            (None, None) => Outcome::Lost,
+        }
+    }
+
+    fn success(self) -> bool {
+        matches!(self, Outcome::Code(0))
+    }
+
+    /// The launcher's exit code for it: the rank's code, 128 + signal, 1 when unknown.
+    fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Code(c) => u8::try_from(c).ok().filter(|&c| c != 0).unwrap_or(1),
+            Outcome::Signal(s) => u8::try_from(128 + s).unwrap_or(255),
+            Outcome::Lost => 1,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Outcome::Code(c) => format!("exited with code {c}"),
+            Outcome::Signal(s) => format!("killed by signal {s}"),
+            Outcome::Lost => "could not be waited for".to_owned(),
+        }
+    }
+}
+
+struct Rank {
+    child: Child,
+    /// Its process group (= its pid: each rank leads its own group).
+    pgid: u32,
+    outcome: Option<Outcome>,
+}
+
+/// Runs the job; the launcher's exit code.
+pub fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let n = usize::try_from(args.nproc)?;
+    let Some((program, program_args)) = args.command.split_first() else {
+        return Err("no command to launch (give it after `--`)".into());
+    };
+    let bind_addr = resolve(&args.master_addr, args.master_port)?;
+    let job_id = format!("launch-{}", random_hex(8)?);
+    let token = random_hex(32)?;
+    let server = StoreServer::bind(bind_addr, token.clone())
+        .map_err(|e| format!("could not host the job's store on {bind_addr}: {e}"))?;
+    let store_addr = server.local_addr();
+    // Ranks connect to a concrete address: "any" becomes loopback.
+    let connect_ip = match store_addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    tracing::debug!(store = %store_addr, job = %job_id, ranks = n, "launching");
+    install_signal_handlers()?;
+
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut ranks: Vec<Rank> = Vec::with_capacity(n);
+    for r in 0..n {
+        let mut cmd = Command::new(program);
+        cmd.args(program_args)
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env(ENV_MASTER_ADDR, connect_ip.to_string())
+            .env(ENV_MASTER_PORT, store_addr.port().to_string())
+            .env(ENV_JOB_ID, &job_id)
+            .env(ENV_JOB_TOKEN, &token)
+            .env(ENV_STORE_HOSTED, "1")
+            // A rank in its own process group would be stopped by the terminal if it read it.
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let launcher = std::process::id();
+        // SAFETY: the closure runs in the child between fork and exec and calls only
+        // async-signal-safe functions (prctl, getppid) and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                // If the launcher dies without stopping it (SIGKILL), the rank goes too.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if u32::try_from(libc::getppid()) != Ok(launcher) {
+                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                stop_all(&mut ranks);
+                return Err(format!(
+                    "could not start rank {r} ({}): {e}",
+                    program.to_string_lossy()
+                )
+                .into());
+            }
+        };
+        if let Some(out) = child.stdout.take() {
+            spawn_forwarder(r, out, false, done_tx.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            spawn_forwarder(r, err, true, done_tx.clone());
+        }
+        ranks.push(Rank {
+            pgid: child.id(),
+            child,
+            outcome: None,
+        });
+    }
+    drop(done_tx);
+
+    let code = supervise(&mut ranks, args.timeout_s.map(Duration::from_secs));
+    // The rest of the ranks' output, unless something they left behind keeps the pipes open.
+    let drain_until = Instant::now() + DRAIN;
+    loop {
+        let left = drain_until.saturating_duration_since(Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok(()) => {}
+            Err(_) => break,
+        }
+    }
+    drop(server);
+    Ok(ExitCode::from(code))
+}
+
+/// Waits for the ranks, stopping the job on the first failure, a signal or the timeout; the
+/// launcher's exit code.
+fn supervise(ranks: &mut [Rank], timeout: Option<Duration>) -> u8 {
+    // A timeout too long to represent is no timeout.
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    let mut first_failure: Option<Outcome> = None;
+    let mut timed_out = false;
+    let mut interrupted: Option<i32> = None;
+    // When the job is being stopped: the moment SIGKILL follows.
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    // From 0: a signal that came while the ranks were being started counts too.
+    let mut signals_seen = 0;
+    loop {
+        let mut failed: Option<(usize, Outcome)> = None;
+        for (r, rank) in ranks.iter_mut().enumerate() {
+            if rank.outcome.is_some() {
+                continue;
+            }
+            let outcome = match rank.child.try_wait() {
+                Ok(None) => continue,
+                Ok(Some(status)) => Outcome::of(status),
+                Err(e) => {
+                    say!("ferrocx launch: cannot wait for rank {r}: {e}");
+                    Outcome::Lost
+                }
+            };
+            rank.outcome = Some(outcome);
+            // Whatever the rank left in its group is told to go, right away: its pid was just
+            // reaped, before it could be reused.
+            signal_group(rank.pgid, libc::SIGTERM);
+            if !outcome.success() && kill_at.is_none() && failed.is_none() {
+                failed = Some((r, outcome));
+            }
+        }
+        if let Some((r, outcome)) = failed.take() {
+            say!("ferrocx launch: rank {r} {}", outcome.describe());
+            first_failure = Some(outcome);
+            kill_at = Some(begin_stop(ranks_running(ranks), libc::SIGTERM));
+        }
+        if ranks.iter().all(|r| r.outcome.is_some()) {
+            break;
+        }
+
+        let signals = SIGNALS.load(Ordering::SeqCst);
+        if signals != signals_seen {
+            signals_seen = signals;
+            let sig = LAST_SIGNAL.load(Ordering::SeqCst);
+            if kill_at.is_some() {
+                // Interrupted while already stopping: no more grace.
+                say!("ferrocx launch: signal {sig}; killing the ranks");
+                kill_at = Some(Instant::now());
+            } else {
+                say!("ferrocx launch: signal {sig}; forwarding it to the ranks");
+                interrupted = Some(sig);
+                kill_at = Some(begin_stop(ranks_running(ranks), sig));
+            }
+        }
+
+        if let Some(d) = deadline {
+            if Instant::now() >= d && kill_at.is_none() {
+                let running: Vec<String> = ranks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.outcome.is_none())
+                    .map(|(i, _)| i.to_string())
+                    .collect();
+                say!(
+                    "ferrocx launch: timed out after {} s; ranks still running: {}",
+                    timeout.unwrap_or_default().as_secs(),
+                    running.join(", ")
+                );
+                timed_out = true;
+                kill_at = Some(begin_stop(ranks_running(ranks), libc::SIGTERM));
+            }
+        }
+
+        if let Some(k) = kill_at {
+            if !killed && Instant::now() >= k {
+                // Every group, exited ranks' too: what they left behind goes with the job.
+                for rank in ranks.iter() {
+                    signal_group(rank.pgid, libc::SIGKILL);
+                }
+                killed = true;
+            }
+        }
+        thread::sleep(POLL);
+    }
+    if kill_at.is_some() && !killed {
+        // The ranks are gone; anything they started that ignored SIGTERM is not.
+        for rank in ranks.iter() {
+            signal_group(rank.pgid, libc::SIGKILL);
+        }
+    }
+    match (first_failure, timed_out, interrupted) {
+        (Some(f), _, _) => f.exit_code(),
+        (None, true, _) => TIMEOUT_EXIT,
+        (None, false, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
+        (None, false, None) => 0,
+    }
+}
+
+fn ranks_running(ranks: &[Rank]) -> impl Iterator<Item = u32> + '_ {
+    ranks.iter().filter(|r| r.outcome.is_none()).map(|r| r.pgid)
+}
+
+/// Sends `sig` to the given groups; when SIGKILL is due.
+fn begin_stop(groups: impl Iterator<Item = u32>, sig: libc::c_int) -> Instant {
+    for g in groups {
+        signal_group(g, sig);
+    }
+    Instant::now() + GRACE
+}
+
+/// Kills and reaps the ranks started so far (a later rank failed to start).
+fn stop_all(ranks: &mut [Rank]) {
+    for rank in ranks.iter() {
+        signal_group(rank.pgid, libc::SIGKILL);
+    }
+    for rank in ranks.iter_mut() {
+        let _ = rank.child.wait();
+    }
+}
+
+/// Copies `src` to the launcher's stdout (or stderr) a line at a time, each line prefixed with
+/// `[rank] ` and written whole under the stream's lock, so lines never interleave.
+fn spawn_forwarder(
+    rank: usize,
+    src: impl Read + Send + 'static,
+    to_stderr: bool,
+    done: mpsc::Sender<()>,
+) {
+    let spawned = thread::Builder::new()
+        .name(format!("ferrocx-launch-out-{rank}"))
+        .spawn(move || {
+            let prefix = format!("[{rank}] ");
+            let mut reader = BufReader::new(src);
+            let mut line = Vec::new();
+            let mut out = Vec::new();
+            // After a write error (e.g. a closed pipe) the output is read and dropped, so that
+            // the rank never blocks on a full pipe.
+            let mut broken = false;
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                }
+                if broken {
+                    continue;
+                }
+                out.clear();
+                out.extend_from_slice(prefix.as_bytes());
+                out.extend_from_slice(&line);
+                if !line.ends_with(b"\n") {
+                    out.push(b'\n');
+                }
+                let written = match to_stderr {
+                    true => {
+                        let mut e = io::stderr().lock();
+                        e.write_all(&out).and_then(|()| e.flush())
+                    }
+                    false => {
+                        let mut o = io::stdout().lock();
+                        o.write_all(&out).and_then(|()| o.flush())
+                    }
+                };
+                broken = written.is_err();
+            }
+            let _ = done.send(());
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("rank {rank}: no thread to forward its output: {e}");
+    }
+}
+
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("--master-addr {host}: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| format!("--master-addr {host}: no addresses"))
+}
+
+/// `bytes` random bytes from the kernel, in hex.
+fn random_hex(bytes: usize) -> Result<String, String> {
+    let mut buf = vec![0u8; bytes];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| format!("cannot read /dev/urandom for the job's token: {e}"))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
