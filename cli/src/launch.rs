@@ -240,7 +240,27 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
     }
     drop(server);
+    remove_job_segments(&job_id);
     Ok(ExitCode::from(code))
+}
+
+/// Removes the shared-memory segments of this job that its ranks left behind (a rank that was
+/// killed cannot unlink its own): every name in /dev/shm that starts with `ferrocx-<job id>-`.
+fn remove_job_segments(job_id: &str) {
+    let prefix = format!("ferrocx-{job_id}-");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    let mut removed = 0;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with(&prefix) && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::warn!(job = job_id, "removed {removed} shared-memory segment(s) the ranks left behind");
+    }
 }
 
 /// Waits for the ranks, stopping the job on the first failure, a signal or the timeout; the

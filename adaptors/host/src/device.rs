@@ -1,27 +1,50 @@
-//! The host device adaptor: the SDK trait over this crate's streams, events and memory.
+//! The host device adaptor: the SDK traits over this crate's streams, events and memory.
 
 use std::ffi::c_void;
 
 use ferrocx_plugin_sdk::prelude::*;
 
-use crate::{event, stream};
+use crate::{event, flatmap, ipc, memory, shm, stream, vmm};
 
 /// The CPU device. One device per process.
+///
+/// Memory: `DEVICE` and `PINNED` allocations are POSIX shared-memory segments named
+/// `/ferrocx-<FERROCX_JOB_ID>-<pid>-<seq>` (exportable with `ipc_export`), `HOST` allocations
+/// come from the C heap. VMM allocations are `memfd` files, and flat ranges are reserved address
+/// space they are mapped into. `init` removes the segments that dead processes of the same job
+/// left behind; `finalize` frees everything this process still holds.
 #[derive(Default)]
 pub struct HostDevice {}
-
-fn unsupported<T>(what: &str) -> Result<T> {
-    Err(Error::unsupported(format!("{what} is not implemented by the host device yet")))
-}
 
 impl DeviceAdaptor for HostDevice {
     fn instance() -> &'static Self {
         singleton!(HostDevice)
     }
     fn init(&self, _options: &Options) -> Result<()> {
+        let removed = shm::remove_stale();
+        if removed > 0 {
+            tracing::warn!(
+                job = shm::job_id(),
+                "removed {removed} shared-memory segment(s) left by crashed processes of this job"
+            );
+        }
         Ok(())
     }
     fn finalize(&self) -> Result<()> {
+        // Reverse order of dependence: flat ranges map VMM memory, imports map peers' segments.
+        let ranges = flatmap::release_all();
+        let handles = vmm::release_all();
+        let imports = ipc::close_all();
+        let allocations = memory::free_all();
+        if ranges + handles + imports + allocations > 0 {
+            tracing::debug!(
+                ranges,
+                handles,
+                imports,
+                allocations,
+                "finalize released what was still held"
+            );
+        }
         Ok(())
     }
     fn device_count(&self) -> Result<i32> {
@@ -46,33 +69,44 @@ impl DeviceAdaptor for HostDevice {
             capabilities: Capabilities::HOST_FUNC
                 | Capabilities::TIMED_EVENTS
                 | Capabilities::STREAM_WRAP
-                | Capabilities::HOST_ADDRESSABLE,
+                | Capabilities::HOST_ADDRESSABLE
+                | Capabilities::IPC
+                | Capabilities::VMM
+                | Capabilities::FLAT_MAP,
             total_memory: 0,
             arch: 0,
             device_count: 1,
         })
     }
-    fn mem_alloc(&self, _bytes: usize, _kind: MemKind) -> Result<DevicePtr> {
-        unsupported("mem_alloc")
+    fn mem_alloc(&self, bytes: usize, kind: MemKind) -> Result<DevicePtr> {
+        memory::alloc(bytes, kind)
     }
-    fn mem_free(&self, _ptr: DevicePtr, _kind: MemKind) -> Result<()> {
-        unsupported("mem_free")
+    fn mem_free(&self, ptr: DevicePtr, kind: MemKind) -> Result<()> {
+        memory::free(ptr, kind)
     }
-    fn mem_copy(&self, _dst: DevicePtr, _src: DevicePtr, _bytes: usize) -> Result<()> {
-        unsupported("mem_copy")
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        memory::copy(dst, src, bytes)
     }
-    fn mem_copy_async(&self, _dst: DevicePtr, _src: DevicePtr, _bytes: usize, _s: Stream) -> Result<()> {
-        unsupported("mem_copy_async")
+    fn mem_copy_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        s: Stream,
+    ) -> Result<()> {
+        memory::copy_async(dst, src, bytes, s)
     }
-    fn mem_set(&self, _dst: DevicePtr, _value: u8, _bytes: usize) -> Result<()> {
-        unsupported("mem_set")
+    fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
+        memory::set(dst, value, bytes)
     }
-    fn mem_set_async(&self, _dst: DevicePtr, _value: u8, _bytes: usize, _s: Stream) -> Result<()> {
-        unsupported("mem_set_async")
+    fn mem_set_async(&self, dst: DevicePtr, value: u8, bytes: usize, s: Stream) -> Result<()> {
+        memory::set_async(dst, value, bytes, s)
     }
     fn stream_create(&self, flags: u32) -> Result<Stream> {
         if flags > 1 {
-            return Err(Error::invalid_argument(format!("unknown stream flags {flags:#x}")));
+            return Err(Error::invalid_argument(format!(
+                "unknown stream flags {flags:#x}"
+            )));
         }
         stream::create()
     }
@@ -118,13 +152,53 @@ impl DeviceAdaptor for HostDevice {
             Ok(())
         }))
     }
-    fn ipc_export(&self, _ptr: DevicePtr) -> Result<Vec<u8>> {
-        unsupported("ipc_export")
+    fn ipc_export(&self, ptr: DevicePtr) -> Result<Vec<u8>> {
+        ipc::export(ptr)
     }
-    fn ipc_import(&self, _handle: &[u8]) -> Result<DevicePtr> {
-        unsupported("ipc_import")
+    fn ipc_import(&self, handle: &[u8]) -> Result<DevicePtr> {
+        ipc::import(handle)
     }
-    fn ipc_close(&self, _ptr: DevicePtr) -> Result<()> {
-        unsupported("ipc_close")
+    fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
+        ipc::close(ptr)
+    }
+}
+
+impl DeviceVmm for HostDevice {
+    fn vmm_granularity(&self, device: i32) -> Result<usize> {
+        self.set_device(device)?;
+        Ok(vmm::granularity())
+    }
+    fn vmm_alloc(&self, bytes: usize) -> Result<VmmHandle> {
+        vmm::alloc(bytes)
+    }
+    fn vmm_export_fd(&self, handle: VmmHandle) -> Result<i32> {
+        vmm::export_fd(handle)
+    }
+    fn vmm_import_fd(&self, fd: i32, bytes: usize) -> Result<VmmHandle> {
+        vmm::import_fd(fd, bytes)
+    }
+    fn vmm_release(&self, handle: VmmHandle) -> Result<()> {
+        vmm::release(handle)
+    }
+}
+
+impl DeviceFlatMap for HostDevice {
+    fn flat_reserve(&self, bytes: usize) -> Result<DevicePtr> {
+        flatmap::reserve(bytes)
+    }
+    fn flat_map(
+        &self,
+        base: DevicePtr,
+        index: usize,
+        size: usize,
+        handle: VmmHandle,
+    ) -> Result<()> {
+        flatmap::map(base, index, size, handle)
+    }
+    fn flat_unmap(&self, base: DevicePtr, index: usize, size: usize) -> Result<()> {
+        flatmap::unmap(base, index, size)
+    }
+    fn flat_release(&self, base: DevicePtr, bytes: usize) -> Result<()> {
+        flatmap::release(base, bytes)
     }
 }

@@ -12,23 +12,32 @@
 mod ccl;
 mod device;
 mod event;
+mod flatmap;
+mod ipc;
+mod memory;
+mod shm;
 mod stream;
+mod vmm;
 
 pub use ccl::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, HostCcl};
 pub use device::HostDevice;
 
-use ferrocx::abi::{CclAdaptorV1, DeviceAdaptorV1};
+use ferrocx::abi::{CclAdaptorV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceVmmV1};
 use ferrocx::registry::BuiltinAdaptor;
 
 const NAME: &std::ffi::CStr = c"host";
 
 static DEVICE: DeviceAdaptorV1 = ferrocx_plugin_sdk::device_table::<HostDevice>(NAME, &[]);
+static VMM: DeviceVmmV1 = ferrocx_plugin_sdk::vmm_table::<HostDevice>(NAME);
+static FLATMAP: DeviceFlatMapV1 = ferrocx_plugin_sdk::flatmap_table::<HostDevice>(NAME);
 static CCL: CclAdaptorV1 = ferrocx_plugin_sdk::ccl_table::<HostCcl>(NAME, &[]);
 
 ferrocx::register_builtin!(BuiltinAdaptor {
     name: "host",
     priority: 100,
     device: Some(&DEVICE),
+    vmm: Some(&VMM),
+    flatmap: Some(&FLATMAP),
     ccl: Some(&CCL),
     ..BuiltinAdaptor::EMPTY
 });

@@ -22,6 +22,10 @@ struct State {
     completed: u64,
     error: Option<Error>,
     closing: bool,
+    /// The worker sleeps on `work`: only then does an enqueue need to wake it.
+    worker_asleep: bool,
+    /// Threads sleeping on `done` (in `synchronize`).
+    waiters: usize,
 }
 
 /// One stream: its queue and the worker's progress.
@@ -48,8 +52,12 @@ impl StreamInner {
         }
         s.queue.push_back(task);
         s.enqueued += 1;
+        let wake = s.worker_asleep;
         drop(s);
-        self.work.notify_one();
+        // Skip the wake-up system call while the worker is busy: it re-checks the queue.
+        if wake {
+            self.work.notify_one();
+        }
         Ok(())
     }
 
@@ -59,7 +67,9 @@ impl StreamInner {
         let mut s = self.lock();
         let target = s.enqueued;
         while s.completed < target {
+            s.waiters += 1;
             s = self.done.wait(s).unwrap_or_else(|p| p.into_inner());
+            s.waiters -= 1;
         }
         match s.error.take() {
             Some(e) => Err(e),
@@ -84,7 +94,9 @@ impl StreamInner {
                     if s.closing {
                         return;
                     }
+                    s.worker_asleep = true;
                     s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
+                    s.worker_asleep = false;
                 }
             };
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task))
@@ -95,8 +107,11 @@ impl StreamInner {
                 s.error.get_or_insert(e);
             }
             s.completed += 1;
+            let wake = s.waiters > 0;
             drop(s);
-            self.done.notify_all();
+            if wake {
+                self.done.notify_all();
+            }
         }
     }
 }

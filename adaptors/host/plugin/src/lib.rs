@@ -3,5 +3,7 @@
 ferrocx_plugin_sdk::export_plugin! {
     name: "host",
     device: host::HostDevice,
+    device_vmm: host::HostDevice,
+    device_flatmap: host::HostDevice,
     ccl: host::HostCcl,
 }

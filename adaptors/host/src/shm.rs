@@ -1,0 +1,491 @@
+//! The operating-system layer under the host device's memory: mappings, POSIX shared-memory
+//! segments and their names, and the removal of segments a crashed process of the job left.
+//!
+//! A segment is named `/ferrocx-<jobid>-<pid>-<seq>`: `<jobid>` is `FERROCX_JOB_ID` restricted to
+//! `[A-Za-z0-9_-]` (default `local`), `<pid>` the creating process and `<seq>` a counter of that
+//! process, so a name is never reused while its creator lives and a leftover names its owner.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use ferrocx_plugin_sdk::{Error, Result};
+
+/// Where Linux shows the POSIX shared-memory segments.
+const SHM_DIR: &str = "/dev/shm";
+
+/// Longest job id kept in a segment name (a name must stay under `NAME_MAX`).
+const MAX_JOB_ID: usize = 128;
+
+/// Environment variable naming the job.
+pub const JOB_ID_ENV: &str = "FERROCX_JOB_ID";
+
+/// The page size: the granularity of mappings and VMM allocations.
+pub fn page_size() -> usize {
+    static PAGE: OnceLock<usize> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+    })
+}
+
+/// `bytes` rounded up to a whole number of pages.
+pub fn round_to_pages(bytes: usize) -> Result<usize> {
+    let page = page_size();
+    bytes
+        .checked_add(page - 1)
+        .map(|b| b / page * page)
+        .ok_or_else(|| Error::invalid_argument(format!("{bytes} bytes is too large a size")))
+}
+
+/// An error for a failed OS call, with the OS's own error; running out of memory or of space in
+/// the shared-memory file system is `OUT_OF_MEMORY`, anything else `SYSTEM_ERROR`.
+pub fn os_error(what: impl Into<String>, err: io::Error) -> Error {
+    match err.raw_os_error() {
+        Some(libc::ENOMEM) | Some(libc::ENOSPC) => {
+            Error::out_of_memory(format!("{}: {err}", what.into()))
+        }
+        _ => Error::system(what, err),
+    }
+}
+
+/// [`os_error`] with `errno`.
+pub fn last_os_error(what: impl Into<String>) -> Error {
+    os_error(what, io::Error::last_os_error())
+}
+
+/// A mapping of this process's address space, unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` from offset 0, readable and writable, shared with every other
+    /// mapping of the same file.
+    pub fn shared(fd: BorrowedFd<'_>, len: usize) -> Result<Mapping> {
+        // SAFETY: a fresh mapping at an address the kernel picks; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(last_os_error(format!("mmap of {len} shared bytes")));
+        }
+        Ok(Mapping {
+            addr: p as usize,
+            len,
+        })
+    }
+
+    /// Reserves `len` bytes of address space with no access and no memory behind it.
+    pub fn reserve(len: usize) -> Result<Mapping> {
+        // SAFETY: a fresh anonymous mapping at an address the kernel picks.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(last_os_error(format!(
+                "reserving {len} bytes of address space"
+            )));
+        }
+        Ok(Mapping {
+            addr: p as usize,
+            len,
+        })
+    }
+
+    /// First address of the mapping.
+    pub fn addr(&self) -> u64 {
+        self.addr as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `true` when `[addr, addr + bytes)` lies inside the mapping.
+    pub fn contains(&self, addr: u64, bytes: usize) -> bool {
+        let start = self.addr as u64;
+        addr >= start && (addr - start) as u128 + bytes as u128 <= self.len as u128
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `addr..addr + len` is a mapping this value owns; nothing refers to it after
+        // its owner dropped it (the ABI's contract for freed memory).
+        if unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) } != 0 {
+            tracing::warn!(
+                addr = self.addr,
+                len = self.len,
+                "munmap failed: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Maps `fd` at `addr` over `len` bytes of an existing reservation (`MAP_FIXED`), readable and
+/// writable, shared.
+///
+/// # Safety
+/// `addr..addr + len` must be page-aligned and lie inside a reservation this process owns, with
+/// nothing in it that anyone still uses: the old pages are replaced.
+pub unsafe fn map_fixed(addr: u64, len: usize, fd: BorrowedFd<'_>) -> Result<()> {
+    // SAFETY: the caller owns the range; MAP_FIXED replaces only it.
+    let p = unsafe {
+        libc::mmap(
+            addr as usize as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_os_error(format!("mmap of {len} bytes at {addr:#x}")));
+    }
+    Ok(())
+}
+
+/// Puts inaccessible, unbacked memory back over `addr..addr + len` (the reservation stays).
+///
+/// # Safety
+/// As [`map_fixed`].
+pub unsafe fn unmap_fixed(addr: u64, len: usize) -> Result<()> {
+    // SAFETY: the caller owns the range; MAP_FIXED replaces only it, atomically.
+    let p = unsafe {
+        libc::mmap(
+            addr as usize as *mut libc::c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_os_error(format!("unmapping {len} bytes at {addr:#x}")));
+    }
+    Ok(())
+}
+
+/// Sets the size of the file behind `fd` to `len` bytes and allocates them, so that touching
+/// the memory later cannot fail with `SIGBUS` when the file system is full.
+pub fn allocate(fd: BorrowedFd<'_>, len: usize, what: &str) -> Result<()> {
+    let off = libc::off_t::try_from(len)
+        .map_err(|_| Error::invalid_argument(format!("{len} bytes is too large a size")))?;
+    // SAFETY: `fd` is an open descriptor; ftruncate touches no memory of this process.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), off) } != 0 {
+        return Err(last_os_error(format!("ftruncate of {what} to {len} bytes")));
+    }
+    // SAFETY: as above; posix_fallocate returns the error number instead of setting errno.
+    let rc = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, off) };
+    if rc != 0 {
+        return Err(os_error(
+            format!("allocating {len} bytes for {what}"),
+            io::Error::from_raw_os_error(rc),
+        ));
+    }
+    Ok(())
+}
+
+/// Identity and size of the file behind a descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    /// Device of the file system.
+    pub dev: u64,
+    /// Inode.
+    pub ino: u64,
+}
+
+/// `fstat`: the file's identity, its size, and whether it is a regular file.
+pub fn stat(fd: BorrowedFd<'_>) -> io::Result<(FileId, usize, bool)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is writable and as large as fstat writes.
+    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded and filled the struct (zeroed before, so every byte is initialised).
+    let st = unsafe { st.assume_init() };
+    let id = FileId {
+        dev: st.st_dev,
+        ino: st.st_ino,
+    };
+    let size = usize::try_from(st.st_size).unwrap_or(0);
+    Ok((id, size, st.st_mode & libc::S_IFMT == libc::S_IFREG))
+}
+
+/// The job id of this process, as it appears in segment names.
+pub fn job_id() -> &'static str {
+    static JOB: OnceLock<String> = OnceLock::new();
+    JOB.get_or_init(|| {
+        sanitize_job_id(std::env::var_os(JOB_ID_ENV).map(|v| v.to_string_lossy().into_owned()))
+    })
+}
+
+/// `raw` restricted to `[A-Za-z0-9_-]` (other characters become `_`), at most
+/// [`MAX_JOB_ID`] characters; `local` when absent or empty.
+fn sanitize_job_id(raw: Option<String>) -> String {
+    let s: String = raw
+        .unwrap_or_default()
+        .chars()
+        .take(MAX_JOB_ID)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() {
+        "local".to_string()
+    } else {
+        s
+    }
+}
+
+/// The `(pid, seq)` of a segment's file name (no leading `/`) if it belongs to job `job`.
+fn parse_segment_name(file_name: &str, job: &str) -> Option<(i32, u64)> {
+    let rest = file_name
+        .strip_prefix("ferrocx-")?
+        .strip_prefix(job)?
+        .strip_prefix('-')?;
+    let (pid, seq) = rest.split_once('-')?;
+    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(pid) || !all_digits(seq) {
+        return None;
+    }
+    // pid 0 and negative pids mean process groups to kill(2): never a segment's owner.
+    let pid: i32 = pid.parse().ok().filter(|&p| p > 0)?;
+    Some((pid, seq.parse().ok()?))
+}
+
+/// `false` only when no process `pid` exists.
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 checks that the process exists; nothing is sent.
+    if unsafe { libc::kill(pid, 0) } == 0 {
+        return true;
+    }
+    // EPERM: it exists but is another user's.
+    io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// A segment name, unlinked on drop.
+#[derive(Debug)]
+struct SegmentName(CString);
+
+impl Drop for SegmentName {
+    fn drop(&mut self) {
+        // SAFETY: a NUL-terminated name; shm_unlink touches no memory of this process.
+        if unsafe { libc::shm_unlink(self.0.as_ptr()) } != 0 {
+            tracing::warn!(
+                segment = %self.0.to_string_lossy(),
+                "shm_unlink failed: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// A shared-memory segment this process created, mapped: unmapped and unlinked on drop.
+#[derive(Debug)]
+pub struct Segment {
+    map: Mapping,
+    name: SegmentName,
+}
+
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Segment {
+    /// Creates a segment of `bytes` (> 0) bytes, mode 0600, and maps it.
+    pub fn create(bytes: usize) -> Result<Segment> {
+        let seq = NEXT_SEQ.fetch_add(1, Ordering::Relaxed);
+        let name = format!("/ferrocx-{}-{}-{seq}", job_id(), std::process::id());
+        let c = CString::new(name.clone())
+            .map_err(|_| Error::internal(format!("segment name {name:?} has a NUL")))?;
+        let fd = match open_new(&c) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                // Only a process with our pid makes this name, and we never made it: it was
+                // left by a dead process that had our pid before us.
+                tracing::warn!(segment = %name, "removing a stale segment of an earlier process with this pid");
+                drop(SegmentName(c.clone()));
+                open_new(&c).map_err(|e| os_error(format!("shm_open({name})"), e))?
+            }
+            Err(e) => return Err(os_error(format!("shm_open({name})"), e)),
+        };
+        // From here on, an early return unlinks the name and closes the descriptor.
+        let name_guard = SegmentName(c);
+        allocate(fd.as_fd(), bytes, &format!("segment {name}"))?;
+        let map = Mapping::shared(fd.as_fd(), bytes)?;
+        // The mapping keeps the memory; the descriptor closes here.
+        Ok(Segment {
+            map,
+            name: name_guard,
+        })
+    }
+
+    /// The segment's name (with its leading `/`).
+    pub fn name(&self) -> &str {
+        self.name.0.to_str().unwrap_or_default()
+    }
+
+    /// The mapping in this process.
+    pub fn mapping(&self) -> &Mapping {
+        &self.map
+    }
+}
+
+fn open_new(name: &CString) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name; O_EXCL makes this a new segment only.
+    let fd = unsafe {
+        libc::shm_open(
+            name.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+            0o600 as libc::mode_t,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens an existing segment `name` (with its leading `/`) for reading and writing.
+pub fn open_existing(name: &str) -> Result<OwnedFd> {
+    let c = CString::new(name)
+        .map_err(|_| Error::invalid_argument(format!("segment name {name:?} has a NUL")))?;
+    // SAFETY: a NUL-terminated name; no O_CREAT, so the mode is unused.
+    let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+    if fd < 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENOENT) {
+            return Err(Error::invalid_handle(format!(
+                "segment {name} does not exist (freed by its owner, or its owner exited): {err}"
+            )));
+        }
+        return Err(Error::system(format!("shm_open({name})"), err));
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Unlinks every segment of this job in `/dev/shm` whose creating process no longer exists;
+/// returns how many were removed.
+pub fn remove_stale() -> usize {
+    remove_stale_in(Path::new(SHM_DIR), job_id())
+}
+
+fn remove_stale_in(dir: &Path, job: &str) -> usize {
+    let listing = match std::fs::read_dir(dir) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::debug!(dir = %dir.display(), "cannot list shared-memory segments: {e}");
+            return 0;
+        }
+    };
+    let mut removed = 0;
+    for entry in listing.flatten() {
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        let Some((pid, _)) = parse_segment_name(file_name, job) else {
+            continue;
+        };
+        if process_alive(pid) {
+            continue;
+        }
+        let Ok(c) = CString::new(format!("/{file_name}")) else {
+            continue;
+        };
+        // SAFETY: a NUL-terminated name; shm_unlink touches no memory of this process.
+        if unsafe { libc::shm_unlink(c.as_ptr()) } == 0 {
+            removed += 1;
+        } else {
+            let err = io::Error::last_os_error();
+            // ENOENT: another process of the job removed it first.
+            if err.raw_os_error() != Some(libc::ENOENT) {
+                tracing::warn!(segment = file_name, "cannot remove a stale segment: {err}");
+            }
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_are_sanitized() {
+        assert_eq!(sanitize_job_id(None), "local");
+        assert_eq!(sanitize_job_id(Some(String::new())), "local");
+        assert_eq!(sanitize_job_id(Some("slurm-12_3".into())), "slurm-12_3");
+        assert_eq!(sanitize_job_id(Some("a/b c.d\u{e9}".into())), "a_b_c_d_");
+        assert_eq!(sanitize_job_id(Some("x".repeat(500))).len(), MAX_JOB_ID);
+    }
+
+    #[test]
+    fn segment_names_parse_only_for_their_job() {
+        assert_eq!(
+            parse_segment_name("ferrocx-local-42-7", "local"),
+            Some((42, 7))
+        );
+        assert_eq!(parse_segment_name("ferrocx-local-42-7", "loc"), None);
+        // Job "a" must not claim the segments of job "a-5".
+        assert_eq!(parse_segment_name("ferrocx-a-5-42-7", "a"), None);
+        assert_eq!(parse_segment_name("ferrocx-a-5-42-7", "a-5"), Some((42, 7)));
+        assert_eq!(parse_segment_name("ferrocx-local-0-7", "local"), None);
+        assert_eq!(parse_segment_name("ferrocx-local--1-7", "local"), None);
+        assert_eq!(parse_segment_name("ferrocx-local-42-", "local"), None);
+        assert_eq!(
+            parse_segment_name("ferrocx-local-99999999999-1", "local"),
+            None
+        );
+        assert_eq!(parse_segment_name("other-local-42-7", "local"), None);
+    }
+
+    #[test]
+    fn sizes_round_to_pages() {
+        let p = page_size();
+        assert_eq!(round_to_pages(1).unwrap(), p);
+        assert_eq!(round_to_pages(p).unwrap(), p);
+        assert_eq!(round_to_pages(p + 1).unwrap(), 2 * p);
+        assert!(round_to_pages(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn a_segment_is_unlinked_when_dropped() {
+        let seg = Segment::create(3).unwrap();
+        let path = Path::new(SHM_DIR).join(&seg.name()[1..]);
+        assert!(path.exists());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 3);
+        drop(seg);
+        assert!(!path.exists());
+    }
+}
