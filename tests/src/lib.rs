@@ -32,18 +32,27 @@ pub fn c_plugin(variant: &str) -> PathBuf {
 
 /// Path of the Rust test plugin (`testrust`), built by cargo beside the running executable.
 pub fn rust_plugin() -> PathBuf {
+    beside_exe("testrust")
+}
+
+/// Path of the host adaptor's drop-in plugin, built by cargo beside the running executable.
+pub fn host_plugin() -> PathBuf {
+    beside_exe("host")
+}
+
+fn beside_exe(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe.parent().expect("executable has a directory");
     let candidates = [dir.to_path_buf(), dir.join("deps"), dir.join("../deps")];
     for c in &candidates {
-        let p = c.join(file_name("testrust"));
+        let p = c.join(file_name(name));
         if p.is_file() {
             return p;
         }
     }
     panic!(
         "{} not found beside {} (it is built as a dependency of ferrocx-tests)",
-        file_name("testrust"),
+        file_name(name),
         exe.display()
     );
 }

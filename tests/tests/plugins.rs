@@ -9,7 +9,7 @@ use ferrocx::abi::{Capabilities, DevicePtr, MemKind, Status};
 use ferrocx::adaptor::AdaptorError;
 use ferrocx::loader::{load_plugin, Checked, LoadError, LoadErrorKind};
 use ferrocx::registry::{Registry, Source};
-use ferrocx_tests::{c_plugin, file_name, plugin_dir, rust_plugin};
+use ferrocx_tests::{c_plugin, file_name, host_plugin, plugin_dir, rust_plugin};
 
 fn refused(r: &Registry, name: &str) -> LoadError {
     let file = file_name(name);
@@ -381,4 +381,54 @@ fn a_library_is_opened_once() {
     let e1 = load_plugin(&c_plugin("nosymbols")).err().expect("refused");
     let e2 = load_plugin(&c_plugin("nosymbols")).err().expect("refused");
     assert_eq!(e1, e2);
+}
+
+#[test]
+fn the_host_adaptor_works_as_a_drop_in_plugin() {
+    use ferrocx::abi::{DataType, ReduceOp};
+    let mut r = Registry::empty();
+    let e = r
+        .add_plugin(&host_plugin())
+        .expect("libferrocx_adaptor_host.so loads");
+    assert_eq!(e.name, "host");
+    assert_eq!(e.checked, Checked::AbiStable);
+    assert_eq!(
+        e.groups(),
+        [
+            "ferrocx_device_adaptor_v1",
+            "ferrocx_device_vmm_v1",
+            "ferrocx_device_flatmap_v1",
+            "ferrocx_ccl_adaptor_v1"
+        ]
+    );
+    let dev = e.device().expect("device");
+    dev.init(&[]).expect("init");
+    let props = dev.properties(0).expect("properties");
+    assert_eq!(props.vendor, "host");
+    assert!(props
+        .capabilities
+        .contains(Capabilities::VMM | Capabilities::IPC));
+    // A one-rank communicator and an all-reduce, through the plugin's own tables.
+    let ccl = e.ccl().expect("ccl");
+    let uid = ccl.unique_id().expect("unique id");
+    let comm = ccl.comm_init_rank(0, 1, 0, &uid, 5_000, &[]).expect("comm");
+    let s = dev.stream_create().expect("stream");
+    let n = 1001;
+    let bytes = n * 4;
+    let send = dev.mem_alloc(bytes, MemKind::DEVICE).expect("alloc");
+    let recv = dev.mem_alloc(bytes, MemKind::DEVICE).expect("alloc");
+    let input: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+    dev.mem_copy(send, DevicePtr(input.as_ptr() as u64), bytes)
+        .expect("upload");
+    ccl.all_reduce(send, recv, n, DataType::F32, ReduceOp::MAX, comm, s)
+        .expect("enqueue");
+    dev.stream_synchronize(s).expect("all_reduce");
+    let mut out = vec![0f32; n];
+    dev.mem_copy(DevicePtr(out.as_mut_ptr() as u64), recv, bytes)
+        .expect("download");
+    assert_eq!(out, input);
+    ccl.comm_destroy(comm).expect("destroy");
+    dev.mem_free(send, MemKind::DEVICE).expect("free");
+    dev.mem_free(recv, MemKind::DEVICE).expect("free");
+    dev.stream_destroy(s).expect("stream");
 }
