@@ -254,12 +254,16 @@ fn remove_job_segments(job_id: &str) {
     let mut removed = 0;
     for entry in dir.flatten() {
         let name = entry.file_name();
-        if name.to_string_lossy().starts_with(&prefix) && std::fs::remove_file(entry.path()).is_ok() {
+        if name.to_string_lossy().starts_with(&prefix) && std::fs::remove_file(entry.path()).is_ok()
+        {
             removed += 1;
         }
     }
     if removed > 0 {
-        tracing::warn!(job = job_id, "removed {removed} shared-memory segment(s) the ranks left behind");
+        tracing::warn!(
+            job = job_id,
+            "removed {removed} shared-memory segment(s) the ranks left behind"
+        );
     }
 }
 

@@ -7,7 +7,10 @@
 //!   cluster would use.
 //! - `ferrocx launch -n N [--master-addr A] [--master-port P] [--timeout-s S] -- CMD ARGS...`:
 //!   N ranks of CMD on this host with torchrun's environment and a job store.
+//! - `ferrocx bench [-n N] [--op OP|all] [-b MIN] [-e MAX] [-f F] ...`: an nccl-tests-style
+//!   table (or `--json`, `--plot FILE.svg`) of each collective's time and bandwidth.
 
+mod bench;
 mod check;
 mod info;
 mod launch;
@@ -51,6 +54,9 @@ enum Command {
     /// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and a job store the launcher
     /// hosts.
     Launch(launch::LaunchArgs),
+    /// Measure the collectives, as nccl-tests: time, algorithm and bus bandwidth per size,
+    /// every result checked (`-n N` starts N ranks through `ferrocx launch`).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -112,6 +118,7 @@ fn main() -> ExitCode {
             command: ConfigCommand::Check { file, json },
         } => check::run(&file, json),
         Command::Launch(args) => launch::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(code) => code,

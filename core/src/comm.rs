@@ -64,14 +64,21 @@ impl Communicator {
     }
 
     /// Builds the communicator of `rank` in the job `job` under `config`.
-    pub fn init(config: &Config, registry: &Registry, rank: &RankInfo, job: &JobInfo) -> Result<Self, CommError> {
+    pub fn init(
+        config: &Config,
+        registry: &Registry,
+        rank: &RankInfo,
+        job: &JobInfo,
+    ) -> Result<Self, CommError> {
         let me = rank.rank;
         let world = rank.world_size;
         let index = config
             .clusters
             .iter()
             .position(|c| c.ranks.contains(me))
-            .ok_or_else(|| CommError::Topology(format!("rank {me} is in no cluster of {}", config.origin)))?;
+            .ok_or_else(|| {
+                CommError::Topology(format!("rank {me} is in no cluster of {}", config.origin))
+            })?;
         let cluster = &config.clusters[index];
         if let Some(other) = (0..world).find(|r| !cluster.ranks.contains(*r)) {
             return Err(CommError::Topology(format!(
@@ -81,7 +88,8 @@ impl Communicator {
         }
         let sel = registry.select(config, index)?;
         let timeout = Duration::from_millis(config.runtime.timeout_ms);
-        sel.device.init(&options(cluster.options_for(&cluster.device)))?;
+        sel.device
+            .init(&options(cluster.options_for(&cluster.device)))?;
         let local_device = rank.local_rank as i32 % sel.device.device_count()?.max(1);
         sel.device.set_device(local_device)?;
         if sel.ccl.tables().root.get().init.is_some() {
@@ -151,8 +159,17 @@ impl Communicator {
     }
 
     /// Enqueues an all-reduce on the communicator's stream.
-    pub fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp) -> Result<(), CommError> {
-        Ok(self.ccl.all_reduce(send, recv, count, dtype, op, self.comm, self.stream)?)
+    pub fn all_reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        Ok(self
+            .ccl
+            .all_reduce(send, recv, count, dtype, op, self.comm, self.stream)?)
     }
 
     /// Waits for everything enqueued on the communicator's stream.

@@ -54,7 +54,10 @@ struct HostEvent {
 
 impl HostEvent {
     fn latest(&self) -> Option<Arc<Latch>> {
-        self.latest.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -78,14 +81,19 @@ fn get(handle: Event) -> Result<Arc<HostEvent>> {
 /// Creates an event.
 pub fn create(flags: u32) -> Result<Event> {
     if flags & !DISABLE_TIMING != 0 {
-        return Err(Error::invalid_argument(format!("unknown event flags {flags:#x}")));
+        return Err(Error::invalid_argument(format!(
+            "unknown event flags {flags:#x}"
+        )));
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let ev = Arc::new(HostEvent {
         timing: flags & DISABLE_TIMING == 0,
         latest: Mutex::new(None),
     });
-    events().lock().unwrap_or_else(|p| p.into_inner()).insert(id, ev);
+    events()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id, ev);
     Ok(Event(id as usize as *mut std::ffi::c_void))
 }
 
@@ -148,10 +156,14 @@ pub fn query(handle: Event) -> Result<bool> {
 pub fn elapsed_ms(start: Event, end: Event) -> Result<f32> {
     let (a, b) = (get(start)?, get(end)?);
     if !a.timing || !b.timing {
-        return Err(Error::invalid_argument("an event created with DISABLE_TIMING has no time"));
+        return Err(Error::invalid_argument(
+            "an event created with DISABLE_TIMING has no time",
+        ));
     }
     let (Some(la), Some(lb)) = (a.latest(), b.latest()) else {
-        return Err(Error::invalid_argument("both events must have been recorded"));
+        return Err(Error::invalid_argument(
+            "both events must have been recorded",
+        ));
     };
     match (la.completed_at(), lb.completed_at()) {
         (Some(ta), Some(tb)) => {
@@ -204,17 +216,23 @@ mod tests {
         let order = Arc::new(Mutex::new(Vec::new()));
         let g = gate(a);
         let o = order.clone();
-        stream::get(a).unwrap().enqueue(Box::new(move || {
-            o.lock().unwrap().push("a");
-            Ok(())
-        })).unwrap();
+        stream::get(a)
+            .unwrap()
+            .enqueue(Box::new(move || {
+                o.lock().unwrap().push("a");
+                Ok(())
+            }))
+            .unwrap();
         record(ev, a).unwrap();
         stream_wait(b, ev).unwrap();
         let o = order.clone();
-        stream::get(b).unwrap().enqueue(Box::new(move || {
-            o.lock().unwrap().push("b");
-            Ok(())
-        })).unwrap();
+        stream::get(b)
+            .unwrap()
+            .enqueue(Box::new(move || {
+                o.lock().unwrap().push("b");
+                Ok(())
+            }))
+            .unwrap();
         // b is held back by the event although a is blocked: nothing has run yet.
         assert!(!query(ev).unwrap());
         assert!(order.lock().unwrap().is_empty());
@@ -226,7 +244,11 @@ mod tests {
 
     #[test]
     fn re_recording_does_not_redirect_an_earlier_wait() {
-        let (a, b, c) = (stream::create().unwrap(), stream::create().unwrap(), stream::create().unwrap());
+        let (a, b, c) = (
+            stream::create().unwrap(),
+            stream::create().unwrap(),
+            stream::create().unwrap(),
+        );
         let ev = create(0).unwrap();
         let first_done = Arc::new(AtomicUsize::new(0));
         // Record 1 on `a`, which completes at once.
@@ -235,10 +257,13 @@ mod tests {
         // b waits for record 1.
         stream_wait(b, ev).unwrap();
         let f = first_done.clone();
-        stream::get(b).unwrap().enqueue(Box::new(move || {
-            f.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })).unwrap();
+        stream::get(b)
+            .unwrap()
+            .enqueue(Box::new(move || {
+                f.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap();
         // Record 2 on `c`, which is blocked: an earlier wait must not be redirected to it.
         let g = gate(c);
         record(ev, c).unwrap();
@@ -247,13 +272,20 @@ mod tests {
         // A wait enqueued now does see record 2.
         stream_wait(b, ev).unwrap();
         let f = first_done.clone();
-        stream::get(b).unwrap().enqueue(Box::new(move || {
-            f.fetch_add(10, Ordering::SeqCst);
-            Ok(())
-        })).unwrap();
+        stream::get(b)
+            .unwrap()
+            .enqueue(Box::new(move || {
+                f.fetch_add(10, Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap();
         assert!(!query(ev).unwrap());
         std::thread::sleep(std::time::Duration::from_millis(20));
-        assert_eq!(first_done.load(Ordering::SeqCst), 1, "the second wait must block on record 2");
+        assert_eq!(
+            first_done.load(Ordering::SeqCst),
+            1,
+            "the second wait must block on record 2"
+        );
         open(&g);
         stream::get(b).unwrap().synchronize().unwrap();
         assert_eq!(first_done.load(Ordering::SeqCst), 11);
@@ -262,19 +294,29 @@ mod tests {
     #[test]
     fn elapsed_time_between_two_records() {
         let s = stream::create().unwrap();
-        let (e0, e1, nt) = (create(0).unwrap(), create(0).unwrap(), create(DISABLE_TIMING).unwrap());
+        let (e0, e1, nt) = (
+            create(0).unwrap(),
+            create(0).unwrap(),
+            create(DISABLE_TIMING).unwrap(),
+        );
         record(e0, s).unwrap();
-        stream::get(s).unwrap().enqueue(Box::new(|| {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            Ok(())
-        })).unwrap();
+        stream::get(s)
+            .unwrap()
+            .enqueue(Box::new(|| {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                Ok(())
+            }))
+            .unwrap();
         record(e1, s).unwrap();
         record(nt, s).unwrap();
         synchronize(e1).unwrap();
         let ms = elapsed_ms(e0, e1).unwrap();
         assert!(ms >= 19.0, "{ms}");
         assert!(elapsed_ms(e0, nt).is_err());
-        assert!(query(create(0).unwrap()).unwrap(), "never recorded counts as complete");
+        assert!(
+            query(create(0).unwrap()).unwrap(),
+            "never recorded counts as complete"
+        );
         destroy(e0).unwrap();
         assert!(record(e0, s).is_err());
     }

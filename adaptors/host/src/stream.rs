@@ -48,7 +48,10 @@ impl StreamInner {
     pub fn enqueue(&self, task: Task) -> Result<()> {
         let mut s = self.lock();
         if s.closing {
-            return Err(Error::invalid_handle(format!("stream {} is being destroyed", self.id)));
+            return Err(Error::invalid_handle(format!(
+                "stream {} is being destroyed",
+                self.id
+            )));
         }
         s.queue.push_back(task);
         s.enqueued += 1;
@@ -145,7 +148,10 @@ fn spawn() -> Result<Arc<StreamInner>> {
 pub fn create() -> Result<Stream> {
     let inner = spawn()?;
     let id = inner.id;
-    streams().lock().unwrap_or_else(|p| p.into_inner()).insert(id, inner);
+    streams()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id, inner);
     Ok(Stream(id as usize as *mut std::ffi::c_void))
 }
 
@@ -170,7 +176,9 @@ pub fn get(handle: Stream) -> Result<Arc<StreamInner>> {
 /// Destroys a stream: work already enqueued still runs, then the worker exits.
 pub fn destroy(handle: Stream) -> Result<()> {
     if handle.is_null() {
-        return Err(Error::invalid_handle("the default stream cannot be destroyed"));
+        return Err(Error::invalid_handle(
+            "the default stream cannot be destroyed",
+        ));
     }
     let id = handle.0 as usize as u64;
     let inner = streams()
@@ -227,8 +235,10 @@ mod tests {
         let h = create().unwrap();
         let s = get(h).unwrap();
         let ran = Arc::new(AtomicUsize::new(0));
-        s.enqueue(Box::new(|| Err(Error::invalid_argument("first")))).unwrap();
-        s.enqueue(Box::new(|| Err(Error::invalid_argument("second")))).unwrap();
+        s.enqueue(Box::new(|| Err(Error::invalid_argument("first"))))
+            .unwrap();
+        s.enqueue(Box::new(|| Err(Error::invalid_argument("second"))))
+            .unwrap();
         let r = ran.clone();
         s.enqueue(Box::new(move || {
             r.fetch_add(1, Ordering::SeqCst);

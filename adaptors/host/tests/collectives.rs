@@ -45,7 +45,10 @@ fn decode(dt: DataType, b: &[u8]) -> f64 {
 }
 
 fn is_float(dt: DataType) -> bool {
-    matches!(dt, DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16)
+    matches!(
+        dt,
+        DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16
+    )
 }
 
 fn unsigned(dt: DataType) -> bool {
@@ -86,12 +89,15 @@ fn reference(dt: DataType, op: ReduceOp, inputs: &[Vec<i64>], i: usize) -> f64 {
     let mut acc = inputs[0][i];
     for inp in &inputs[1..] {
         let x = inp[i];
-        acc = wrap(dt, match op {
-            ReduceOp::PROD => acc.wrapping_mul(x),
-            ReduceOp::MIN => acc.min(x),
-            ReduceOp::MAX => acc.max(x),
-            _ => acc.wrapping_add(x),
-        });
+        acc = wrap(
+            dt,
+            match op {
+                ReduceOp::PROD => acc.wrapping_mul(x),
+                ReduceOp::MIN => acc.min(x),
+                ReduceOp::MAX => acc.max(x),
+                _ => acc.wrapping_add(x),
+            },
+        );
     }
     if op == ReduceOp::AVG {
         if is_float(dt) {
@@ -108,8 +114,15 @@ fn check(what: &str, dt: DataType, got: &[u8], want: impl Fn(usize) -> f64, n: u
     for i in 0..n {
         let g = decode(dt, &got[i * es..(i + 1) * es]);
         let w = want(i);
-        let tol = if matches!(dt, DataType::F16 | DataType::BF16) { w.abs() / 100.0 + 1e-2 } else { w.abs() * 1e-6 };
-        assert!((g - w).abs() <= tol, "{what} {dt:?}: element {i} of {n} is {g}, expected {w}");
+        let tol = if matches!(dt, DataType::F16 | DataType::BF16) {
+            w.abs() / 100.0 + 1e-2
+        } else {
+            w.abs() * 1e-6
+        };
+        assert!(
+            (g - w).abs() <= tol,
+            "{what} {dt:?}: element {i} of {n} is {g}, expected {w}"
+        );
     }
 }
 
@@ -123,7 +136,10 @@ fn run_worker(rank: usize, world: usize) {
     assert_eq!(ccl.comm_count(c).unwrap(), world as i32);
     assert_eq!(ccl.comm_user_rank(c).unwrap(), rank as i32);
     let s = dev.stream_create().unwrap();
-    let sync = |what: &str| dev.stream_synchronize(s).unwrap_or_else(|e| panic!("rank {rank}: {what}: {e}"));
+    let sync = |what: &str| {
+        dev.stream_synchronize(s)
+            .unwrap_or_else(|e| panic!("rank {rank}: {what}: {e}"))
+    };
     let mut tag = 0u64;
     let all = |tag: u64, n: usize, dt: DataType, op: ReduceOp| -> Vec<Vec<i64>> {
         (0..world).map(|r| input(tag, r, n, dt, op)).collect()
@@ -150,83 +166,159 @@ fn run_worker(rank: usize, world: usize) {
         let recv = vec![0u8; send.len()];
         ccl.all_reduce(p(&send), p(&recv), n, dt, op, c, s).unwrap();
         sync("all_reduce");
-        check(&format!("all_reduce {op:?} n={n}"), dt, &recv, |i| reference(dt, op, &ins, i), n);
+        check(
+            &format!("all_reduce {op:?} n={n}"),
+            dt,
+            &recv,
+            |i| reference(dt, op, &ins, i),
+            n,
+        );
     }
     tag += 1;
     let ins = all(tag, BIG, DataType::F32, ReduceOp::SUM);
     let buf = bytes(DataType::F32, &ins[rank]);
-    ccl.all_reduce(p(&buf), p(&buf), BIG, DataType::F32, ReduceOp::SUM, c, s).unwrap();
+    ccl.all_reduce(p(&buf), p(&buf), BIG, DataType::F32, ReduceOp::SUM, c, s)
+        .unwrap();
     sync("all_reduce in place");
-    check("all_reduce in place", DataType::F32, &buf, |i| reference(DataType::F32, ReduceOp::SUM, &ins, i), BIG);
+    check(
+        "all_reduce in place",
+        DataType::F32,
+        &buf,
+        |i| reference(DataType::F32, ReduceOp::SUM, &ins, i),
+        BIG,
+    );
 
     // reduce to a root.
-    for (dt, n) in [(DataType::F32, 7), (DataType::I64, BIG / 4), (DataType::F16, 0)] {
+    for (dt, n) in [
+        (DataType::F32, 7),
+        (DataType::I64, BIG / 4),
+        (DataType::F16, 0),
+    ] {
         tag += 1;
         let root = world / 2;
         let ins = all(tag, n, dt, ReduceOp::SUM);
         let send = bytes(dt, &ins[rank]);
         let recv = vec![0u8; send.len()];
-        ccl.reduce(p(&send), p(&recv), n, dt, ReduceOp::SUM, root as i32, c, s).unwrap();
+        ccl.reduce(p(&send), p(&recv), n, dt, ReduceOp::SUM, root as i32, c, s)
+            .unwrap();
         sync("reduce");
         if rank == root {
-            check("reduce", dt, &recv, |i| reference(dt, ReduceOp::SUM, &ins, i), n);
+            check(
+                "reduce",
+                dt,
+                &recv,
+                |i| reference(dt, ReduceOp::SUM, &ins, i),
+                n,
+            );
         }
     }
 
     // broadcast, all_gather, gather.
-    for (dt, n) in [(DataType::F32, 1), (DataType::U8, 7), (DataType::I32, BIG), (DataType::F64, 0)] {
+    for (dt, n) in [
+        (DataType::F32, 1),
+        (DataType::U8, 7),
+        (DataType::I32, BIG),
+        (DataType::F64, 0),
+    ] {
         tag += 1;
         let root = world - 1;
         let ins = all(tag, n, dt, ReduceOp::SUM);
         let send = bytes(dt, &ins[rank]);
         let recv = vec![0u8; send.len()];
-        ccl.broadcast(p(&send), p(&recv), n, dt, root as i32, c, s).unwrap();
+        ccl.broadcast(p(&send), p(&recv), n, dt, root as i32, c, s)
+            .unwrap();
         sync("broadcast");
         check("broadcast", dt, &recv, |i| ins[root][i] as f64, n);
 
         let gathered = vec![0u8; send.len() * world];
         ccl.all_gather(p(&send), p(&gathered), n, dt, c, s).unwrap();
         sync("all_gather");
-        check("all_gather", dt, &gathered, |i| ins[i / n.max(1)][i % n.max(1)] as f64, n * world);
+        check(
+            "all_gather",
+            dt,
+            &gathered,
+            |i| ins[i / n.max(1)][i % n.max(1)] as f64,
+            n * world,
+        );
 
         let at_root = vec![0u8; send.len() * world];
         ccl.gather(p(&send), p(&at_root), n, dt, 0, c, s).unwrap();
         sync("gather");
         if rank == 0 {
-            check("gather", dt, &at_root, |i| ins[i / n.max(1)][i % n.max(1)] as f64, n * world);
+            check(
+                "gather",
+                dt,
+                &at_root,
+                |i| ins[i / n.max(1)][i % n.max(1)] as f64,
+                n * world,
+            );
         }
     }
 
     // reduce_scatter, all_to_all, scatter: inputs of n elements per rank block.
-    for (dt, op, n) in [(DataType::F32, ReduceOp::SUM, 7), (DataType::I32, ReduceOp::MAX, 1), (DataType::BF16, ReduceOp::SUM, 0), (DataType::F32, ReduceOp::SUM, 300_001)] {
+    for (dt, op, n) in [
+        (DataType::F32, ReduceOp::SUM, 7),
+        (DataType::I32, ReduceOp::MAX, 1),
+        (DataType::BF16, ReduceOp::SUM, 0),
+        (DataType::F32, ReduceOp::SUM, 300_001),
+    ] {
         tag += 1;
         let ins = all(tag, n * world, dt, op);
         let send = bytes(dt, &ins[rank]);
         let es = dt.size().unwrap();
         let recv = vec![0u8; n * es];
-        ccl.reduce_scatter(p(&send), p(&recv), n, dt, op, c, s).unwrap();
+        ccl.reduce_scatter(p(&send), p(&recv), n, dt, op, c, s)
+            .unwrap();
         sync("reduce_scatter");
-        check("reduce_scatter", dt, &recv, |i| reference(dt, op, &ins, rank * n + i), n);
+        check(
+            "reduce_scatter",
+            dt,
+            &recv,
+            |i| reference(dt, op, &ins, rank * n + i),
+            n,
+        );
 
         let a2a = vec![0u8; n * es * world];
         ccl.all_to_all(p(&send), p(&a2a), n, dt, c, s).unwrap();
         sync("all_to_all");
         // Block r of my output is block `rank` of rank r's input.
-        check("all_to_all", dt, &a2a, |i| ins[i / n.max(1)][rank * n + i % n.max(1)] as f64, n * world);
+        check(
+            "all_to_all",
+            dt,
+            &a2a,
+            |i| ins[i / n.max(1)][rank * n + i % n.max(1)] as f64,
+            n * world,
+        );
 
         let root = 0;
         let sc = vec![0u8; n * es];
         ccl.scatter(p(&send), p(&sc), n, dt, root, c, s).unwrap();
         sync("scatter");
-        check("scatter", dt, &sc, |i| ins[root as usize][rank * n + i] as f64, n);
+        check(
+            "scatter",
+            dt,
+            &sc,
+            |i| ins[root as usize][rank * n + i] as f64,
+            n,
+        );
     }
 
     // all_to_allv with per-pair random counts (the same formula on every rank).
     tag += 1;
-    let cnt = |from: usize, to: usize| Rng::new(SEED ^ tag, (from * 31 + to) as u64).range(0, 3000) as usize;
+    let cnt = |from: usize, to: usize| {
+        Rng::new(SEED ^ tag, (from * 31 + to) as u64).range(0, 3000) as usize
+    };
     let sc: Vec<usize> = (0..world).map(|d| cnt(rank, d)).collect();
     let rc: Vec<usize> = (0..world).map(|r| cnt(r, rank)).collect();
-    let displs = |v: &[usize]| -> Vec<usize> { v.iter().scan(0, |a, x| { let d = *a; *a += x + 5; Some(d) }).collect() };
+    let displs = |v: &[usize]| -> Vec<usize> {
+        v.iter()
+            .scan(0, |a, x| {
+                let d = *a;
+                *a += x + 5;
+                Some(d)
+            })
+            .collect()
+    };
     let (sd, rd) = (displs(&sc), displs(&rc));
     let val = |from: usize, to: usize, i: usize| (from * 1000 + to * 10 + i % 7) as i64;
     let mut sendv = vec![0i64; sd[world - 1] + sc[world - 1] + 5];
@@ -237,12 +329,17 @@ fn run_worker(rank: usize, world: usize) {
     }
     let send = bytes(DataType::I64, &sendv);
     let recv = vec![0u8; (rd[world - 1] + rc[world - 1] + 5) * 8];
-    ccl.all_to_allv(p(&send), &sc, &sd, p(&recv), &rc, &rd, DataType::I64, c, s).unwrap();
+    ccl.all_to_allv(p(&send), &sc, &sd, p(&recv), &rc, &rd, DataType::I64, c, s)
+        .unwrap();
     sync("all_to_allv");
     for r in 0..world {
         for i in 0..rc[r] {
             let got = decode(DataType::I64, &recv[(rd[r] + i) * 8..(rd[r] + i + 1) * 8]);
-            assert_eq!(got, val(r, rank, i) as f64, "all_to_allv from {r} element {i}");
+            assert_eq!(
+                got,
+                val(r, rank, i) as f64,
+                "all_to_allv from {r} element {i}"
+            );
         }
     }
 
@@ -255,14 +352,30 @@ fn run_worker(rank: usize, world: usize) {
     let from_prev = vec![0u8; send.len()];
     let from_next = vec![0u8; send.len()];
     ccl.group_start().unwrap();
-    ccl.send(p(&send), BIG, DataType::F32, next as i32, c, s).unwrap();
-    ccl.send(p(&send), BIG, DataType::F32, prev as i32, c, s).unwrap();
-    ccl.recv(p(&from_prev), BIG, DataType::F32, prev as i32, c, s).unwrap();
-    ccl.recv(p(&from_next), BIG, DataType::F32, next as i32, c, s).unwrap();
+    ccl.send(p(&send), BIG, DataType::F32, next as i32, c, s)
+        .unwrap();
+    ccl.send(p(&send), BIG, DataType::F32, prev as i32, c, s)
+        .unwrap();
+    ccl.recv(p(&from_prev), BIG, DataType::F32, prev as i32, c, s)
+        .unwrap();
+    ccl.recv(p(&from_next), BIG, DataType::F32, next as i32, c, s)
+        .unwrap();
     ccl.group_end().unwrap();
     sync("ring exchange");
-    check("recv from prev", DataType::F32, &from_prev, |i| ins[prev][i] as f64, BIG);
-    check("recv from next", DataType::F32, &from_next, |i| ins[next][i] as f64, BIG);
+    check(
+        "recv from prev",
+        DataType::F32,
+        &from_prev,
+        |i| ins[prev][i] as f64,
+        BIG,
+    );
+    check(
+        "recv from next",
+        DataType::F32,
+        &from_next,
+        |i| ins[next][i] as f64,
+        BIG,
+    );
 
     // An all-to-all built from grouped sends and receives.
     tag += 1;
@@ -272,14 +385,39 @@ fn run_worker(rank: usize, world: usize) {
     let recv = vec![0u8; send.len()];
     ccl.group_start().unwrap();
     for peer in 0..world {
-        ccl.send(DevicePtr(p(&send).0 + (peer * n * 4) as u64), n, DataType::I32, peer as i32, c, s).unwrap();
-        ccl.recv(DevicePtr(p(&recv).0 + (peer * n * 4) as u64), n, DataType::I32, peer as i32, c, s).unwrap();
+        ccl.send(
+            DevicePtr(p(&send).0 + (peer * n * 4) as u64),
+            n,
+            DataType::I32,
+            peer as i32,
+            c,
+            s,
+        )
+        .unwrap();
+        ccl.recv(
+            DevicePtr(p(&recv).0 + (peer * n * 4) as u64),
+            n,
+            DataType::I32,
+            peer as i32,
+            c,
+            s,
+        )
+        .unwrap();
     }
     ccl.group_end().unwrap();
     sync("p2p all-to-all");
-    check("p2p all-to-all", DataType::I32, &recv, |i| ins[i / n][rank * n + i % n] as f64, n * world);
+    check(
+        "p2p all-to-all",
+        DataType::I32,
+        &recv,
+        |i| ins[i / n][rank * n + i % n] as f64,
+        n * world,
+    );
 
-    assert_eq!(ccl.comm_async_error(c).unwrap(), ferrocx::abi::Status::SUCCESS);
+    assert_eq!(
+        ccl.comm_async_error(c).unwrap(),
+        ferrocx::abi::Status::SUCCESS
+    );
     ccl.comm_finalize(c).unwrap();
     ccl.comm_destroy(c).unwrap();
     dev.stream_destroy(s).unwrap();
@@ -293,7 +431,10 @@ fn collectives_worker() {
 }
 
 fn on(n: usize) {
-    let outcomes = wait(spawn("collectives_worker", n, &[]), Duration::from_secs(300));
+    let outcomes = wait(
+        spawn("collectives_worker", n, &[]),
+        Duration::from_secs(300),
+    );
     assert_all_ok(&outcomes);
 }
 

@@ -26,7 +26,9 @@ fn leftover_segments(job: &str) -> Vec<String> {
 
 #[test]
 fn killed_rank_worker() {
-    let Some((rank, world)) = worker("killed_rank_worker") else { return };
+    let Some((rank, world)) = worker("killed_rank_worker") else {
+        return;
+    };
     let (dev, ccl) = host();
     let c = comm(&ccl, rank, world, 10_000);
     let s = dev.stream_create().unwrap();
@@ -35,7 +37,8 @@ fn killed_rank_worker() {
     let recv = vec![0.0f32; n];
     // Two good rounds, then rank 2 dies while the others are inside the third.
     for _ in 0..2 {
-        ccl.all_reduce(p(&send), p(&recv), n, DataType::F32, ReduceOp::SUM, c, s).unwrap();
+        ccl.all_reduce(p(&send), p(&recv), n, DataType::F32, ReduceOp::SUM, c, s)
+            .unwrap();
         dev.stream_synchronize(s).unwrap();
         assert_eq!(recv[n - 1], world as f32);
     }
@@ -45,19 +48,27 @@ fn killed_rank_worker() {
         unsafe { libc::raise(libc::SIGKILL) };
     }
     let start = Instant::now();
-    ccl.all_reduce(p(&send), p(&recv), n, DataType::F32, ReduceOp::SUM, c, s).unwrap();
+    ccl.all_reduce(p(&send), p(&recv), n, DataType::F32, ReduceOp::SUM, c, s)
+        .unwrap();
     let err = dev.stream_synchronize(s).expect_err("the peer died");
     let took = start.elapsed();
     let msg = err.to_string();
     assert_eq!(err.status(), Status::PEER_FAILURE, "{msg}");
     assert!(msg.contains("rank 2"), "{msg}");
-    assert!(took < Duration::from_secs(10), "noticed after {took:?}, beyond the 10 s timeout");
+    assert!(
+        took < Duration::from_secs(10),
+        "noticed after {took:?}, beyond the 10 s timeout"
+    );
     // The communicator stays broken: a later call fails at once with the same cause.
-    ccl.all_reduce(p(&send), p(&recv), n, DataType::F32, ReduceOp::SUM, c, s).unwrap();
+    ccl.all_reduce(p(&send), p(&recv), n, DataType::F32, ReduceOp::SUM, c, s)
+        .unwrap();
     let again = dev.stream_synchronize(s).expect_err("broken");
     assert!(again.to_string().contains("rank 2"), "{again}");
     assert_eq!(ccl.comm_async_error(c).unwrap(), Status::PEER_FAILURE);
-    println!("rank {rank}: noticed the dead peer after {} ms", took.as_millis());
+    println!(
+        "rank {rank}: noticed the dead peer after {} ms",
+        took.as_millis()
+    );
 }
 
 #[test]
@@ -73,19 +84,34 @@ fn a_rank_killed_mid_all_reduce_is_named_by_every_other_rank() {
             assert!(o.output.contains("noticed the dead peer"), "{}", o.output);
         }
     }
-    assert!(leftover_segments(&job).is_empty(), "left behind: {:?}", leftover_segments(&job));
+    assert!(
+        leftover_segments(&job).is_empty(),
+        "left behind: {:?}",
+        leftover_segments(&job)
+    );
 }
 
 #[test]
 fn mismatch_worker() {
-    let Some((rank, world)) = worker("mismatch_worker") else { return };
+    let Some((rank, world)) = worker("mismatch_worker") else {
+        return;
+    };
     let (dev, ccl) = host();
     let c = comm(&ccl, rank, world, 10_000);
     let s = dev.stream_create().unwrap();
     let count = if rank == 1 { 100 } else { 80 };
     let send = vec![1i32; 100];
     let recv = vec![0i32; 100];
-    ccl.all_reduce(p(&send), p(&recv), count, DataType::I32, ReduceOp::SUM, c, s).unwrap();
+    ccl.all_reduce(
+        p(&send),
+        p(&recv),
+        count,
+        DataType::I32,
+        ReduceOp::SUM,
+        c,
+        s,
+    )
+    .unwrap();
     let err = dev.stream_synchronize(s).expect_err("counts differ");
     let msg = err.to_string();
     assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{msg}");
@@ -104,7 +130,9 @@ fn a_rank_with_a_different_count_gets_a_clear_error_on_every_rank() {
 
 #[test]
 fn abort_worker() {
-    let Some((rank, world)) = worker("abort_worker") else { return };
+    let Some((rank, world)) = worker("abort_worker") else {
+        return;
+    };
     let (dev, ccl) = host();
     let c = comm(&ccl, rank, world, 20_000);
     let s = dev.stream_create().unwrap();
@@ -117,7 +145,8 @@ fn abort_worker() {
         return;
     }
     let start = Instant::now();
-    ccl.all_reduce(p(&send), p(&recv), 10, DataType::I32, ReduceOp::SUM, c, s).unwrap();
+    ccl.all_reduce(p(&send), p(&recv), 10, DataType::I32, ReduceOp::SUM, c, s)
+        .unwrap();
     let err = dev.stream_synchronize(s).expect_err("aborted");
     assert_eq!(err.status(), Status::ABORTED, "{err}");
     assert!(start.elapsed() < Duration::from_secs(10));
@@ -131,7 +160,9 @@ fn abort_unblocks_pending_operations_of_every_rank() {
 
 #[test]
 fn barrier_worker() {
-    let Some((rank, world)) = worker("barrier_worker") else { return };
+    let Some((rank, world)) = worker("barrier_worker") else {
+        return;
+    };
     let (dev, ccl) = host();
     let c = comm(&ccl, rank, world, 60_000);
     let s = dev.stream_create().unwrap();
@@ -143,9 +174,19 @@ fn barrier_worker() {
         // Each all-reduce of one element is a full synchronisation of the ranks; its value
         // proves no rank skipped or repeated a generation.
         for i in 0..BATCH {
-            ccl.all_reduce(p(&send[i..]), p(&recv[i..]), 1, DataType::I32, ReduceOp::SUM, c, s).unwrap();
+            ccl.all_reduce(
+                p(&send[i..]),
+                p(&recv[i..]),
+                1,
+                DataType::I32,
+                ReduceOp::SUM,
+                c,
+                s,
+            )
+            .unwrap();
         }
-        dev.stream_synchronize(s).unwrap_or_else(|e| panic!("rank {rank} batch {b}: {e}"));
+        dev.stream_synchronize(s)
+            .unwrap_or_else(|e| panic!("rank {rank} batch {b}: {e}"));
         for (i, r) in recv.iter_mut().enumerate() {
             assert_eq!(*r, i as i32 * world as i32, "batch {b} op {i}");
             *r = 0;

@@ -179,55 +179,160 @@ impl Ccl {
 
     /// All-reduce of `count` elements.
     #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+    pub fn all_reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
         ccl_call!(self, all_reduce(send, recv, count, dtype, op, comm, stream))
     }
 
     /// All-gather of `send_count` elements per rank.
-    pub fn all_gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
-        ccl_call!(self, all_gather(send, recv, send_count, dtype, comm, stream))
+    pub fn all_gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
+        ccl_call!(
+            self,
+            all_gather(send, recv, send_count, dtype, comm, stream)
+        )
     }
 
     /// Reduce-scatter of `recv_count` elements per rank.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
-        ccl_call!(self, reduce_scatter(send, recv, recv_count, dtype, op, comm, stream))
+    pub fn reduce_scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        recv_count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
+        ccl_call!(
+            self,
+            reduce_scatter(send, recv, recv_count, dtype, op, comm, stream)
+        )
     }
 
     /// Broadcast from `root`.
     #[allow(clippy::too_many_arguments)]
-    pub fn broadcast(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
-        ccl_call!(self, broadcast(send, recv, count, dtype, root, comm, stream))
+    pub fn broadcast(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        root: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
+        ccl_call!(
+            self,
+            broadcast(send, recv, count, dtype, root, comm, stream)
+        )
     }
 
     /// Reduce to `root`.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
-        ccl_call!(self, reduce(send, recv, count, dtype, op, root, comm, stream))
+    pub fn reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
+        ccl_call!(
+            self,
+            reduce(send, recv, count, dtype, op, root, comm, stream)
+        )
     }
 
     /// Gather to `root`.
     #[allow(clippy::too_many_arguments)]
-    pub fn gather(&self, send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
-        ccl_call!(self, gather(send, recv, send_count, dtype, root, comm, stream))
+    pub fn gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        root: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
+        ccl_call!(
+            self,
+            gather(send, recv, send_count, dtype, root, comm, stream)
+        )
     }
 
     /// Scatter from `root`.
     #[allow(clippy::too_many_arguments)]
-    pub fn scatter(&self, send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, root: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
-        ccl_call!(self, scatter(send, recv, recv_count, dtype, root, comm, stream))
+    pub fn scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        recv_count: usize,
+        dtype: DataType,
+        root: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
+        ccl_call!(
+            self,
+            scatter(send, recv, recv_count, dtype, root, comm, stream)
+        )
     }
 
     /// All-to-all with `count` elements per peer.
-    pub fn all_to_all(&self, send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+    pub fn all_to_all(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
         ccl_call!(self, all_to_all(send, recv, count, dtype, comm, stream))
     }
 
     /// All-to-all with per-peer counts and displacements (elements; one entry per rank).
     #[allow(clippy::too_many_arguments)]
-    pub fn all_to_allv(&self, send: DevicePtr, send_counts: &[usize], send_displs: &[usize], recv: DevicePtr, recv_counts: &[usize], recv_displs: &[usize], dtype: DataType, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+    pub fn all_to_allv(
+        &self,
+        send: DevicePtr,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: DevicePtr,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        dtype: DataType,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
         let n = self.comm_count(comm)? as usize;
-        for (what, v) in [("send_counts", send_counts), ("send_displs", send_displs), ("recv_counts", recv_counts), ("recv_displs", recv_displs)] {
+        for (what, v) in [
+            ("send_counts", send_counts),
+            ("send_displs", send_displs),
+            ("recv_counts", recv_counts),
+            ("recv_displs", recv_displs),
+        ] {
             if v.len() != n {
                 return Err(AdaptorError::Failed {
                     adaptor: self.name().to_string(),
@@ -237,16 +342,45 @@ impl Ccl {
                 });
             }
         }
-        ccl_call!(self, all_to_allv(send, send_counts.as_ptr(), send_displs.as_ptr(), recv, recv_counts.as_ptr(), recv_displs.as_ptr(), dtype, comm, stream))
+        ccl_call!(
+            self,
+            all_to_allv(
+                send,
+                send_counts.as_ptr(),
+                send_displs.as_ptr(),
+                recv,
+                recv_counts.as_ptr(),
+                recv_displs.as_ptr(),
+                dtype,
+                comm,
+                stream
+            )
+        )
     }
 
     /// Sends `count` elements to `peer`.
-    pub fn send(&self, buf: DevicePtr, count: usize, dtype: DataType, peer: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+    pub fn send(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        peer: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
         ccl_call!(self, send(buf, count, dtype, peer, comm, stream))
     }
 
     /// Receives `count` elements from `peer`.
-    pub fn recv(&self, buf: DevicePtr, count: usize, dtype: DataType, peer: i32, comm: Comm, stream: Stream) -> Result<(), AdaptorError> {
+    pub fn recv(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        peer: i32,
+        comm: Comm,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
         ccl_call!(self, recv(buf, count, dtype, peer, comm, stream))
     }
 

@@ -161,8 +161,18 @@ impl Device {
     }
 
     /// Enqueues a copy on `stream`.
-    pub fn mem_copy_async(&self, dst: DevicePtr, src: DevicePtr, bytes: usize, stream: Stream) -> Result<(), AdaptorError> {
-        call!(self, self.tables.root.get(), mem_copy_async(dst, src, bytes, stream))
+    pub fn mem_copy_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
+        call!(
+            self,
+            self.tables.root.get(),
+            mem_copy_async(dst, src, bytes, stream)
+        )
     }
 
     /// Creates a stream.
@@ -184,7 +194,12 @@ impl Device {
 
     /// `true` when the stream's work has completed.
     pub fn stream_query(&self, stream: Stream) -> Result<bool, AdaptorError> {
-        let f = self.tables.root.get().stream_query.ok_or_else(|| self.unsupported("stream_query"))?;
+        let f = self
+            .tables
+            .root
+            .get()
+            .stream_query
+            .ok_or_else(|| self.unsupported("stream_query"))?;
         // SAFETY: a handle from this adaptor.
         match unsafe { f(stream) } {
             Status::NOT_READY => Ok(false),
@@ -194,7 +209,11 @@ impl Device {
 
     /// Orders later work of `stream` after the event's most recent record.
     pub fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<(), AdaptorError> {
-        call!(self, self.tables.root.get(), stream_wait_event(stream, event))
+        call!(
+            self,
+            self.tables.root.get(),
+            stream_wait_event(stream, event)
+        )
     }
 
     /// Creates an event (`flags`: 1 = no timing).
@@ -222,7 +241,11 @@ impl Device {
     /// Milliseconds between two completed records.
     pub fn event_elapsed_ms(&self, start: Event, end: Event) -> Result<f32, AdaptorError> {
         let mut ms = 0f32;
-        call!(self, self.tables.root.get(), event_elapsed_ms(start, end, &mut ms))?;
+        call!(
+            self,
+            self.tables.root.get(),
+            event_elapsed_ms(start, end, &mut ms)
+        )?;
         Ok(ms)
     }
 }

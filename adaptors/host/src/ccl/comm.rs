@@ -50,9 +50,19 @@ impl Kind {
     }
     fn from(v: u64) -> Option<Kind> {
         use Kind::*;
-        [AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, Gather, Scatter, AllToAll, AllToAllV]
-            .into_iter()
-            .find(|k| *k as u64 == v)
+        [
+            AllReduce,
+            AllGather,
+            ReduceScatter,
+            Broadcast,
+            Reduce,
+            Gather,
+            Scatter,
+            AllToAll,
+            AllToAllV,
+        ]
+        .into_iter()
+        .find(|k| *k as u64 == v)
     }
 }
 
@@ -111,7 +121,9 @@ unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) {
 
 /// The element size of `dtype`, or an error.
 pub fn elem_size(dtype: DataType) -> Result<usize> {
-    dtype.size().ok_or_else(|| Error::invalid_argument(format!("unknown data type {}", dtype.0)))
+    dtype
+        .size()
+        .ok_or_else(|| Error::invalid_argument(format!("unknown data type {}", dtype.0)))
 }
 
 /// What one operation is, as every rank must agree.
@@ -168,7 +180,11 @@ impl HostComm {
 
     /// The first failure of the communicator, if any.
     pub fn async_error(&self) -> Option<Error> {
-        self.exec.lock().unwrap_or_else(|p| p.into_inner()).broken.clone()
+        self.exec
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .broken
+            .clone()
     }
 
     /// Marks the communicator aborted: every pending and later operation fails.
@@ -197,7 +213,10 @@ impl HostComm {
                 format!("the communicator failed earlier: {}", e.message()),
             )),
             None => {
-                let mut ctx = Ctx { comm: self, gen: ex.gen };
+                let mut ctx = Ctx {
+                    comm: self,
+                    gen: ex.gen,
+                };
                 let r = f(&mut ctx);
                 ex.gen = ctx.gen;
                 r
@@ -253,14 +272,24 @@ impl Ctx<'_> {
     /// called the same operation.
     fn agree(&mut self, d: &Desc) -> Result<usize> {
         let p = self.next_parity();
-        let mine = [d.kind as u64, d.count, d.dtype.0 as u64, d.op.0 as u64, d.root as u64, self.gen + 1];
+        let mine = [
+            d.kind as u64,
+            d.count,
+            d.dtype.0 as u64,
+            d.op.0 as u64,
+            d.root as u64,
+            self.gen + 1,
+        ];
         for (slot, v) in self.seg().rank(self.me()).desc[p].iter().zip(mine) {
             slot.store(v, Ordering::Relaxed);
         }
         let p = self.barrier(d.kind.name())?;
         let mut differ = Vec::new();
         for r in 0..self.n() {
-            let theirs: Vec<u64> = self.seg().rank(r).desc[p].iter().map(|x| x.load(Ordering::Relaxed)).collect();
+            let theirs: Vec<u64> = self.seg().rank(r).desc[p]
+                .iter()
+                .map(|x| x.load(Ordering::Relaxed))
+                .collect();
             let same = if d.kind == Kind::AllToAllV {
                 theirs[0] == mine[0] && theirs[2] == mine[2]
             } else {
@@ -275,10 +304,23 @@ impl Ctx<'_> {
         }
         let show = |r: usize, v: &[u64]| {
             let kind = Kind::from(v[0]).map(Kind::name).unwrap_or("?");
-            format!("rank {r}: {kind} count {} dtype {:?} op {:?} root {}", v[1], DataType(v[2] as u32), ReduceOp(v[3] as u32), v[4] as i64)
+            format!(
+                "rank {r}: {kind} count {} dtype {:?} op {:?} root {}",
+                v[1],
+                DataType(v[2] as u32),
+                ReduceOp(v[3] as u32),
+                v[4] as i64
+            )
         };
-        let mut msg = format!("ranks disagree on the operation ({}; ", show(self.me(), &mine));
-        msg += &differ.iter().map(|(r, v)| show(*r, v)).collect::<Vec<_>>().join("; ");
+        let mut msg = format!(
+            "ranks disagree on the operation ({}; ",
+            show(self.me(), &mine)
+        );
+        msg += &differ
+            .iter()
+            .map(|(r, v)| show(*r, v))
+            .collect::<Vec<_>>()
+            .join("; ");
         msg.push(')');
         Err(Error::invalid_argument(msg))
     }
@@ -307,7 +349,16 @@ fn share(n: usize, k: usize, r: usize) -> (usize, usize) {
 /// # Safety
 /// `dst` must hold `(hi - lo) * es` bytes, aligned for the type.
 #[allow(clippy::too_many_arguments)]
-unsafe fn reduce_slots(ctx: &Ctx<'_>, p: usize, lo: usize, hi: usize, es: usize, dtype: DataType, op: ReduceOp, dst: &mut [u8]) -> Result<()> {
+unsafe fn reduce_slots(
+    ctx: &Ctx<'_>,
+    p: usize,
+    lo: usize,
+    hi: usize,
+    es: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    dst: &mut [u8],
+) -> Result<()> {
     let len = (hi - lo) * es;
     let srcs: Vec<&[u8]> = (0..ctx.n())
         // SAFETY: each slot holds at least `hi * es` published bytes for this phase.
@@ -321,13 +372,34 @@ unsafe fn reduce_slots(ctx: &Ctx<'_>, p: usize, lo: usize, hi: usize, es: usize,
 /// # Safety
 /// `send`/`recv` are valid for `count` elements (recv only on the root for a reduce).
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp, root: Option<usize>) -> Result<()> {
+pub unsafe fn all_reduce(
+    ctx: &mut Ctx<'_>,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    root: Option<usize>,
+) -> Result<()> {
     let es = elem_size(dtype)?;
     if op.name().is_none() {
-        return Err(Error::invalid_argument(format!("unknown reduction op {}", op.0)));
+        return Err(Error::invalid_argument(format!(
+            "unknown reduction op {}",
+            op.0
+        )));
     }
-    let kind = if root.is_some() { Kind::Reduce } else { Kind::AllReduce };
-    let desc = Desc { kind, count: count as u64, dtype, op, root: root.map_or(-1, |r| r as i64) };
+    let kind = if root.is_some() {
+        Kind::Reduce
+    } else {
+        Kind::AllReduce
+    };
+    let desc = Desc {
+        kind,
+        count: count as u64,
+        dtype,
+        op,
+        root: root.map_or(-1, |r| r as i64),
+    };
     let bytes = count * es;
     let writes = |ctx: &Ctx<'_>| root.is_none_or(|r| r == ctx.me());
     if bytes <= ONE_SHOT_BYTES.min(ctx.slot_bytes()) {
@@ -354,7 +426,11 @@ pub unsafe fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
         let p = ctx.next_parity();
         // SAFETY: n elements fit in the slot; send holds count elements.
         unsafe { copy(ctx.slot(p, ctx.me()), send.add(done * es), n * es) };
-        let p = if first { ctx.agree(&desc)? } else { ctx.barrier(kind.name())? };
+        let p = if first {
+            ctx.agree(&desc)?
+        } else {
+            ctx.barrier(kind.name())?
+        };
         first = false;
         let (lo, hi) = share(n, ctx.n(), ctx.me());
         let q = ctx.next_parity();
@@ -379,9 +455,22 @@ pub unsafe fn all_reduce(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
 ///
 /// # Safety
 /// `send` valid for `count` elements on the root; `recv` on every rank.
-pub unsafe fn broadcast(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
+pub unsafe fn broadcast(
+    ctx: &mut Ctx<'_>,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    root: usize,
+) -> Result<()> {
     let es = elem_size(dtype)?;
-    let desc = Desc { kind: Kind::Broadcast, count: count as u64, dtype, op: ReduceOp::SUM, root: root as i64 };
+    let desc = Desc {
+        kind: Kind::Broadcast,
+        count: count as u64,
+        dtype,
+        op: ReduceOp::SUM,
+        root: root as i64,
+    };
     let chunk = Ctx::fit(ctx.slot_bytes(), es);
     let bytes = count * es;
     let mut done = 0;
@@ -393,7 +482,11 @@ pub unsafe fn broadcast(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count
             // SAFETY: n <= slot bytes; send holds bytes.
             unsafe { copy(ctx.slot(p, root), send.add(done), n) };
         }
-        let p = if first { ctx.agree(&desc)? } else { ctx.barrier("broadcast")? };
+        let p = if first {
+            ctx.agree(&desc)?
+        } else {
+            ctx.barrier("broadcast")?
+        };
         first = false;
         // SAFETY: recv holds bytes; the root's slot holds n published bytes.
         unsafe { copy(recv.add(done), ctx.slot(p, root), n) };
@@ -406,10 +499,27 @@ pub unsafe fn broadcast(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count
 ///
 /// # Safety
 /// `send` valid for `count` elements; `recv` for `count * nranks` (only on the root for gather).
-pub unsafe fn all_gather(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: Option<usize>) -> Result<()> {
+pub unsafe fn all_gather(
+    ctx: &mut Ctx<'_>,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    root: Option<usize>,
+) -> Result<()> {
     let es = elem_size(dtype)?;
-    let kind = if root.is_some() { Kind::Gather } else { Kind::AllGather };
-    let desc = Desc { kind, count: count as u64, dtype, op: ReduceOp::SUM, root: root.map_or(-1, |r| r as i64) };
+    let kind = if root.is_some() {
+        Kind::Gather
+    } else {
+        Kind::AllGather
+    };
+    let desc = Desc {
+        kind,
+        count: count as u64,
+        dtype,
+        op: ReduceOp::SUM,
+        root: root.map_or(-1, |r| r as i64),
+    };
     let chunk = Ctx::fit(ctx.slot_bytes(), es);
     let bytes = count * es;
     let mut done = 0;
@@ -420,7 +530,11 @@ pub unsafe fn all_gather(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
         // SAFETY: n fits the slot; send holds bytes. In place, the own block is copied out before
         // any peer data lands in recv (peers' blocks are elsewhere in recv).
         unsafe { copy(ctx.slot(p, ctx.me()), send.add(done), n) };
-        let p = if first { ctx.agree(&desc)? } else { ctx.barrier(kind.name())? };
+        let p = if first {
+            ctx.agree(&desc)?
+        } else {
+            ctx.barrier(kind.name())?
+        };
         first = false;
         if root.is_none_or(|r| r == ctx.me()) {
             for r in 0..ctx.n() {
@@ -440,12 +554,30 @@ pub unsafe fn all_gather(ctx: &mut Ctx<'_>, send: *const u8, recv: *mut u8, coun
 /// `send` valid for `count * nranks` elements (on the root only, for scatter); `recv` for
 /// `count * nranks` for all-to-all, `count` otherwise.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn exchange(ctx: &mut Ctx<'_>, kind: Kind, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp, root: Option<usize>) -> Result<()> {
+pub unsafe fn exchange(
+    ctx: &mut Ctx<'_>,
+    kind: Kind,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    root: Option<usize>,
+) -> Result<()> {
     let es = elem_size(dtype)?;
     if kind == Kind::ReduceScatter && op.name().is_none() {
-        return Err(Error::invalid_argument(format!("unknown reduction op {}", op.0)));
+        return Err(Error::invalid_argument(format!(
+            "unknown reduction op {}",
+            op.0
+        )));
     }
-    let desc = Desc { kind, count: count as u64, dtype, op, root: root.map_or(-1, |r| r as i64) };
+    let desc = Desc {
+        kind,
+        count: count as u64,
+        dtype,
+        op,
+        root: root.map_or(-1, |r| r as i64),
+    };
     let n = ctx.n();
     let sub = Ctx::fit(ctx.slot_bytes() / n, es);
     if sub == 0 {
@@ -470,10 +602,20 @@ pub unsafe fn exchange(ctx: &mut Ctx<'_>, kind: Kind, send: *const u8, recv: *mu
         if publishes {
             for d in 0..n {
                 // SAFETY: sub-slot d of my slot holds `sub` bytes; send holds block * n.
-                unsafe { copy(ctx.slot(p, ctx.me()).add(d * sub), send.add(d * block + done), m) };
+                unsafe {
+                    copy(
+                        ctx.slot(p, ctx.me()).add(d * sub),
+                        send.add(d * block + done),
+                        m,
+                    )
+                };
             }
         }
-        let p = if first { ctx.agree(&desc)? } else { ctx.barrier(kind.name())? };
+        let p = if first {
+            ctx.agree(&desc)?
+        } else {
+            ctx.barrier(kind.name())?
+        };
         first = false;
         let me = ctx.me();
         match kind {
@@ -512,12 +654,27 @@ pub unsafe fn exchange(ctx: &mut Ctx<'_>, kind: Kind, send: *const u8, recv: *mu
 /// # Safety
 /// `send` valid up to the largest `send_displs[d] + send_counts[d]`, `recv` likewise.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn all_to_allv(ctx: &mut Ctx<'_>, send: *const u8, sc: &[usize], sd: &[usize], recv: *mut u8, rc: &[usize], rd: &[usize], dtype: DataType) -> Result<()> {
+pub unsafe fn all_to_allv(
+    ctx: &mut Ctx<'_>,
+    send: *const u8,
+    sc: &[usize],
+    sd: &[usize],
+    recv: *mut u8,
+    rc: &[usize],
+    rd: &[usize],
+    dtype: DataType,
+) -> Result<()> {
     let es = elem_size(dtype)?;
     let n = ctx.n();
     let sub = Ctx::fit(ctx.slot_bytes() / n, es);
     let local_max = sc.iter().chain(rc).copied().max().unwrap_or(0) * es;
-    let desc = Desc { kind: Kind::AllToAllV, count: local_max as u64, dtype, op: ReduceOp::SUM, root: -1 };
+    let desc = Desc {
+        kind: Kind::AllToAllV,
+        count: local_max as u64,
+        dtype,
+        op: ReduceOp::SUM,
+        root: -1,
+    };
     let staged: Option<Vec<u8>> = if std::ptr::eq(send, recv) {
         let end = (0..n).map(|d| (sd[d] + sc[d]) * es).max().unwrap_or(0);
         // SAFETY: send is valid up to `end`.
@@ -528,7 +685,10 @@ pub unsafe fn all_to_allv(ctx: &mut Ctx<'_>, send: *const u8, sc: &[usize], sd: 
     let send = staged.as_ref().map_or(send, |v| v.as_ptr());
     // Every rank must run the same number of rounds: agree on the largest block first.
     let p0 = ctx.agree(&desc)?;
-    let global_max = (0..n).map(|r| ctx.seg().rank(r).desc[p0][1].load(Ordering::Relaxed)).max().unwrap_or(0) as usize;
+    let global_max = (0..n)
+        .map(|r| ctx.seg().rank(r).desc[p0][1].load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0) as usize;
     let mut done = 0;
     while done < global_max {
         let p = ctx.next_parity();
@@ -536,7 +696,13 @@ pub unsafe fn all_to_allv(ctx: &mut Ctx<'_>, send: *const u8, sc: &[usize], sd: 
             let len = sc[d] * es;
             let m = sub.min(len.saturating_sub(done));
             // SAFETY: sub-slot d holds `sub` bytes; send holds the block.
-            unsafe { copy(ctx.slot(p, ctx.me()).add(d * sub), send.add(sd[d] * es + done), m) };
+            unsafe {
+                copy(
+                    ctx.slot(p, ctx.me()).add(d * sub),
+                    send.add(sd[d] * es + done),
+                    m,
+                )
+            };
         }
         let p = ctx.barrier("all_to_allv")?;
         let me = ctx.me();

@@ -69,7 +69,13 @@ pub fn job_id() -> String {
     let raw = std::env::var("FERROCX_JOB_ID").unwrap_or_else(|_| "local".to_string());
     let s: String = raw
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(48)
         .collect();
     if s.is_empty() {
@@ -91,14 +97,18 @@ fn random_bytes<const N: usize>() -> Result<[u8; N]> {
 fn opt_usize(o: &Options, key: &str, default: usize) -> Result<usize> {
     match o.get(key) {
         None => Ok(default),
-        Some(v) => v
-            .parse::<usize>()
-            .map_err(|_| Error::invalid_argument(format!("option {key} = {v:?}: expected a byte count"))),
+        Some(v) => v.parse::<usize>().map_err(|_| {
+            Error::invalid_argument(format!("option {key} = {v:?}: expected a byte count"))
+        }),
     }
 }
 
 /// Enqueues a collective on `stream`: it takes a ticket now and runs on the stream's worker.
-fn enqueue(c: Comm, s: Stream, f: impl FnOnce(&mut comm::Ctx<'_>) -> Result<()> + Send + 'static) -> Result<()> {
+fn enqueue(
+    c: Comm,
+    s: Stream,
+    f: impl FnOnce(&mut comm::Ctx<'_>) -> Result<()> + Send + 'static,
+) -> Result<()> {
     let comm = get(c)?;
     let st = stream::get(s)?;
     let ticket = comm.ticket();
@@ -113,7 +123,12 @@ fn root_of(comm: &HostComm, root: i32) -> Result<usize> {
     usize::try_from(root)
         .ok()
         .filter(|r| *r < comm.nranks)
-        .ok_or_else(|| Error::invalid_argument(format!("root {root} is not a rank of {} ranks", comm.nranks)))
+        .ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "root {root} is not a rank of {} ranks",
+                comm.nranks
+            ))
+        })
 }
 
 struct Pending {
@@ -147,7 +162,9 @@ fn issue(pending: Vec<Pending>) -> Result<()> {
         let st = stream::get(s)?;
         let ticket = comm.ticket();
         let c = comm.clone();
-        st.enqueue(Box::new(move || c.run(ticket, |ctx| p2p::run(ctx.comm, transfers))))?;
+        st.enqueue(Box::new(move || {
+            c.run(ticket, |ctx| p2p::run(ctx.comm, transfers))
+        }))?;
     }
     Ok(())
 }
@@ -155,7 +172,11 @@ fn issue(pending: Vec<Pending>) -> Result<()> {
 fn p2p(c: Comm, s: Stream, transfer: Transfer) -> Result<()> {
     let comm = get(c)?;
     stream::get(s)?;
-    let p = Pending { comm, stream: s, transfer };
+    let p = Pending {
+        comm,
+        stream: s,
+        transfer,
+    };
     let grouped = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.0 > 0 {
@@ -175,7 +196,12 @@ fn peer_of(comm: &HostComm, peer: i32) -> Result<usize> {
     usize::try_from(peer)
         .ok()
         .filter(|r| *r < comm.nranks)
-        .ok_or_else(|| Error::invalid_argument(format!("peer {peer} is not a rank of {} ranks", comm.nranks)))
+        .ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "peer {peer} is not a rank of {} ranks",
+                comm.nranks
+            ))
+        })
 }
 
 impl CclAdaptor for HostCcl {
@@ -202,16 +228,30 @@ impl CclAdaptor for HostCcl {
         if uid.len() != 24 || &uid[..4] != UID_MAGIC {
             return Err(Error::invalid_argument("not a unique id of the host CCL"));
         }
-        let nranks = usize::try_from(init.nranks).ok().filter(|n| *n >= 1).ok_or_else(|| {
-            Error::invalid_argument(format!("nranks {} must be at least 1", init.nranks))
-        })?;
-        let rank = usize::try_from(init.rank).ok().filter(|r| *r < nranks).ok_or_else(|| {
-            Error::invalid_argument(format!("rank {} is not in 0..{nranks}", init.rank))
-        })?;
-        let timeout = Duration::from_millis(if init.timeout_ms == 0 { 30_000 } else { init.timeout_ms });
+        let nranks = usize::try_from(init.nranks)
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!("nranks {} must be at least 1", init.nranks))
+            })?;
+        let rank = usize::try_from(init.rank)
+            .ok()
+            .filter(|r| *r < nranks)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!("rank {} is not in 0..{nranks}", init.rank))
+            })?;
+        let timeout = Duration::from_millis(if init.timeout_ms == 0 {
+            30_000
+        } else {
+            init.timeout_ms
+        });
         let slot = opt_usize(&init.options, "slot_bytes", DEFAULT_SLOT)?.max(4096) / 4096 * 4096;
         let ring = opt_usize(&init.options, "ring_bytes", DEFAULT_RING)?.max(4096) / 4096 * 4096;
-        let layout = Layout { nranks, slot_bytes: slot, ring_bytes: ring };
+        let layout = Layout {
+            nranks,
+            slot_bytes: slot,
+            ring_bytes: ring,
+        };
         let pid0 = u32::from_le_bytes([uid[4], uid[5], uid[6], uid[7]]);
         let hex: String = uid[8..].iter().map(|b| format!("{b:02x}")).collect();
         let name = format!("/ferrocx-{}-{pid0}-c{hex}", job_id());
@@ -221,7 +261,9 @@ impl CclAdaptor for HostCcl {
         } else {
             Segment::open(&name, layout, deadline)?
         };
-        seg.rank(rank).pid.store(std::process::id(), Ordering::Release);
+        seg.rank(rank)
+            .pid
+            .store(std::process::id(), Ordering::Release);
         seg.header().attached.fetch_add(1, Ordering::AcqRel);
         // Everyone attached: nobody needs the name any more.
         let attached = sync::barrier(&seg, rank, 1, timeout, "comm_init_rank");
@@ -232,7 +274,10 @@ impl CclAdaptor for HostCcl {
         let comm = Arc::new(HostComm::new(rank, nranks, seg, timeout));
         comm.set_generation(1);
         let id = NEXT_COMM.fetch_add(1, Ordering::Relaxed);
-        comms().lock().unwrap_or_else(|p| p.into_inner()).insert(id, comm);
+        comms()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, comm);
         Ok(Comm(id as usize as *mut std::ffi::c_void))
     }
     fn comm_finalize(&self, c: Comm) -> Result<()> {
@@ -247,7 +292,9 @@ impl CclAdaptor for HostCcl {
         Ok(())
     }
     fn comm_async_error(&self, c: Comm) -> Result<Status> {
-        Ok(get(c)?.async_error().map_or(Status::SUCCESS, |e| e.status()))
+        Ok(get(c)?
+            .async_error()
+            .map_or(Status::SUCCESS, |e| e.status()))
     }
     fn comm_count(&self, c: Comm) -> Result<i32> {
         Ok(get(c)?.nranks as i32)
@@ -258,82 +305,236 @@ impl CclAdaptor for HostCcl {
     fn comm_device(&self, c: Comm) -> Result<i32> {
         get(c).map(|_| 0)
     }
-    fn all_reduce(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, o: ReduceOp, c: Comm, st: Stream) -> Result<()> {
+    fn all_reduce(
+        &self,
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        o: ReduceOp,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
         elem_size(t)?;
         let (s, r) = (ptr(s), ptr(r));
         // SAFETY: the ABI's contract: both buffers hold n elements until the operation completes.
-        enqueue(c, st, move |ctx| unsafe { comm::all_reduce(ctx, s as *const u8, r as *mut u8, n, t, o, None) })
+        enqueue(c, st, move |ctx| unsafe {
+            comm::all_reduce(ctx, s as *const u8, r as *mut u8, n, t, o, None)
+        })
     }
-    fn all_gather(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, c: Comm, st: Stream) -> Result<()> {
+    fn all_gather(
+        &self,
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
         elem_size(t)?;
         let (s, r) = (ptr(s), ptr(r));
         // SAFETY: as above, recv holds n * nranks elements.
-        enqueue(c, st, move |ctx| unsafe { comm::all_gather(ctx, s as *const u8, r as *mut u8, n, t, None) })
+        enqueue(c, st, move |ctx| unsafe {
+            comm::all_gather(ctx, s as *const u8, r as *mut u8, n, t, None)
+        })
     }
-    fn reduce_scatter(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, o: ReduceOp, c: Comm, st: Stream) -> Result<()> {
+    fn reduce_scatter(
+        &self,
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        o: ReduceOp,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
         elem_size(t)?;
         let (s, r) = (ptr(s), ptr(r));
         // SAFETY: as above, send holds n * nranks elements.
         enqueue(c, st, move |ctx| unsafe {
-            comm::exchange(ctx, Kind::ReduceScatter, s as *const u8, r as *mut u8, n, t, o, None)
+            comm::exchange(
+                ctx,
+                Kind::ReduceScatter,
+                s as *const u8,
+                r as *mut u8,
+                n,
+                t,
+                o,
+                None,
+            )
         })
     }
-    fn broadcast(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Result<()> {
-        elem_size(t)?;
-        let root = root_of(&*get(c)?, root)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above.
-        enqueue(c, st, move |ctx| unsafe { comm::broadcast(ctx, s as *const u8, r as *mut u8, n, t, root) })
-    }
-    fn reduce(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, o: ReduceOp, root: i32, c: Comm, st: Stream) -> Result<()> {
-        elem_size(t)?;
-        let root = root_of(&*get(c)?, root)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above.
-        enqueue(c, st, move |ctx| unsafe { comm::all_reduce(ctx, s as *const u8, r as *mut u8, n, t, o, Some(root)) })
-    }
-    fn gather(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Result<()> {
-        elem_size(t)?;
-        let root = root_of(&*get(c)?, root)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above.
-        enqueue(c, st, move |ctx| unsafe { comm::all_gather(ctx, s as *const u8, r as *mut u8, n, t, Some(root)) })
-    }
-    fn scatter(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, root: i32, c: Comm, st: Stream) -> Result<()> {
+    fn broadcast(
+        &self,
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        root: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
         elem_size(t)?;
         let root = root_of(&*get(c)?, root)?;
         let (s, r) = (ptr(s), ptr(r));
         // SAFETY: as above.
         enqueue(c, st, move |ctx| unsafe {
-            comm::exchange(ctx, Kind::Scatter, s as *const u8, r as *mut u8, n, t, ReduceOp::SUM, Some(root))
+            comm::broadcast(ctx, s as *const u8, r as *mut u8, n, t, root)
         })
     }
-    fn all_to_all(&self, s: DevicePtr, r: DevicePtr, n: usize, t: DataType, c: Comm, st: Stream) -> Result<()> {
+    fn reduce(
+        &self,
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        o: ReduceOp,
+        root: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
+        elem_size(t)?;
+        let root = root_of(&*get(c)?, root)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above.
+        enqueue(c, st, move |ctx| unsafe {
+            comm::all_reduce(ctx, s as *const u8, r as *mut u8, n, t, o, Some(root))
+        })
+    }
+    fn gather(
+        &self,
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        root: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
+        elem_size(t)?;
+        let root = root_of(&*get(c)?, root)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above.
+        enqueue(c, st, move |ctx| unsafe {
+            comm::all_gather(ctx, s as *const u8, r as *mut u8, n, t, Some(root))
+        })
+    }
+    fn scatter(
+        &self,
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        root: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
+        elem_size(t)?;
+        let root = root_of(&*get(c)?, root)?;
+        let (s, r) = (ptr(s), ptr(r));
+        // SAFETY: as above.
+        enqueue(c, st, move |ctx| unsafe {
+            comm::exchange(
+                ctx,
+                Kind::Scatter,
+                s as *const u8,
+                r as *mut u8,
+                n,
+                t,
+                ReduceOp::SUM,
+                Some(root),
+            )
+        })
+    }
+    fn all_to_all(
+        &self,
+        s: DevicePtr,
+        r: DevicePtr,
+        n: usize,
+        t: DataType,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
         elem_size(t)?;
         let (s, r) = (ptr(s), ptr(r));
         // SAFETY: as above.
         enqueue(c, st, move |ctx| unsafe {
-            comm::exchange(ctx, Kind::AllToAll, s as *const u8, r as *mut u8, n, t, ReduceOp::SUM, None)
+            comm::exchange(
+                ctx,
+                Kind::AllToAll,
+                s as *const u8,
+                r as *mut u8,
+                n,
+                t,
+                ReduceOp::SUM,
+                None,
+            )
         })
     }
-    fn all_to_allv(&self, s: DevicePtr, sv: VCounts<'_>, r: DevicePtr, rv: VCounts<'_>, t: DataType, c: Comm, st: Stream) -> Result<()> {
+    fn all_to_allv(
+        &self,
+        s: DevicePtr,
+        sv: VCounts<'_>,
+        r: DevicePtr,
+        rv: VCounts<'_>,
+        t: DataType,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
         elem_size(t)?;
         let (s, r) = (ptr(s), ptr(r));
-        let (sc, sd, rc, rd) = (sv.counts.to_vec(), sv.displs.to_vec(), rv.counts.to_vec(), rv.displs.to_vec());
+        let (sc, sd, rc, rd) = (
+            sv.counts.to_vec(),
+            sv.displs.to_vec(),
+            rv.counts.to_vec(),
+            rv.displs.to_vec(),
+        );
         // SAFETY: as above, within the counts and displacements given.
         enqueue(c, st, move |ctx| unsafe {
             comm::all_to_allv(ctx, s as *const u8, &sc, &sd, r as *mut u8, &rc, &rd, t)
         })
     }
-    fn send(&self, b: DevicePtr, n: usize, t: DataType, peer: i32, c: Comm, st: Stream) -> Result<()> {
+    fn send(
+        &self,
+        b: DevicePtr,
+        n: usize,
+        t: DataType,
+        peer: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
         let len = n * elem_size(t)?;
         let peer = peer_of(&*get(c)?, peer)?;
-        p2p(c, st, Transfer::Send { peer, ptr: b.0 as usize as *const u8, len })
+        p2p(
+            c,
+            st,
+            Transfer::Send {
+                peer,
+                ptr: b.0 as usize as *const u8,
+                len,
+            },
+        )
     }
-    fn recv(&self, b: DevicePtr, n: usize, t: DataType, peer: i32, c: Comm, st: Stream) -> Result<()> {
+    fn recv(
+        &self,
+        b: DevicePtr,
+        n: usize,
+        t: DataType,
+        peer: i32,
+        c: Comm,
+        st: Stream,
+    ) -> Result<()> {
         let len = n * elem_size(t)?;
         let peer = peer_of(&*get(c)?, peer)?;
-        p2p(c, st, Transfer::Recv { peer, ptr: b.0 as usize as *mut u8, len })
+        p2p(
+            c,
+            st,
+            Transfer::Recv {
+                peer,
+                ptr: b.0 as usize as *mut u8,
+                len,
+            },
+        )
     }
     fn group_start(&self) -> Result<()> {
         GROUP.with(|g| g.borrow_mut().0 += 1);
@@ -346,15 +547,23 @@ impl CclAdaptor for HostCcl {
                 return Err(Error::invalid_argument("group_end without group_start"));
             }
             g.0 -= 1;
-            Ok(if g.0 == 0 { std::mem::take(&mut g.1) } else { Vec::new() })
+            Ok(if g.0 == 0 {
+                std::mem::take(&mut g.1)
+            } else {
+                Vec::new()
+            })
         })?;
         issue(pending)
     }
     fn mem_alloc(&self, _bytes: usize) -> Result<DevicePtr> {
-        Err(Error::unsupported("the host CCL has no memory of its own; use the device's mem_alloc"))
+        Err(Error::unsupported(
+            "the host CCL has no memory of its own; use the device's mem_alloc",
+        ))
     }
     fn mem_free(&self, _p: DevicePtr) -> Result<()> {
-        Err(Error::unsupported("the host CCL has no memory of its own; use the device's mem_free"))
+        Err(Error::unsupported(
+            "the host CCL has no memory of its own; use the device's mem_free",
+        ))
     }
     fn mem_register(&self, c: Comm, _b: DevicePtr, _n: usize) -> Result<RegHandle> {
         // Registration is an optimisation hint; shared memory needs none.

@@ -18,9 +18,17 @@ const HDR: usize = 16;
 /// One transfer of a group.
 pub enum Transfer {
     /// Send `len` bytes at `ptr` to `peer`.
-    Send { peer: usize, ptr: *const u8, len: usize },
+    Send {
+        peer: usize,
+        ptr: *const u8,
+        len: usize,
+    },
     /// Receive `len` bytes from `peer` into `ptr`.
-    Recv { peer: usize, ptr: *mut u8, len: usize },
+    Recv {
+        peer: usize,
+        ptr: *mut u8,
+        len: usize,
+    },
 }
 
 // SAFETY: the pointers are the caller's buffers, valid until the operation completes on the
@@ -141,7 +149,8 @@ impl Progress {
                     left -= h;
                     self.moved += h;
                     if self.moved == HDR {
-                        let sent = u64::from_le_bytes(self.hdr[..8].try_into().unwrap_or_default()) as usize;
+                        let sent = u64::from_le_bytes(self.hdr[..8].try_into().unwrap_or_default())
+                            as usize;
                         if sent != len {
                             return Err(Error::invalid_argument(format!(
                                 "recv from rank {peer}: rank {peer} sent {sent} bytes, rank {me} expects {len}"
@@ -180,12 +189,19 @@ pub fn run(comm: &HostComm, transfers: Vec<Transfer>) -> Result<()> {
             Transfer::Send { peer, .. } | Transfer::Recv { peer, .. } => *peer,
         };
         if peer >= comm.nranks {
-            return Err(Error::invalid_argument(format!("peer {peer} is not a rank of {} ranks", comm.nranks)));
+            return Err(Error::invalid_argument(format!(
+                "peer {peer} is not a rank of {} ranks",
+                comm.nranks
+            )));
         }
     }
     let mut ops: Vec<Progress> = transfers
         .into_iter()
-        .map(|t| Progress { t, moved: 0, hdr: [0; HDR] })
+        .map(|t| Progress {
+            t,
+            moved: 0,
+            hdr: [0; HDR],
+        })
         .collect();
     let mut waiter = Waiter::new(&comm.seg, comm.rank, comm.timeout, "send/recv");
     loop {
@@ -207,7 +223,11 @@ pub fn run(comm: &HostComm, transfers: Vec<Transfer>) -> Result<()> {
                 word = Some(before);
             }
         }
-        let pending: Vec<usize> = ops.iter().filter(|o| o.moved < o.total()).map(|o| o.peer()).collect();
+        let pending: Vec<usize> = ops
+            .iter()
+            .filter(|o| o.moved < o.total())
+            .map(|o| o.peer())
+            .collect();
         if pending.is_empty() {
             return Ok(());
         }

@@ -145,15 +145,27 @@ fn fold<T: Elem>(dst: &mut [T], src: &[T], op: ReduceOp) {
 
 /// Reinterprets aligned bytes as elements.
 fn cast<T>(b: &[u8]) -> &[T] {
-    assert_eq!(b.as_ptr() as usize % std::mem::align_of::<T>(), 0, "misaligned reduction buffer");
+    assert_eq!(
+        b.as_ptr() as usize % std::mem::align_of::<T>(),
+        0,
+        "misaligned reduction buffer"
+    );
     // SAFETY: alignment checked; every bit pattern is a valid value of the numeric types used.
-    unsafe { std::slice::from_raw_parts(b.as_ptr() as *const T, b.len() / std::mem::size_of::<T>()) }
+    unsafe {
+        std::slice::from_raw_parts(b.as_ptr() as *const T, b.len() / std::mem::size_of::<T>())
+    }
 }
 
 fn cast_mut<T>(b: &mut [u8]) -> &mut [T] {
-    assert_eq!(b.as_ptr() as usize % std::mem::align_of::<T>(), 0, "misaligned reduction buffer");
+    assert_eq!(
+        b.as_ptr() as usize % std::mem::align_of::<T>(),
+        0,
+        "misaligned reduction buffer"
+    );
     // SAFETY: as in `cast`, and the borrow is unique.
-    unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut T, b.len() / std::mem::size_of::<T>()) }
+    unsafe {
+        std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut T, b.len() / std::mem::size_of::<T>())
+    }
 }
 
 fn reduce_typed<T: Elem>(dst: &mut [u8], srcs: &[&[u8]], op: ReduceOp, avg_n: Option<usize>) {
@@ -206,13 +218,22 @@ fn reduce_half(dst: &mut [u8], srcs: &[&[u8]], op: ReduceOp, avg_n: Option<usize
 /// `dst = op over srcs` element-wise. Every buffer has `dst.len()` bytes, is aligned for
 /// `dtype`, and `dst` is none of `srcs`. `AVG` divides the sum by `srcs.len()`.
 pub fn reduce(dst: &mut [u8], srcs: &[&[u8]], dtype: DataType, op: ReduceOp) -> Result<()> {
-    let size = dtype.size().ok_or_else(|| Error::invalid_argument(format!("unknown data type {}", dtype.0)))?;
+    let size = dtype
+        .size()
+        .ok_or_else(|| Error::invalid_argument(format!("unknown data type {}", dtype.0)))?;
     if op.name().is_none() {
-        return Err(Error::invalid_argument(format!("unknown reduction op {}", op.0)));
+        return Err(Error::invalid_argument(format!(
+            "unknown reduction op {}",
+            op.0
+        )));
     }
     debug_assert!(srcs.iter().all(|s| s.len() == dst.len()) && dst.len() % size == 0);
     let avg = (op == ReduceOp::AVG).then_some(srcs.len());
-    let op = if op == ReduceOp::AVG { ReduceOp::SUM } else { op };
+    let op = if op == ReduceOp::AVG {
+        ReduceOp::SUM
+    } else {
+        op
+    };
     match dtype {
         DataType::F32 => reduce_typed::<f32>(dst, srcs, op, avg),
         DataType::F64 => reduce_typed::<f64>(dst, srcs, op, avg),
@@ -271,13 +292,22 @@ mod tests {
                     }
                 })
                 .collect();
-            let enc = |v: &[i64]| -> Vec<u8> { v.iter().flat_map(|x| (*x as i32).to_ne_bytes()).collect() };
+            let enc = |v: &[i64]| -> Vec<u8> {
+                v.iter().flat_map(|x| (*x as i32).to_ne_bytes()).collect()
+            };
             let (ea, eb, ec) = (enc(&a), enc(&b), enc(&c));
             let mut out = vec![0u8; ea.len()];
             reduce(&mut out, &[&ea, &eb, &ec], DataType::I32, op).unwrap();
-            let got: Vec<i64> = out.chunks(4).map(|c| i32::from_ne_bytes(c.try_into().unwrap()) as i64).collect();
+            let got: Vec<i64> = out
+                .chunks(4)
+                .map(|c| i32::from_ne_bytes(c.try_into().unwrap()) as i64)
+                .collect();
             assert_eq!(got, expect, "{op:?}");
-            let encf = |v: &[i64]| -> Vec<u8> { v.iter().flat_map(|x| f32_to_bf16(*x as f32).to_ne_bytes()).collect() };
+            let encf = |v: &[i64]| -> Vec<u8> {
+                v.iter()
+                    .flat_map(|x| f32_to_bf16(*x as f32).to_ne_bytes())
+                    .collect()
+            };
             let (fa, fb, fc) = (encf(&a), encf(&b), encf(&c));
             let mut outf = vec![0u8; fa.len()];
             reduce(&mut outf, &[&fa, &fb, &fc], DataType::BF16, op).unwrap();
@@ -287,7 +317,10 @@ mod tests {
                     ReduceOp::AVG => (a[i] + b[i] + c[i]) as f32 / 3.0,
                     _ => expect[i] as f32,
                 };
-                assert!((v - want).abs() <= want.abs() / 64.0 + 1e-3, "{op:?} {i}: {v} vs {want}");
+                assert!(
+                    (v - want).abs() <= want.abs() / 64.0 + 1e-3,
+                    "{op:?} {i}: {v} vs {want}"
+                );
             }
         }
     }

@@ -111,11 +111,20 @@ fn os(what: &str) -> Error {
 impl Segment {
     /// Rank 0: creates and initialises the segment.
     pub fn create(name: &str, layout: Layout) -> Result<Segment> {
-        let cname = CString::new(name).map_err(|_| Error::invalid_argument("segment name has a NUL"))?;
+        let cname =
+            CString::new(name).map_err(|_| Error::invalid_argument("segment name has a NUL"))?;
         // SAFETY: valid C string; O_EXCL so a stale or foreign segment is never reused.
-        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) };
+        let fd = unsafe {
+            libc::shm_open(
+                cname.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            )
+        };
         if fd < 0 {
-            return Err(os(&format!("shm_open({name}) to create the communicator segment")));
+            return Err(os(&format!(
+                "shm_open({name}) to create the communicator segment"
+            )));
         }
         let total = layout.total();
         // SAFETY: fd is ours.
@@ -137,15 +146,18 @@ impl Segment {
         };
         let h = seg.header();
         h.nranks.store(layout.nranks as u32, Ordering::Relaxed);
-        h.slot_bytes.store(layout.slot_bytes as u64, Ordering::Relaxed);
-        h.ring_bytes.store(layout.ring_bytes as u64, Ordering::Relaxed);
+        h.slot_bytes
+            .store(layout.slot_bytes as u64, Ordering::Relaxed);
+        h.ring_bytes
+            .store(layout.ring_bytes as u64, Ordering::Relaxed);
         h.magic.store(READY, Ordering::Release);
         Ok(seg)
     }
 
     /// Other ranks: opens the segment rank 0 creates, retrying until `deadline`.
     pub fn open(name: &str, layout: Layout, deadline: Instant) -> Result<Segment> {
-        let cname = CString::new(name).map_err(|_| Error::invalid_argument("segment name has a NUL"))?;
+        let cname =
+            CString::new(name).map_err(|_| Error::invalid_argument("segment name has a NUL"))?;
         let total = layout.total();
         loop {
             // SAFETY: valid C string.
@@ -164,7 +176,9 @@ impl Segment {
                         if Instant::now() > deadline {
                             return Err(Error::new(
                                 ferrocx_plugin_sdk::abi::Status::TIMEOUT,
-                                format!("communicator segment {name} was never initialised by rank 0"),
+                                format!(
+                                    "communicator segment {name} was never initialised by rank 0"
+                                ),
                             ));
                         }
                         n += 1;
@@ -199,7 +213,14 @@ impl Segment {
     fn map(fd: i32, len: usize, name: CString, layout: Layout) -> Result<Segment> {
         // SAFETY: fd refers to a segment of at least `len` bytes.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(os("mmap of the communicator segment"));
@@ -232,21 +253,33 @@ impl Segment {
     pub fn rank(&self, r: usize) -> &RankState {
         assert!(r < self.layout.nranks);
         // SAFETY: within the RankState array.
-        unsafe { &*(self.base.add(self.layout.ranks_off() + r * std::mem::size_of::<RankState>()) as *const RankState) }
+        unsafe {
+            &*(self
+                .base
+                .add(self.layout.ranks_off() + r * std::mem::size_of::<RankState>())
+                as *const RankState)
+        }
     }
 
     /// Slot of rank `r` in parity `p`.
     pub fn slot(&self, p: usize, r: usize) -> *mut u8 {
         assert!(p < 2 && r < self.layout.nranks);
         // SAFETY: within the slots region.
-        unsafe { self.base.add(self.layout.slots_off() + (p * self.layout.nranks + r) * self.layout.slot_bytes) }
+        unsafe {
+            self.base.add(
+                self.layout.slots_off() + (p * self.layout.nranks + r) * self.layout.slot_bytes,
+            )
+        }
     }
 
     /// The result buffer of parity `p`.
     pub fn result(&self, p: usize) -> *mut u8 {
         assert!(p < 2);
         // SAFETY: within the result region.
-        unsafe { self.base.add(self.layout.result_off() + p * self.layout.slot_bytes) }
+        unsafe {
+            self.base
+                .add(self.layout.result_off() + p * self.layout.slot_bytes)
+        }
     }
 
     /// The ring from `src` to `dst`: its header and its data.

@@ -19,7 +19,13 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     // SAFETY: `word` is a valid, aligned u32 for the duration of the call; the kernel only reads
     // it. A spurious or early return is handled by the callers' loops.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts as *const libc::timespec);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
     }
 }
 
@@ -51,7 +57,9 @@ pub fn alive(pid: u32) -> bool {
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the parenthesised command name.
-        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Ok(s) => !s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
         Err(_) => r == 0,
     }
 }
@@ -90,7 +98,11 @@ impl<'a> Waiter<'a> {
     /// One round of waiting: call in a loop that re-checks its condition. `sleep_on` is the word
     /// the peer bumps when it makes progress, and its value when the condition was last checked.
     /// `pending` lists the peers still awaited (for the error message).
-    pub fn pause(&mut self, sleep_on: (&AtomicU32, u32), pending: impl Fn() -> Vec<usize>) -> Result<()> {
+    pub fn pause(
+        &mut self,
+        sleep_on: (&AtomicU32, u32),
+        pending: impl Fn() -> Vec<usize>,
+    ) -> Result<()> {
         self.spins += 1;
         if self.spins < SPIN {
             std::hint::spin_loop();
@@ -111,7 +123,10 @@ impl<'a> Waiter<'a> {
 
     fn check(&mut self, pending: impl Fn() -> Vec<usize>) -> Result<()> {
         if self.seg.header().abort.load(Ordering::Acquire) != 0 {
-            return Err(Error::new(Status::ABORTED, format!("{}: the communicator was aborted", self.what)));
+            return Err(Error::new(
+                Status::ABORTED,
+                format!("{}: the communicator was aborted", self.what),
+            ));
         }
         let now = Instant::now();
         if now < self.next_check && now < self.deadline {
@@ -164,7 +179,9 @@ pub fn barrier(seg: &Segment, me: usize, gen: u64, timeout: Duration, what: &str
             return Ok(());
         }
         w.pause((&h.wake, word), || {
-            (0..n).filter(|&r| seg.rank(r).arrived.load(Ordering::Acquire) < gen).collect()
+            (0..n)
+                .filter(|&r| seg.rank(r).arrived.load(Ordering::Acquire) < gen)
+                .collect()
         })?;
     }
 }

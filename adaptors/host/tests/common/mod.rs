@@ -27,7 +27,10 @@ pub fn hex(b: &[u8]) -> String {
 
 /// Hex decoding.
 pub fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
 }
 
 /// This process's role, rank and world when it is a worker.
@@ -76,7 +79,9 @@ pub fn wait(children: Vec<Child>, limit: Duration) -> Vec<Outcome> {
     let start = Instant::now();
     let mut children: Vec<(usize, Child)> = children.into_iter().enumerate().collect();
     loop {
-        let done = children.iter_mut().all(|(_, c)| matches!(c.try_wait(), Ok(Some(_))));
+        let done = children
+            .iter_mut()
+            .all(|(_, c)| matches!(c.try_wait(), Ok(Some(_))));
         if done || start.elapsed() > limit {
             break;
         }
@@ -90,7 +95,11 @@ pub fn wait(children: Vec<Child>, limit: Duration) -> Vec<Outcome> {
             Outcome {
                 rank,
                 code: out.status.code(),
-                output: format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
             }
         })
         .collect()

@@ -1,0 +1,395 @@
+//! `ferrocx bench`: an nccl-tests-style benchmark of the collectives of a configuration.
+//!
+//! With `-n N` this process is the front-end: it checks the arguments, then runs
+//! `ferrocx launch -n N -- ferrocx bench --worker ...` with `FERROCX_CONFIG` set to `--config`,
+//! relays rank 0's report and exits with the launcher's code. Without `-n` (or with the hidden
+//! `--worker`) it is one rank of a job: a launcher's `RANK`/`WORLD_SIZE`, or the only rank.
+//!
+//! Every rank times `--iters` back-to-back operations per size and placement (out-of-place,
+//! then in-place), checks one result against a reference computed here, and rank 0 prints
+//! the table (or `--json`) and writes `--plot`. Any wrong element makes the exit code 1.
+
+mod data;
+mod front;
+mod ops;
+mod plot;
+mod progress;
+mod table;
+mod worker;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::ValueEnum;
+use ferrocx::abi::{DataType, ReduceOp};
+
+pub use ops::Op;
+
+/// Exit code of invalid arguments (as clap's own usage errors).
+const USAGE_EXIT: u8 = 2;
+
+/// Arguments of `ferrocx bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Configuration file; the ranks get it as FERROCX_CONFIG (default: $FERROCX_CONFIG, else
+    /// the built-in local configuration).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Start N ranks on this host through `ferrocx launch`. Without it, this process is one
+    /// rank of a job a launcher started (RANK/WORLD_SIZE), or the only rank.
+    #[arg(short = 'n', long = "nproc", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub nproc: Option<u32>,
+    /// The collective to measure, or `all` for each in turn.
+    #[arg(long, value_enum, default_value = "all_reduce")]
+    pub op: OpArg,
+    /// Smallest size in bytes (suffixes K, M, G: powers of 2). A size is the bytes of the op's
+    /// largest buffer (all_gather: the output; reduce_scatter: the input).
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
+    pub min_bytes: u64,
+    /// Largest size in bytes (suffixes K, M, G).
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = parse_size)]
+    pub max_bytes: u64,
+    /// Factor between successive sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(2..))]
+    pub step_factor: u64,
+    /// Element type.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DtypeArg,
+    /// Reduction of the reducing ops (all_reduce, reduce_scatter, reduce).
+    #[arg(long, value_enum, default_value = "sum")]
+    pub redop: RedopArg,
+    /// Root rank of broadcast and reduce.
+    #[arg(long, default_value_t = 0)]
+    pub root: u32,
+    /// Timed iterations per size and placement.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub iters: u32,
+    /// Untimed iterations before the timed ones.
+    #[arg(long, default_value_t = 5)]
+    pub warmup: u32,
+    /// Checked runs per size and placement (0: no check, `#wrong` is N/A).
+    #[arg(long, default_value_t = 1)]
+    pub check_iters: u32,
+    /// Print a JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG plot (bus bandwidth and time against size, one series per op).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Run as one rank of the job (what the front-end starts).
+    #[arg(long, hide = true)]
+    pub worker: bool,
+}
+
+/// `--op`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OpArg {
+    /// All-reduce.
+    #[value(name = "all_reduce", alias = "allreduce", alias = "all-reduce")]
+    AllReduce,
+    /// All-gather.
+    #[value(name = "all_gather", alias = "allgather", alias = "all-gather")]
+    AllGather,
+    /// Reduce-scatter.
+    #[value(
+        name = "reduce_scatter",
+        alias = "reducescatter",
+        alias = "reduce-scatter"
+    )]
+    ReduceScatter,
+    /// Broadcast from `--root`.
+    #[value(name = "broadcast")]
+    Broadcast,
+    /// Reduce to `--root`.
+    #[value(name = "reduce")]
+    Reduce,
+    /// All-to-all.
+    #[value(name = "all_to_all", alias = "alltoall", alias = "all-to-all")]
+    AllToAll,
+    /// Each op in turn.
+    #[value(name = "all")]
+    All,
+}
+
+impl OpArg {
+    /// The ops to run, in order.
+    pub fn ops(self) -> Vec<Op> {
+        match self {
+            OpArg::AllReduce => vec![Op::AllReduce],
+            OpArg::AllGather => vec![Op::AllGather],
+            OpArg::ReduceScatter => vec![Op::ReduceScatter],
+            OpArg::Broadcast => vec![Op::Broadcast],
+            OpArg::Reduce => vec![Op::Reduce],
+            OpArg::AllToAll => vec![Op::AllToAll],
+            OpArg::All => Op::ALL.to_vec(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            OpArg::All => "all",
+            one => one.ops()[0].name(),
+        }
+    }
+}
+
+/// `--dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    /// IEEE binary32.
+    #[value(name = "f32", alias = "float", alias = "float32")]
+    F32,
+    /// IEEE binary64.
+    #[value(name = "f64", alias = "double", alias = "float64")]
+    F64,
+    /// IEEE binary16.
+    #[value(name = "f16", alias = "half", alias = "float16")]
+    F16,
+    /// bfloat16.
+    #[value(name = "bf16", alias = "bfloat16")]
+    Bf16,
+    /// Signed 8-bit.
+    #[value(name = "i8", alias = "int8")]
+    I8,
+    /// Unsigned 8-bit.
+    #[value(name = "u8", alias = "uint8")]
+    U8,
+    /// Signed 32-bit.
+    #[value(name = "i32", alias = "int32", alias = "int")]
+    I32,
+    /// Unsigned 32-bit.
+    #[value(name = "u32", alias = "uint32")]
+    U32,
+    /// Signed 64-bit.
+    #[value(name = "i64", alias = "int64")]
+    I64,
+    /// Unsigned 64-bit.
+    #[value(name = "u64", alias = "uint64")]
+    U64,
+}
+
+impl DtypeArg {
+    /// The ABI's data type.
+    pub fn data_type(self) -> DataType {
+        match self {
+            DtypeArg::F32 => DataType::F32,
+            DtypeArg::F64 => DataType::F64,
+            DtypeArg::F16 => DataType::F16,
+            DtypeArg::Bf16 => DataType::BF16,
+            DtypeArg::I8 => DataType::I8,
+            DtypeArg::U8 => DataType::U8,
+            DtypeArg::I32 => DataType::I32,
+            DtypeArg::U32 => DataType::U32,
+            DtypeArg::I64 => DataType::I64,
+            DtypeArg::U64 => DataType::U64,
+        }
+    }
+}
+
+/// `--redop`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RedopArg {
+    /// Sum.
+    Sum,
+    /// Product.
+    Prod,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Sum divided by the number of ranks.
+    Avg,
+}
+
+impl RedopArg {
+    /// The ABI's reduction op.
+    pub fn reduce_op(self) -> ReduceOp {
+        match self {
+            RedopArg::Sum => ReduceOp::SUM,
+            RedopArg::Prod => ReduceOp::PROD,
+            RedopArg::Min => ReduceOp::MIN,
+            RedopArg::Max => ReduceOp::MAX,
+            RedopArg::Avg => ReduceOp::AVG,
+        }
+    }
+}
+
+/// A byte count with an optional K, M or G suffix (powers of 2; a trailing `B` or `iB` is
+/// accepted): `8`, `64K`, `1M`, `2GiB`.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "invalid size {text:?}: expected a byte count with an optional K, M or G suffix \
+             (powers of 2), e.g. 8, 64K, 1M"
+        )
+    };
+    let t = text.trim();
+    let upper = t.to_ascii_uppercase();
+    let body = upper
+        .strip_suffix("IB")
+        .or_else(|| upper.strip_suffix('B'))
+        .unwrap_or(&upper);
+    let (digits, shift) = match body.chars().last() {
+        Some('K') => (&body[..body.len() - 1], 10),
+        Some('M') => (&body[..body.len() - 1], 20),
+        Some('G') => (&body[..body.len() - 1], 30),
+        _ => (body, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {text:?} is too large"))
+}
+
+/// `bytes` with the largest power-of-2 suffix that divides it: `64K`, `1M`, `12`.
+pub fn show_size(bytes: u64) -> String {
+    for (shift, suffix) in [(30, "G"), (20, "M"), (10, "K")] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// The sizes measured: from `min` to `max`, multiplying by `factor`.
+pub fn sizes(min: u64, max: u64, factor: u64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut s = min;
+    while s <= max && s > 0 {
+        out.push(s);
+        match s.checked_mul(factor) {
+            Some(next) if factor > 1 => s = next,
+            _ => break,
+        }
+    }
+    out
+}
+
+impl BenchArgs {
+    /// Errors the arguments have whatever the job (checked before anything is launched).
+    fn validate(&self) -> Result<(), String> {
+        if self.min_bytes == 0 {
+            return Err("-b 0: the smallest size must be at least 1 byte".into());
+        }
+        if self.min_bytes > self.max_bytes {
+            return Err(format!(
+                "-b {} is larger than -e {}: the smallest size must not exceed the largest",
+                show_size(self.min_bytes),
+                show_size(self.max_bytes)
+            ));
+        }
+        if usize::try_from(self.max_bytes).is_err() {
+            return Err(format!("-e {}: too large for this machine", self.max_bytes));
+        }
+        Ok(())
+    }
+
+    /// Whether `--root` is needed (broadcast or reduce is among the ops).
+    fn rooted(&self) -> bool {
+        self.op.ops().iter().any(|op| op.rooted())
+    }
+
+    /// The arguments the front-end gives each rank (after `bench --worker`).
+    fn worker_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |k: &str, v: String| {
+            a.push(k.into());
+            a.push(v.into());
+        };
+        push("--op", self.op.name().into());
+        push("--minbytes", self.min_bytes.to_string());
+        push("--maxbytes", self.max_bytes.to_string());
+        push("--stepfactor", self.step_factor.to_string());
+        push("--dtype", self.dtype_name().into());
+        push("--redop", redop_name(self.redop.reduce_op()).into());
+        push("--root", self.root.to_string());
+        push("--iters", self.iters.to_string());
+        push("--warmup", self.warmup.to_string());
+        push("--check-iters", self.check_iters.to_string());
+        if self.json {
+            a.push("--json".into());
+        }
+        if let Some(p) = &self.plot {
+            a.push("--plot".into());
+            a.push(p.clone().into_os_string());
+        }
+        a
+    }
+
+    fn dtype_name(&self) -> &'static str {
+        self.dtype.data_type().name().unwrap_or("?")
+    }
+}
+
+/// The short name of a reduction op.
+pub fn redop_name(op: ReduceOp) -> &'static str {
+    op.name().unwrap_or("?")
+}
+
+/// Prints a usage error and gives the usage exit code.
+fn usage_error(msg: &str) -> ExitCode {
+    let _ = writeln!(std::io::stderr(), "ferrocx bench: {msg}");
+    ExitCode::from(USAGE_EXIT)
+}
+
+/// Runs `ferrocx bench`.
+pub fn run(args: BenchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if let Err(msg) = args.validate() {
+        return Ok(usage_error(&msg));
+    }
+    match args.nproc {
+        Some(n) if !args.worker => {
+            if args.rooted() && args.root >= n {
+                return Ok(usage_error(&format!(
+                    "--root {} is not a rank of a {n}-rank job",
+                    args.root
+                )));
+            }
+            if let Err(e) = crate::load_config(args.config.as_ref()) {
+                return Ok(usage_error(&e.to_string()));
+            }
+            front::run(&args, n)
+        }
+        _ => worker::run(&args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_suffixes_in_powers_of_two() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("4KiB"), Ok(4 << 10));
+        assert_eq!(parse_size("16B"), Ok(16));
+        for bad in ["", "K", "1Q", "-1", "1.5M", "M1", "1 M"] {
+            let e = parse_size(bad).expect_err(bad);
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+        assert!(parse_size("99999999999G").is_err());
+    }
+
+    #[test]
+    fn sizes_run_from_min_to_max_by_the_factor() {
+        assert_eq!(
+            sizes(8, 64 << 10, 4),
+            vec![8, 32, 128, 512, 2048, 8192, 32768]
+        );
+        assert_eq!(sizes(8, 8, 2), vec![8]);
+        assert_eq!(sizes(3, 20, 3), vec![3, 9]);
+        assert_eq!(sizes(1 << 62, u64::MAX, 4), vec![1 << 62]);
+        assert_eq!(show_size(64 << 10), "64K");
+        assert_eq!(show_size(3 << 20), "3M");
+        assert_eq!(show_size(1000), "1000");
+    }
+}
