@@ -67,6 +67,9 @@ impl Kind {
 }
 
 struct Exec {
+    /// Workers waiting for their ticket's turn (only operations of one communicator enqueued
+    /// on several streams ever wait).
+    waiting: usize,
     /// Barrier generation reached.
     gen: u64,
     /// Ticket of the next operation to run.
@@ -146,6 +149,7 @@ impl HostComm {
             timeout,
             tickets: AtomicU64::new(0),
             exec: Mutex::new(Exec {
+                waiting: 0,
                 gen: 0,
                 next: 0,
                 broken: None,
@@ -165,7 +169,9 @@ impl HostComm {
         let target = self.tickets.load(Ordering::Acquire);
         let mut ex = self.exec.lock().unwrap_or_else(|p| p.into_inner());
         while ex.next < target && ex.broken.is_none() {
+            ex.waiting += 1;
             ex = self.turn.wait(ex).unwrap_or_else(|p| p.into_inner());
+            ex.waiting -= 1;
         }
         match &ex.broken {
             Some(e) => Err(e.clone()),
@@ -205,7 +211,9 @@ impl HostComm {
     pub fn run(&self, ticket: u64, f: impl FnOnce(&mut Ctx<'_>) -> Result<()>) -> Result<()> {
         let mut ex = self.exec.lock().unwrap_or_else(|p| p.into_inner());
         while ex.next != ticket && ex.broken.is_none() {
+            ex.waiting += 1;
             ex = self.turn.wait(ex).unwrap_or_else(|p| p.into_inner());
+            ex.waiting -= 1;
         }
         let result = match &ex.broken {
             Some(e) => Err(Error::new(
@@ -231,8 +239,11 @@ impl HostComm {
             }
         }
         ex.next = ex.next.max(ticket + 1);
+        let wake = ex.waiting > 0;
         drop(ex);
-        self.turn.notify_all();
+        if wake {
+            self.turn.notify_all();
+        }
         result
     }
 }

@@ -71,14 +71,29 @@ pub struct Waiter<'a> {
     deadline: Instant,
     timeout: Duration,
     spins: u32,
+    spin: u32,
     next_check: Instant,
     what: &'a str,
 }
 
-/// Iterations of pure spinning before yielding.
+/// Iterations of pure spinning before yielding, when every rank can have a core.
 const SPIN: u32 = 2_000;
+/// Iterations of pure spinning when ranks outnumber cores: a spinning rank would hold the core
+/// a peer needs to arrive, so yield almost at once.
+const SPIN_OVERSUBSCRIBED: u32 = 16;
 /// Iterations of yielding before sleeping on the futex.
 const YIELD: u32 = 200;
+
+/// The spin budget for a communicator of `nranks` processes on this host.
+fn spin_budget(nranks: usize) -> u32 {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if nranks > cores {
+        SPIN_OVERSUBSCRIBED
+    } else {
+        SPIN
+    }
+}
 
 impl<'a> Waiter<'a> {
     /// A wait for `what` (used in errors) with the communicator's timeout.
@@ -90,6 +105,7 @@ impl<'a> Waiter<'a> {
             deadline: now + timeout,
             timeout,
             spins: 0,
+            spin: spin_budget(seg.layout.nranks),
             next_check: now + Duration::from_millis(20),
             what,
         }
@@ -104,11 +120,11 @@ impl<'a> Waiter<'a> {
         pending: impl Fn() -> Vec<usize>,
     ) -> Result<()> {
         self.spins += 1;
-        if self.spins < SPIN {
+        if self.spins < self.spin {
             std::hint::spin_loop();
             return Ok(());
         }
-        if self.spins < SPIN + YIELD {
+        if self.spins < self.spin + YIELD {
             std::thread::yield_now();
         } else {
             // Announce the sleep before re-checking the word (futex_wait compares it), so a
