@@ -4,37 +4,59 @@
 //! error on the stream (sticky, as CUDA's are) until `synchronize` reports it; later tasks still
 //! run, so events recorded after a failure still complete and nothing waits forever.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread;
 
 use ferrocx_plugin_sdk::abi::Stream;
 use ferrocx_plugin_sdk::{Error, Result};
 
+use crate::ccl::CollTask;
+
 /// Work enqueued on a stream.
 pub type Task = Box<dyn FnOnce() -> Result<()> + Send>;
 
+/// A queue entry: a collective is stored inline (no allocation per call), anything else boxed.
+enum Work {
+    Fn(Task),
+    Coll(CollTask),
+}
+
+impl Work {
+    fn run(self) -> Result<()> {
+        match self {
+            Work::Fn(f) => f(),
+            Work::Coll(c) => c.run(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
-    queue: VecDeque<Task>,
-    enqueued: u64,
-    completed: u64,
+    queue: VecDeque<Work>,
     error: Option<Error>,
     closing: bool,
     /// The worker sleeps on `work`: only then does an enqueue need to wake it.
     worker_asleep: bool,
-    /// Threads sleeping on `done` (in `synchronize`).
-    waiters: usize,
 }
 
 /// One stream: its queue and the worker's progress.
 pub struct StreamInner {
     id: u64,
     state: Mutex<State>,
+    /// Tasks enqueued so far (changed under the lock, read without it).
+    enqueued: AtomicU64,
+    /// Tasks completed so far.
+    completed: AtomicU64,
+    /// Threads sleeping on `done` (in `synchronize`): the worker signals only when non-zero.
+    waiters: AtomicUsize,
+    /// Cleared when the stream is destroyed (handle caches check it).
+    alive: AtomicBool,
     /// Signalled when a task is enqueued or the stream closes.
     work: Condvar,
-    /// Signalled when a task completes.
+    /// Signalled when a task completes and someone waits.
     done: Condvar,
 }
 
@@ -44,8 +66,7 @@ impl StreamInner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Enqueues `task`; returns at once.
-    pub fn enqueue(&self, task: Task) -> Result<()> {
+    fn push(&self, w: Work) -> Result<()> {
         let mut s = self.lock();
         if s.closing {
             return Err(Error::invalid_handle(format!(
@@ -53,8 +74,8 @@ impl StreamInner {
                 self.id
             )));
         }
-        s.queue.push_back(task);
-        s.enqueued += 1;
+        s.queue.push_back(w);
+        self.enqueued.fetch_add(1, Ordering::Release);
         let wake = s.worker_asleep;
         drop(s);
         // Skip the wake-up system call while the worker is busy: it re-checks the queue.
@@ -64,17 +85,30 @@ impl StreamInner {
         Ok(())
     }
 
+    /// Enqueues `task`; returns at once.
+    pub fn enqueue(&self, task: Task) -> Result<()> {
+        self.push(Work::Fn(task))
+    }
+
+    /// Enqueues a collective; returns at once.
+    pub fn enqueue_coll(&self, task: CollTask) -> Result<()> {
+        self.push(Work::Coll(task))
+    }
+
     /// Blocks until everything enqueued before this call has run; returns (and clears) the
     /// stream's sticky error, if any.
     pub fn synchronize(&self) -> Result<()> {
-        let mut s = self.lock();
-        let target = s.enqueued;
-        while s.completed < target {
-            s.waiters += 1;
-            s = self.done.wait(s).unwrap_or_else(|p| p.into_inner());
-            s.waiters -= 1;
+        let target = self.enqueued.load(Ordering::Acquire);
+        if self.completed.load(Ordering::Acquire) < target {
+            let mut s = self.lock();
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            while self.completed.load(Ordering::SeqCst) < target {
+                s = self.done.wait(s).unwrap_or_else(|p| p.into_inner());
+            }
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
+            drop(s);
         }
-        match s.error.take() {
+        match self.lock().error.take() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -82,17 +116,19 @@ impl StreamInner {
 
     /// `true` when every enqueued task has run.
     pub fn is_idle(&self) -> bool {
-        let s = self.lock();
-        s.completed == s.enqueued
+        self.completed.load(Ordering::Acquire) >= self.enqueued.load(Ordering::Acquire)
     }
 
     fn run(self: Arc<Self>) {
+        let mut batch: VecDeque<Work> = VecDeque::new();
         loop {
-            let task = {
+            {
                 let mut s = self.lock();
                 loop {
-                    if let Some(t) = s.queue.pop_front() {
-                        break t;
+                    if !s.queue.is_empty() {
+                        // Take everything queued at once: one lock per batch, not per task.
+                        std::mem::swap(&mut s.queue, &mut batch);
+                        break;
                     }
                     if s.closing {
                         return;
@@ -101,19 +137,20 @@ impl StreamInner {
                     s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
                     s.worker_asleep = false;
                 }
-            };
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task))
-                .unwrap_or_else(|_| Err(Error::internal("a task on the stream panicked")));
-            let mut s = self.lock();
-            if let Err(e) = outcome {
-                tracing::debug!(stream = self.id, "task failed: {e}");
-                s.error.get_or_insert(e);
             }
-            s.completed += 1;
-            let wake = s.waiters > 0;
-            drop(s);
-            if wake {
-                self.done.notify_all();
+            while let Some(w) = batch.pop_front() {
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run()))
+                    .unwrap_or_else(|_| Err(Error::internal("a task on the stream panicked")));
+                if let Err(e) = outcome {
+                    tracing::debug!(stream = self.id, "task failed: {e}");
+                    self.lock().error.get_or_insert(e);
+                }
+                self.completed.fetch_add(1, Ordering::SeqCst);
+                if self.waiters.load(Ordering::SeqCst) > 0 {
+                    // Taking the lock orders this wake after the waiter's check.
+                    drop(self.lock());
+                    self.done.notify_all();
+                }
             }
         }
     }
@@ -133,6 +170,10 @@ fn spawn() -> Result<Arc<StreamInner>> {
     let inner = Arc::new(StreamInner {
         id,
         state: Mutex::new(State::default()),
+        enqueued: AtomicU64::new(0),
+        completed: AtomicU64::new(0),
+        waiters: AtomicUsize::new(0),
+        alive: AtomicBool::new(true),
         work: Condvar::new(),
         done: Condvar::new(),
     });
@@ -155,8 +196,27 @@ pub fn create() -> Result<Stream> {
     Ok(Stream(id as usize as *mut std::ffi::c_void))
 }
 
+thread_local! {
+    /// The stream this thread used last: enqueueing many calls on one stream skips the map.
+    static LAST: RefCell<Option<(u64, Arc<StreamInner>)>> = const { RefCell::new(None) };
+}
+
 /// The stream behind a handle; the null handle is this process's default stream.
 pub fn get(handle: Stream) -> Result<Arc<StreamInner>> {
+    let id = handle.0 as usize as u64;
+    let cached = LAST.with(|l| match &*l.borrow() {
+        Some((h, s)) if *h == id && s.alive.load(Ordering::Acquire) => Some(s.clone()),
+        _ => None,
+    });
+    if let Some(s) = cached {
+        return Ok(s);
+    }
+    let s = lookup(handle)?;
+    LAST.with(|l| *l.borrow_mut() = Some((id, s.clone())));
+    Ok(s)
+}
+
+fn lookup(handle: Stream) -> Result<Arc<StreamInner>> {
     if handle.is_null() {
         if let Some(d) = DEFAULT.get() {
             return Ok(d.clone());
@@ -186,6 +246,7 @@ pub fn destroy(handle: Stream) -> Result<()> {
         .unwrap_or_else(|p| p.into_inner())
         .remove(&id)
         .ok_or_else(|| Error::invalid_handle(format!("unknown stream handle {id:#x}")))?;
+    inner.alive.store(false, Ordering::Release);
     inner.lock().closing = true;
     inner.work.notify_all();
     Ok(())

@@ -88,6 +88,8 @@ pub struct HostComm {
     exec: Mutex<Exec>,
     turn: Condvar,
     pub aborted: AtomicBool,
+    /// Set when the handle is destroyed (handle caches check it).
+    pub destroyed: AtomicBool,
 }
 
 /// Messages up to this size take the one-shot path (every rank reduces everything).
@@ -156,6 +158,7 @@ impl HostComm {
             }),
             turn: Condvar::new(),
             aborted: AtomicBool::new(false),
+            destroyed: AtomicBool::new(false),
         }
     }
 

@@ -45,7 +45,28 @@ fn comms() -> &'static Mutex<HashMap<u64, Arc<HostComm>>> {
 
 static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
 
+thread_local! {
+    /// The communicator this thread used last: a stream of calls on one skips the map.
+    static LAST: RefCell<Option<(u64, Arc<HostComm>)>> = const { RefCell::new(None) };
+}
+
 fn get(c: Comm) -> Result<Arc<HostComm>> {
+    let id = c.0 as usize as u64;
+    let cached = LAST.with(|l| match &*l.borrow() {
+        Some((h, comm)) if *h == id && !comm.destroyed.load(Ordering::Acquire) => {
+            Some(comm.clone())
+        }
+        _ => None,
+    });
+    if let Some(comm) = cached {
+        return Ok(comm);
+    }
+    let comm = lookup(c)?;
+    LAST.with(|l| *l.borrow_mut() = Some((id, comm.clone())));
+    Ok(comm)
+}
+
+fn lookup(c: Comm) -> Result<Arc<HostComm>> {
     let id = c.0 as usize as u64;
     comms()
         .lock()
@@ -57,11 +78,13 @@ fn get(c: Comm) -> Result<Arc<HostComm>> {
 
 fn take(c: Comm) -> Result<Arc<HostComm>> {
     let id = c.0 as usize as u64;
-    comms()
+    let comm = comms()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&id)
-        .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))
+        .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))?;
+    comm.destroyed.store(true, Ordering::Release);
+    Ok(comm)
 }
 
 /// The job id used in segment names: `FERROCX_JOB_ID`, made safe for a file name.
@@ -103,16 +126,143 @@ fn opt_usize(o: &Options, key: &str, default: usize) -> Result<usize> {
     }
 }
 
-/// Enqueues a collective on `stream`: it takes a ticket now and runs on the stream's worker.
-fn enqueue(
-    c: Comm,
-    s: Stream,
-    f: impl FnOnce(&mut comm::Ctx<'_>) -> Result<()> + Send + 'static,
-) -> Result<()> {
+/// One collective (or group of transfers) as queued on a stream: stored inline in the stream's
+/// queue, so issuing a call allocates nothing.
+pub(crate) struct CollTask {
+    comm: Arc<HostComm>,
+    ticket: u64,
+    op: Coll,
+}
+
+/// Buffers are addresses (`usize`) so the task is `Send`; they stay valid until the operation
+/// completes on the stream (the ABI's contract).
+enum Coll {
+    Reduce {
+        send: usize,
+        recv: usize,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: Option<usize>,
+    },
+    Gather {
+        send: usize,
+        recv: usize,
+        count: usize,
+        dtype: DataType,
+        root: Option<usize>,
+    },
+    Broadcast {
+        send: usize,
+        recv: usize,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    },
+    Exchange {
+        kind: Kind,
+        send: usize,
+        recv: usize,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: Option<usize>,
+    },
+    AllToAllV {
+        send: usize,
+        recv: usize,
+        dtype: DataType,
+        counts: Box<[Vec<usize>; 4]>,
+    },
+    Transfers(Vec<Transfer>),
+}
+
+impl CollTask {
+    /// Runs the operation in its turn on the communicator.
+    pub(crate) fn run(self) -> Result<()> {
+        let CollTask { comm, ticket, op } = self;
+        // SAFETY (every arm): the buffers hold what the ABI requires for the operation and stay
+        // valid until it completes on the stream.
+        comm.run(ticket, |ctx| unsafe {
+            match op {
+                Coll::Reduce {
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    op,
+                    root,
+                } => comm::all_reduce(
+                    ctx,
+                    send as *const u8,
+                    recv as *mut u8,
+                    count,
+                    dtype,
+                    op,
+                    root,
+                ),
+                Coll::Gather {
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    root,
+                } => comm::all_gather(ctx, send as *const u8, recv as *mut u8, count, dtype, root),
+                Coll::Broadcast {
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    root,
+                } => comm::broadcast(ctx, send as *const u8, recv as *mut u8, count, dtype, root),
+                Coll::Exchange {
+                    kind,
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    op,
+                    root,
+                } => comm::exchange(
+                    ctx,
+                    kind,
+                    send as *const u8,
+                    recv as *mut u8,
+                    count,
+                    dtype,
+                    op,
+                    root,
+                ),
+                Coll::AllToAllV {
+                    send,
+                    recv,
+                    dtype,
+                    counts,
+                } => {
+                    let [sc, sd, rc, rd] = &*counts;
+                    comm::all_to_allv(
+                        ctx,
+                        send as *const u8,
+                        sc,
+                        sd,
+                        recv as *mut u8,
+                        rc,
+                        rd,
+                        dtype,
+                    )
+                }
+                Coll::Transfers(t) => p2p::run(ctx.comm, t),
+            }
+        })
+    }
+}
+
+/// Enqueues an operation on `stream`: it takes a ticket now and runs on the stream's worker.
+fn enqueue(c: Comm, s: Stream, op: Coll) -> Result<()> {
     let comm = get(c)?;
     let st = stream::get(s)?;
     let ticket = comm.ticket();
-    st.enqueue(Box::new(move || comm.run(ticket, f)))
+    st.enqueue_coll(CollTask { comm, ticket, op })
 }
 
 fn ptr(p: DevicePtr) -> usize {
@@ -161,10 +311,11 @@ fn issue(pending: Vec<Pending>) -> Result<()> {
     for (comm, s, transfers) in by_comm {
         let st = stream::get(s)?;
         let ticket = comm.ticket();
-        let c = comm.clone();
-        st.enqueue(Box::new(move || {
-            c.run(ticket, |ctx| p2p::run(ctx.comm, transfers))
-        }))?;
+        st.enqueue_coll(CollTask {
+            comm,
+            ticket,
+            op: Coll::Transfers(transfers),
+        })?;
     }
     Ok(())
 }
@@ -316,11 +467,19 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: the ABI's contract: both buffers hold n elements until the operation completes.
-        enqueue(c, st, move |ctx| unsafe {
-            comm::all_reduce(ctx, s as *const u8, r as *mut u8, n, t, o, None)
-        })
+        let (send, recv) = (ptr(s), ptr(r));
+        enqueue(
+            c,
+            st,
+            Coll::Reduce {
+                send,
+                recv,
+                count: n,
+                dtype: t,
+                op: o,
+                root: None,
+            },
+        )
     }
     fn all_gather(
         &self,
@@ -332,11 +491,18 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above, recv holds n * nranks elements.
-        enqueue(c, st, move |ctx| unsafe {
-            comm::all_gather(ctx, s as *const u8, r as *mut u8, n, t, None)
-        })
+        let (send, recv) = (ptr(s), ptr(r));
+        enqueue(
+            c,
+            st,
+            Coll::Gather {
+                send,
+                recv,
+                count: n,
+                dtype: t,
+                root: None,
+            },
+        )
     }
     fn reduce_scatter(
         &self,
@@ -349,20 +515,20 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above, send holds n * nranks elements.
-        enqueue(c, st, move |ctx| unsafe {
-            comm::exchange(
-                ctx,
-                Kind::ReduceScatter,
-                s as *const u8,
-                r as *mut u8,
-                n,
-                t,
-                o,
-                None,
-            )
-        })
+        let (send, recv) = (ptr(s), ptr(r));
+        enqueue(
+            c,
+            st,
+            Coll::Exchange {
+                kind: Kind::ReduceScatter,
+                send,
+                recv,
+                count: n,
+                dtype: t,
+                op: o,
+                root: None,
+            },
+        )
     }
     fn broadcast(
         &self,
@@ -376,11 +542,18 @@ impl CclAdaptor for HostCcl {
     ) -> Result<()> {
         elem_size(t)?;
         let root = root_of(&*get(c)?, root)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above.
-        enqueue(c, st, move |ctx| unsafe {
-            comm::broadcast(ctx, s as *const u8, r as *mut u8, n, t, root)
-        })
+        let (send, recv) = (ptr(s), ptr(r));
+        enqueue(
+            c,
+            st,
+            Coll::Broadcast {
+                send,
+                recv,
+                count: n,
+                dtype: t,
+                root,
+            },
+        )
     }
     fn reduce(
         &self,
@@ -395,11 +568,19 @@ impl CclAdaptor for HostCcl {
     ) -> Result<()> {
         elem_size(t)?;
         let root = root_of(&*get(c)?, root)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above.
-        enqueue(c, st, move |ctx| unsafe {
-            comm::all_reduce(ctx, s as *const u8, r as *mut u8, n, t, o, Some(root))
-        })
+        let (send, recv) = (ptr(s), ptr(r));
+        enqueue(
+            c,
+            st,
+            Coll::Reduce {
+                send,
+                recv,
+                count: n,
+                dtype: t,
+                op: o,
+                root: Some(root),
+            },
+        )
     }
     fn gather(
         &self,
@@ -413,11 +594,18 @@ impl CclAdaptor for HostCcl {
     ) -> Result<()> {
         elem_size(t)?;
         let root = root_of(&*get(c)?, root)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above.
-        enqueue(c, st, move |ctx| unsafe {
-            comm::all_gather(ctx, s as *const u8, r as *mut u8, n, t, Some(root))
-        })
+        let (send, recv) = (ptr(s), ptr(r));
+        enqueue(
+            c,
+            st,
+            Coll::Gather {
+                send,
+                recv,
+                count: n,
+                dtype: t,
+                root: Some(root),
+            },
+        )
     }
     fn scatter(
         &self,
@@ -431,20 +619,20 @@ impl CclAdaptor for HostCcl {
     ) -> Result<()> {
         elem_size(t)?;
         let root = root_of(&*get(c)?, root)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above.
-        enqueue(c, st, move |ctx| unsafe {
-            comm::exchange(
-                ctx,
-                Kind::Scatter,
-                s as *const u8,
-                r as *mut u8,
-                n,
-                t,
-                ReduceOp::SUM,
-                Some(root),
-            )
-        })
+        let (send, recv) = (ptr(s), ptr(r));
+        enqueue(
+            c,
+            st,
+            Coll::Exchange {
+                kind: Kind::Scatter,
+                send,
+                recv,
+                count: n,
+                dtype: t,
+                op: ReduceOp::SUM,
+                root: Some(root),
+            },
+        )
     }
     fn all_to_all(
         &self,
@@ -456,20 +644,20 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let (s, r) = (ptr(s), ptr(r));
-        // SAFETY: as above.
-        enqueue(c, st, move |ctx| unsafe {
-            comm::exchange(
-                ctx,
-                Kind::AllToAll,
-                s as *const u8,
-                r as *mut u8,
-                n,
-                t,
-                ReduceOp::SUM,
-                None,
-            )
-        })
+        let (send, recv) = (ptr(s), ptr(r));
+        enqueue(
+            c,
+            st,
+            Coll::Exchange {
+                kind: Kind::AllToAll,
+                send,
+                recv,
+                count: n,
+                dtype: t,
+                op: ReduceOp::SUM,
+                root: None,
+            },
+        )
     }
     fn all_to_allv(
         &self,
@@ -482,17 +670,23 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let (s, r) = (ptr(s), ptr(r));
-        let (sc, sd, rc, rd) = (
+        let (send, recv) = (ptr(s), ptr(r));
+        let counts = Box::new([
             sv.counts.to_vec(),
             sv.displs.to_vec(),
             rv.counts.to_vec(),
             rv.displs.to_vec(),
-        );
-        // SAFETY: as above, within the counts and displacements given.
-        enqueue(c, st, move |ctx| unsafe {
-            comm::all_to_allv(ctx, s as *const u8, &sc, &sd, r as *mut u8, &rc, &rd, t)
-        })
+        ]);
+        enqueue(
+            c,
+            st,
+            Coll::AllToAllV {
+                send,
+                recv,
+                dtype: t,
+                counts,
+            },
+        )
     }
     fn send(
         &self,
