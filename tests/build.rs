@@ -1,5 +1,6 @@
-//! Builds the C test plugins from `plugins/c/testplugin.c` and the generated header, with the
-//! system C compiler, one `.so` per variant, into `$OUT_DIR/c-plugins`.
+//! Builds the C test plugins from `plugins/c/testplugin.c` (loader tests) and
+//! `plugins/c/abiplugin.c` (ABI evolution tests) and the generated header, with the system C
+//! compiler, one `.so` per variant, into `$OUT_DIR/c-plugins`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,11 +15,21 @@ const VARIANTS: &[(&str, &[&str])] = &[
     ("undefined", &["-DFX_UNDEFINED", "-DFX_NAME=\"undefined\""]),
 ];
 
+/// Variants of `plugins/c/abiplugin.c`: one table per ABI version.
+const ABI_VARIANTS: &[(&str, &[&str])] = &[
+    ("abi10", &["-DFX_ABI_1_0", "-DFX_NAME=\"abi10\""]),
+    ("abi11", &["-DFX_NAME=\"abi11\""]),
+    ("abi17", &["-DFX_ABI_1_7", "-DFX_NAME=\"abi17\""]),
+    ("twomajors", &["-DFX_TWO_MAJORS", "-DFX_NAME=\"twomajors\""]),
+];
+
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let source = manifest.join("plugins/c/testplugin.c");
+    let abi_source = manifest.join("plugins/c/abiplugin.c");
     let include = manifest.join("../plugin-sdk/include");
     println!("cargo:rerun-if-changed={}", source.display());
+    println!("cargo:rerun-if-changed={}", abi_source.display());
     println!(
         "cargo:rerun-if-changed={}",
         include.join("ferrocx_plugin.h").display()
@@ -28,7 +39,11 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("c-plugins");
     std::fs::create_dir_all(&out).expect("create c-plugins dir");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    for (name, defines) in VARIANTS {
+    let builds = VARIANTS
+        .iter()
+        .map(|v| (&source, v))
+        .chain(ABI_VARIANTS.iter().map(|v| (&abi_source, v)));
+    for (source, (name, defines)) in builds {
         let so = out.join(format!("libferrocx_adaptor_{name}.so"));
         let status = Command::new(&cc)
             .args([
@@ -37,7 +52,7 @@ fn main() {
             .args(*defines)
             .arg("-I")
             .arg(&include)
-            .arg(&source)
+            .arg(source)
             .arg("-o")
             .arg(&so)
             .status()

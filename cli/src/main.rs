@@ -12,6 +12,7 @@
 
 mod bench;
 mod check;
+mod conformance;
 mod info;
 mod launch;
 mod report;
@@ -57,6 +58,9 @@ enum Command {
     /// Measure the collectives, as nccl-tests: time, algorithm and bus bandwidth per size,
     /// every result checked (`-n N` starts N ranks through `ferrocx launch`).
     Bench(bench::BenchArgs),
+    /// Run the conformance kit against an adaptor (`--plugin PATH` or `--adaptor NAME`): ABI,
+    /// device and CCL checks on `--ranks N` processes; a pass/fail table, exit 1 on a failure.
+    Conformance(conformance::ConformanceArgs),
 }
 
 #[derive(Subcommand)]
@@ -119,6 +123,7 @@ fn main() -> ExitCode {
         } => check::run(&file, json),
         Command::Launch(args) => launch::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Conformance(args) => conformance::run_command(args),
     };
     match result {
         Ok(code) => code,

@@ -26,8 +26,10 @@
 /*
  The ABI minor this build knows. A table of a newer minor is read up to the fields this build
  knows; a table of an older minor has the fields past its `struct_size` treated as absent.
+
+ History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table.
  */
-#define Ferrocx_ABI_MINOR 0
+#define Ferrocx_ABI_MINOR 1
 
 /*
  A NUL-terminated string with static storage, readable from any thread.
@@ -371,6 +373,9 @@ typedef struct {
 
  Every entry returns a [`Status`]; on failure `get_last_error` returns the message on the
  calling thread. A `None` entry means the operation is not supported.
+
+ Fields are only ever appended, one minor at a time: ABI 1.0 ends at `ipc_close`
+ (`struct_size` = `offsetof(mem_get_info)`), ABI 1.1 adds `mem_get_info`.
  */
 typedef struct {
   /*
@@ -504,6 +509,12 @@ typedef struct {
    Closes a pointer from `ipc_import`.
    */
   FerrocxStatus (*ipc_close)(FerrocxDevicePtr ptr);
+  /*
+   Bytes of device memory free and in total on the calling thread's current device, as
+   `cuMemGetInfo` reports them; both pointers must be non-null. *Since ABI 1.1*: a 1.0 table
+   ends before this field, so it reads as absent there.
+   */
+  FerrocxStatus (*mem_get_info)(size_t *free, size_t *total);
 } FerrocxDeviceAdaptorV1;
 
 /*

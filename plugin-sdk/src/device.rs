@@ -29,6 +29,15 @@ pub struct Properties {
     pub device_count: i32,
 }
 
+/// What `mem_get_info` reports for the current device, in bytes (ABI 1.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Bytes that can still be allocated.
+    pub free: usize,
+    /// Bytes of memory the device has in all.
+    pub total: usize,
+}
+
 /// A host function and its argument, to be called once in stream order.
 #[derive(Debug)]
 pub struct HostCall {
@@ -120,6 +129,8 @@ pub trait DeviceAdaptor: Send + Sync + Sized + 'static {
     fn ipc_import(&self, handle: &[u8]) -> Result<DevicePtr>;
     /// Closes an imported allocation.
     fn ipc_close(&self, ptr: DevicePtr) -> Result<()>;
+    /// Bytes free and in total on the calling thread's device, like `cuMemGetInfo` (ABI 1.1).
+    fn mem_get_info(&self) -> Result<MemInfo>;
 }
 
 /// The VMM group (`ferrocx_device_vmm_v1`).
@@ -424,6 +435,22 @@ mod tramp {
     pub unsafe extern "C" fn ipc_close<A: DeviceAdaptor>(ptr: DevicePtr) -> Status {
         call("ipc_close", || A::instance().ipc_close(ptr))
     }
+    pub unsafe extern "C" fn mem_get_info<A: DeviceAdaptor>(
+        free: *mut usize,
+        total: *mut usize,
+    ) -> Status {
+        call("mem_get_info", || {
+            if free.is_null() || total.is_null() {
+                return Err(Error::invalid_argument("`free` or `total` is null"));
+            }
+            let info = A::instance().mem_get_info()?;
+            // SAFETY: both checked non-null above; writable by the ABI's contract.
+            unsafe {
+                write_out(free, "free", info.free)?;
+                write_out(total, "total", info.total)
+            }
+        })
+    }
 
     fn ready(done: bool) -> Status {
         if done {
@@ -659,6 +686,7 @@ pub const fn device_table<A: DeviceAdaptor>(
         ipc_export: entry!(ipc_export),
         ipc_import: entry!(ipc_import),
         ipc_close: entry!(ipc_close),
+        mem_get_info: entry!(mem_get_info),
     }
 }
 

@@ -41,7 +41,7 @@ pub mod table;
 pub use ccl::{ccl_table, window_table, CclAdaptor, CclWindow, CommInit, VCounts};
 pub use device::{
     device_table, flatmap_table, multicast_table, vmm_table, DeviceAdaptor, DeviceFlatMap,
-    DeviceMulticast, DeviceVmm, HostCall, Properties,
+    DeviceMulticast, DeviceVmm, HostCall, MemInfo, Properties,
 };
 pub use error::{Error, Result};
 pub use options::Options;
@@ -60,7 +60,7 @@ pub mod prelude {
     };
     pub use crate::{
         export_plugin, singleton, CclAdaptor, CclWindow, CommInit, DeviceAdaptor, DeviceFlatMap,
-        DeviceMulticast, DeviceVmm, Error, HostCall, Options, Properties, Result, VCounts,
+        DeviceMulticast, DeviceVmm, Error, HostCall, MemInfo, Options, Properties, Result, VCounts,
     };
 }
 

@@ -46,7 +46,7 @@ fn rust_plugin_loads_reports_groups_and_answers() {
         Checked::AbiStable,
         "layout-checked through abi_stable"
     );
-    assert_eq!(e.abi_version(), (1, 0));
+    assert_eq!(e.abi_version(), (1, ferrocx::abi::ABI_MINOR));
     assert_eq!(
         e.groups(),
         [

@@ -161,6 +161,30 @@ impl DeviceAdaptor for HostDevice {
     fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
         ipc::close(ptr)
     }
+    /// The host device's memory is POSIX shared memory, so its free and total bytes are those
+    /// of the filesystem behind `/dev/shm` (`statvfs`): what `mem_alloc` can still take.
+    // The statvfs fields are u64 here but narrower on some targets.
+    #[allow(clippy::unnecessary_cast)]
+    fn mem_get_info(&self) -> Result<MemInfo> {
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+        // SAFETY: a NUL-terminated path and a writable statvfs buffer.
+        let rc = unsafe { libc::statvfs(c"/dev/shm".as_ptr(), st.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::system(
+                "statvfs(/dev/shm)",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: statvfs succeeded and filled the buffer.
+        let st = unsafe { st.assume_init() };
+        let block = st.f_frsize as u64;
+        let bytes =
+            |blocks: u64| usize::try_from(blocks.saturating_mul(block)).unwrap_or(usize::MAX);
+        Ok(MemInfo {
+            free: bytes(st.f_bavail as u64),
+            total: bytes(st.f_blocks as u64),
+        })
+    }
 }
 
 impl DeviceVmm for HostDevice {

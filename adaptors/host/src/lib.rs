@@ -30,7 +30,9 @@ const NAME: &std::ffi::CStr = c"host";
 static DEVICE: DeviceAdaptorV1 = ferrocx_plugin_sdk::device_table::<HostDevice>(NAME, &[]);
 static VMM: DeviceVmmV1 = ferrocx_plugin_sdk::vmm_table::<HostDevice>(NAME);
 static FLATMAP: DeviceFlatMapV1 = ferrocx_plugin_sdk::flatmap_table::<HostDevice>(NAME);
-static CCL: CclAdaptorV1 = ferrocx_plugin_sdk::ccl_table::<HostCcl>(NAME, &[]);
+// The host CCL has no memory of its own (the device's is already shared): those entries are absent.
+static CCL: CclAdaptorV1 =
+    ferrocx_plugin_sdk::ccl_table::<HostCcl>(NAME, &["mem_alloc", "mem_free"]);
 
 ferrocx::register_builtin!(BuiltinAdaptor {
     name: "host",

@@ -15,6 +15,9 @@ use ferrocx_plugin_sdk::{Error, Result};
 
 use crate::ccl::CollTask;
 
+/// Polls of an idle worker for new work before it sleeps.
+const IDLE_SPINS: u32 = 512;
+
 /// Work enqueued on a stream.
 pub type Task = Box<dyn FnOnce() -> Result<()> + Send>;
 
@@ -122,6 +125,18 @@ impl StreamInner {
     fn run(self: Arc<Self>) {
         let mut batch: VecDeque<Work> = VecDeque::new();
         loop {
+            // Back-to-back work usually arrives within microseconds: look for it briefly before
+            // sleeping, so the enqueuer does not have to make a wake-up system call.
+            for i in 0..IDLE_SPINS {
+                if self.enqueued.load(Ordering::Acquire) > self.completed.load(Ordering::Acquire) {
+                    break;
+                }
+                if i % 64 == 63 {
+                    thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
             {
                 let mut s = self.lock();
                 loop {

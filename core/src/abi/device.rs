@@ -54,6 +54,9 @@ impl Default for DeviceProperties {
 ///
 /// Every entry returns a [`Status`]; on failure `get_last_error` returns the message on the
 /// calling thread. A `None` entry means the operation is not supported.
+///
+/// Fields are only ever appended, one minor at a time: ABI 1.0 ends at `ipc_close`
+/// (`struct_size` = `offsetof(mem_get_info)`), ABI 1.1 adds `mem_get_info`.
 #[repr(C)]
 pub struct DeviceAdaptorV1 {
     /// Header: magic, ABI version, `sizeof` this table, adaptor name.
@@ -144,6 +147,11 @@ pub struct DeviceAdaptorV1 {
         Option<unsafe extern "C" fn(handle: *const u8, len: usize, ptr: *mut DevicePtr) -> Status>,
     /// Closes a pointer from `ipc_import`.
     pub ipc_close: Option<unsafe extern "C" fn(ptr: DevicePtr) -> Status>,
+
+    /// Bytes of device memory free and in total on the calling thread's current device, as
+    /// `cuMemGetInfo` reports them; both pointers must be non-null. *Since ABI 1.1*: a 1.0 table
+    /// ends before this field, so it reads as absent there.
+    pub mem_get_info: Option<unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> Status>,
 }
 
 /// Optional group `ferrocx_device_vmm_v1`: exportable physical allocations.

@@ -10,7 +10,9 @@ pub const ABI_MAGIC: u32 = 0x5843_5246;
 pub const ABI_MAJOR: u16 = 1;
 /// The ABI minor this build knows. A table of a newer minor is read up to the fields this build
 /// knows; a table of an older minor has the fields past its `struct_size` treated as absent.
-pub const ABI_MINOR: u16 = 0;
+///
+/// History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table.
+pub const ABI_MINOR: u16 = 1;
 
 /// The first field of every table (`#[repr(C)]`, 24 bytes on 64-bit targets).
 #[repr(C)]

@@ -82,6 +82,8 @@ abi_table!(
         ipc_export,
         ipc_import,
         ipc_close,
+        // ABI 1.1
+        mem_get_info,
     ]
 );
 abi_table!(

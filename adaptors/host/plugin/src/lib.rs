@@ -6,4 +6,5 @@ ferrocx_plugin_sdk::export_plugin! {
     device_vmm: host::HostDevice,
     device_flatmap: host::HostDevice,
     ccl: host::HostCcl,
+    ccl_absent: ["mem_alloc", "mem_free"],
 }

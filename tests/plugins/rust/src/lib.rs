@@ -186,6 +186,21 @@ impl DeviceAdaptor for TestDevice {
     fn ipc_close(&self, _ptr: DevicePtr) -> Result<()> {
         unsupported("ipc_close")
     }
+    fn mem_get_info(&self) -> Result<MemInfo> {
+        // The 1 GiB `properties` reports, less what is allocated now.
+        const TOTAL: usize = 1 << 30;
+        let used: usize = self
+            .allocs
+            .lock()
+            .map_err(|_| Error::internal("lock poisoned"))?
+            .values()
+            .map(Vec::len)
+            .sum();
+        Ok(MemInfo {
+            free: TOTAL.saturating_sub(used),
+            total: TOTAL,
+        })
+    }
 }
 
 impl DeviceVmm for TestDevice {

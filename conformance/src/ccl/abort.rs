@@ -1,0 +1,84 @@
+//! Abort, last and on its own communicator: rank 0 joins the communicator and aborts it while
+//! the other ranks are blocked in an all-reduce it never joins. They must get an error within
+//! the timeout, not hang.
+
+use std::time::{Duration, Instant};
+
+use ferrocx::abi::{DataType, ReduceOp};
+use ferrocx::adaptor::AdaptorError;
+
+use super::{Ctx, Planned, UniqueIds};
+use crate::boundary::{fail, is_panic, skip, Stop, Verdict};
+use crate::buffer::DevBuf;
+use crate::report::Outcome;
+
+/// The check's name.
+pub(super) const NAME: &str = "comm_abort unblocks the peers of an aborted rank";
+
+/// How long rank 0 waits before aborting, so the others are inside the all-reduce.
+const DELAY: Duration = Duration::from_millis(300);
+/// Slack past the timeout for the error to arrive.
+const GRACE: Duration = Duration::from_secs(3);
+
+pub(super) fn plan<'a>(ctx: &'a Ctx<'a>, ids: &'a UniqueIds) -> Vec<Planned<'a>> {
+    vec![Planned::new("ccl", NAME, move || abort(ctx, ids))]
+}
+
+fn abort(ctx: &Ctx<'_>, ids: &UniqueIds) -> Verdict {
+    let api = ctx.ccl;
+    if api.root().comm_abort.is_none() {
+        return Err(Stop(Outcome::absent("`comm_abort`")));
+    }
+    if ctx.world < 2 {
+        return Err(skip("needs 2 or more ranks"));
+    }
+    let c = api.seen(api.ccl.comm_init_rank(
+        ctx.rank as i32,
+        ctx.world as i32,
+        0,
+        &ids.abort,
+        ctx.timeout.as_millis() as u64,
+        &[],
+    ))?;
+    if ctx.rank == 0 {
+        std::thread::sleep(DELAY);
+        api.seen(api.ccl.comm_abort(c))?;
+        return Ok(());
+    }
+    let b = DevBuf::device(ctx.dev, 40)?;
+    b.fill(1)?;
+    let start = Instant::now();
+    let r = api
+        .seen(
+            api.ccl
+                .all_reduce(b.ptr(), b.ptr(), 10, DataType::I32, ReduceOp::SUM, c, ctx.s),
+        )
+        .and_then(|()| ctx.dev.seen(ctx.dev.dev.stream_synchronize(ctx.s)));
+    let took = start.elapsed();
+    // This rank's handle is released too (its result says nothing about the check).
+    let _ = api.seen(api.ccl.comm_abort(c));
+    match r {
+        Ok(()) => Err(fail(
+            "the all-reduce completed although rank 0 never joined it and aborted",
+        )),
+        Err(AdaptorError::Failed {
+            op,
+            status,
+            message,
+            ..
+        }) => {
+            if is_panic(status, &message) {
+                return Err(fail(format!("{op} panicked: {message}")));
+            }
+            if took > ctx.timeout + GRACE {
+                return Err(fail(format!(
+                    "the error ({status}) came after {} ms, past the {} ms timeout",
+                    took.as_millis(),
+                    ctx.timeout.as_millis()
+                )));
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}

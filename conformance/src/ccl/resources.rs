@@ -1,0 +1,80 @@
+//! Buffers the CCL knows: its own memory, buffer registration, and the window group.
+
+use ferrocx::abi::{AbiTable, CclWindowV1, DevicePtr, RegHandle, WindowHandle};
+
+use super::{Ctx, Planned};
+use crate::boundary::{optional, raw_call, Stop, Verdict};
+use crate::buffer::DevBuf;
+use crate::report::Outcome;
+
+pub(super) fn plan<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
+    vec![
+        Planned::new("ccl", "mem_alloc and mem_free of the CCL", move || {
+            ccl_memory(ctx)
+        })
+        .without_comm(),
+        Planned::new("ccl", "mem_register and mem_deregister", move || {
+            register(ctx)
+        }),
+        Planned::new("ccl", "window_register and window_deregister", move || {
+            window(ctx)
+        }),
+    ]
+}
+
+fn ccl_memory(ctx: &Ctx<'_>) -> Verdict {
+    let api = ctx.ccl;
+    let mut p = DevicePtr::NULL;
+    optional(raw_call!(api, api.root(), mem_alloc(1 << 16, &mut p)))?;
+    // The memory is the device's: a round trip through the device's mem_copy works.
+    let data = crate::device::memory::pattern(1 << 16, 0xCC1);
+    let mut back = vec![0u8; 1 << 16];
+    let dev = ctx.dev;
+    let moved = dev
+        .seen(
+            dev.dev
+                .mem_copy(p, crate::buffer::host_ptr(&data), data.len()),
+        )
+        .and_then(|()| {
+            dev.seen(
+                dev.dev
+                    .mem_copy(crate::buffer::host_ptr_mut(&mut back), p, data.len()),
+            )
+        });
+    let freed = raw_call!(api, api.root(), mem_free(p));
+    moved?;
+    freed?;
+    crate::device::memory::differ("CCL memory through the device's mem_copy", &back, &data)
+}
+
+fn register(ctx: &Ctx<'_>) -> Verdict {
+    ctx.usable()?;
+    let api = ctx.ccl;
+    let b = DevBuf::device(ctx.dev, 1 << 16)?;
+    let mut h = RegHandle::NULL;
+    optional(raw_call!(
+        api,
+        api.root(),
+        mem_register(ctx.comm, b.ptr(), 1 << 16, &mut h)
+    ))?;
+    raw_call!(api, api.root(), mem_deregister(ctx.comm, h))?;
+    Ok(())
+}
+
+fn window(ctx: &Ctx<'_>) -> Verdict {
+    let api = ctx.ccl;
+    let Some(t) = api.ccl.tables().window.as_ref() else {
+        return Err(Stop(Outcome::absent(CclWindowV1::SYMBOL)));
+    };
+    ctx.usable()?;
+    let b = DevBuf::device(ctx.dev, 1 << 16)?;
+    let mut w = WindowHandle::NULL;
+    // Collective: every rank registers, then every rank deregisters.
+    optional(raw_call!(
+        api,
+        t.get(),
+        window_register(ctx.comm, b.ptr(), 1 << 16, 0, &mut w)
+    ))?;
+    raw_call!(api, t.get(), window_deregister(ctx.comm, w))?;
+    Ok(())
+}

@@ -1,0 +1,443 @@
+//! The ways to write an adaptor, built as their users build them and loaded as real `.so` files:
+//! the out-of-tree Rust example (`examples/out-of-tree-plugin`, its own cargo project), the SDK
+//! template (generated with `new-adaptor.sh`, then built), and the C example
+//! (`plugin-sdk/examples/c`, built with `cc`). Each is listed by `ferrocx info` from a plugin
+//! directory; the two working ones pass the conformance kit.
+//!
+//! The cargo builds use their own target directory (see `ferrocx_cli`), shared by every build
+//! here: the SDK and core are compiled once, the first time (about a minute on 2 cores), and
+//! each artifact is built at most once per test executable.
+
+mod ferrocx_cli;
+
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use ferrocx::abi::{AbiTable, CclAdaptorV1, DeviceAdaptorV1, DevicePtr, MemKind, Status};
+use ferrocx::adaptor::Device;
+use ferrocx::loader::Checked;
+use ferrocx::registry::Registry;
+use ferrocx_cli::{build_dir, cargo, cargo_build, ferrocx_ok, info_section, repo_root, tail};
+use ferrocx_tests::plugin_dir;
+
+/// The adaptor name the template is generated with.
+const TEMPLATE_NAME: &str = "tmplcheck";
+
+/// Builds once per test executable; a failure is reported by every test that needs it.
+fn once(
+    cell: &'static OnceLock<Result<PathBuf, String>>,
+    build: fn() -> Result<PathBuf, String>,
+) -> PathBuf {
+    match cell.get_or_init(build) {
+        Ok(p) => p.clone(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// `libferrocx_adaptor_outoftree.so`, built from its own manifest as a vendor would.
+fn out_of_tree() -> PathBuf {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    once(&BUILT, || {
+        let manifest = repo_root().join("examples/out-of-tree-plugin/Cargo.toml");
+        cargo_build(
+            [Path::new("--manifest-path"), &manifest],
+            "examples/out-of-tree-plugin",
+        )?;
+        Ok(build_dir().join("debug/libferrocx_adaptor_outoftree.so"))
+    })
+}
+
+/// Where the template is generated (replaced at each test run).
+fn template_dir() -> PathBuf {
+    build_dir().join(format!("ferrocx-adaptor-{TEMPLATE_NAME}"))
+}
+
+/// The template, generated with `new-adaptor.sh` and built: `libferrocx_adaptor_tmplcheck.so`.
+fn template() -> PathBuf {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    once(&BUILT, || {
+        let dest = template_dir();
+        if dest.exists() {
+            std::fs::remove_dir_all(&dest).map_err(|e| format!("removing {dest:?}: {e}"))?;
+        }
+        let script = repo_root().join("plugin-sdk/template/new-adaptor.sh");
+        let out = Command::new(&script)
+            .arg(TEMPLATE_NAME)
+            .arg(&dest)
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "new-adaptor.sh failed ({}):\n{}",
+                out.status,
+                tail(&out.stderr, 20)
+            ));
+        }
+        let manifest = dest.join("Cargo.toml");
+        cargo_build(
+            [Path::new("--manifest-path"), &manifest],
+            "the generated template",
+        )?;
+        Ok(build_dir().join(format!("debug/libferrocx_adaptor_{TEMPLATE_NAME}.so")))
+    })
+}
+
+/// `libferrocx_adaptor_cexample.so`, compiled with the system C compiler as its README says
+/// (plus `-Werror`: the example must stay warning-free).
+fn c_example() -> PathBuf {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    once(&BUILT, || {
+        let dir = build_dir().join("c-example");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {dir:?}: {e}"))?;
+        let so = dir.join("libferrocx_adaptor_cexample.so");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+        let root = repo_root();
+        let out = Command::new(&cc)
+            .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"])
+            .args(["-shared", "-fPIC", "-I"])
+            .arg(root.join("plugin-sdk/include"))
+            .arg(root.join("plugin-sdk/examples/c/plugin.c"))
+            .arg("-o")
+            .arg(&so)
+            .output()
+            .map_err(|e| format!("could not run the C compiler `{cc}`: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "`{cc}` failed on plugin-sdk/examples/c/plugin.c ({}):\n{}",
+                out.status,
+                tail(&out.stderr, 40)
+            ));
+        }
+        Ok(so)
+    })
+}
+
+/// Loads `so` into a fresh registry and returns its device handle and checks.
+fn load_device(so: &Path, name: &str, checked: Checked) -> Device {
+    let mut r = Registry::empty();
+    let e = r
+        .add_plugin(so)
+        .unwrap_or_else(|e| panic!("{} must load: {e}", so.display()));
+    assert_eq!(e.name, name);
+    assert_eq!(e.checked, checked);
+    assert_eq!(e.abi_version(), (1, 1));
+    assert!(e.ccl.is_none(), "a device-only plugin");
+    e.device().expect("device table")
+}
+
+/// A host function: adds one to the `AtomicU32` at `user`.
+unsafe extern "C" fn count_up(user: *mut c_void) {
+    // SAFETY: `user` is a leaked `AtomicU32` (see `exercise_host_memory_device`).
+    unsafe { &*(user as *const AtomicU32) }.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A host function: sleeps 20 ms.
+unsafe extern "C" fn sleep_20ms(_user: *mut c_void) {
+    std::thread::sleep(Duration::from_millis(20));
+}
+
+/// A host function: holds its stream until the `AtomicBool` at `user` is set (or 5 s pass).
+unsafe extern "C" fn gate(user: *mut c_void) {
+    // SAFETY: `user` is a leaked `AtomicBool` (see `exercise_host_memory_device`).
+    let open = unsafe { &*(user as *const AtomicBool) };
+    let t = Instant::now();
+    while !open.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// What both host-memory examples must do through their tables: memory of every kind, async
+/// copies and memsets in stream order, host functions, events ordering two streams, timing.
+fn exercise_host_memory_device(dev: &Device) {
+    dev.init(&[]).expect("init");
+    assert_eq!(dev.device_count().expect("count"), 1);
+    let p = dev.properties(0).expect("properties");
+    assert_eq!(p.vendor, "ferrocx-example");
+    assert!(p.total_memory > 0);
+    let root = dev.tables().root.get();
+    for absent in [
+        root.stream_wrap.is_none(),
+        root.ipc_export.is_none(),
+        root.ipc_import.is_none(),
+        root.ipc_close.is_none(),
+    ] {
+        assert!(absent, "stream_wrap and IPC are exported as absent");
+    }
+    let err = dev.set_device(1).expect_err("one device");
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+    assert!(err.to_string().contains("does not exist"), "{err}");
+
+    // mem_get_info (ABI 1.1): the system's memory.
+    let f = root.mem_get_info.expect("mem_get_info");
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: two valid out-pointers.
+    assert_eq!(unsafe { f(&mut free, &mut total) }, Status::SUCCESS);
+    assert!(total > 0 && free <= total, "free {free}, total {total}");
+
+    // Round trips of every kind.
+    let n = 100_003;
+    let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    for kind in [MemKind::DEVICE, MemKind::HOST, MemKind::PINNED] {
+        let a = dev.mem_alloc(n, kind).expect("alloc");
+        dev.mem_copy(a, DevicePtr(data.as_ptr() as u64), n)
+            .expect("upload");
+        let mut back = vec![0u8; n];
+        dev.mem_copy(DevicePtr(back.as_mut_ptr() as u64), a, n)
+            .expect("download");
+        assert_eq!(back, data, "{kind:?}");
+        dev.mem_free(a, kind).expect("free");
+        let err = dev.mem_free(a, kind).expect_err("double free");
+        assert_eq!(err.status(), Status::INVALID_HANDLE);
+    }
+
+    // Stream order: host → a, memset part of a, a → b, host function, b → host; then a second
+    // stream waits on an event recorded after a 20 ms host function on the first.
+    let s1 = dev.stream_create().expect("stream");
+    let s2 = dev.stream_create().expect("stream");
+    let a = dev.mem_alloc(n, MemKind::DEVICE).expect("alloc");
+    let b = dev.mem_alloc(n, MemKind::DEVICE).expect("alloc");
+    let mut out = vec![0u8; n];
+    // Leaked: a host function may only be sound to call while what it reaches lives.
+    let ran: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
+    let ran_ptr = ran as *const AtomicU32 as *mut c_void;
+    let launch = root.launch_host_func.expect("launch_host_func");
+    let set_async = root.mem_set_async.expect("mem_set_async");
+    let start = dev.event_create(0).expect("event");
+    let end = dev.event_create(0).expect("event");
+    dev.event_record(start, s1).expect("record");
+    // SAFETY: the host functions are sound to call once on any thread; `ran` is static, and
+    // `a`, `b` and `out` outlive the stream synchronisations below.
+    unsafe {
+        assert_eq!(
+            launch(s1, Some(sleep_20ms), std::ptr::null_mut()),
+            Status::SUCCESS
+        );
+        dev.mem_copy_async(a, DevicePtr(data.as_ptr() as u64), n, s1)
+            .expect("copy");
+        assert_eq!(set_async(a, 0xEE, 10, s1), Status::SUCCESS);
+        dev.mem_copy_async(b, a, n, s1).expect("copy");
+        assert_eq!(launch(s1, Some(count_up), ran_ptr), Status::SUCCESS);
+    }
+    dev.event_record(end, s1).expect("record");
+    dev.stream_wait_event(s2, end).expect("wait");
+    dev.mem_copy_async(DevicePtr(out.as_mut_ptr() as u64), b, n, s2)
+        .expect("copy");
+    dev.stream_synchronize(s2).expect("sync");
+    let mut want = data.clone();
+    want[..10].fill(0xEE);
+    assert_eq!(out, want, "stream order across two streams");
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+    dev.stream_synchronize(s1).expect("sync");
+    assert!(dev.stream_query(s1).expect("query"));
+    let ms = dev.event_elapsed_ms(start, end).expect("elapsed");
+    assert!(
+        (15.0..5_000.0).contains(&ms),
+        "{ms} ms around a 20 ms host function"
+    );
+
+    // Host functions run on the stream's own thread: a held stream is pending, and the call
+    // that enqueued the hold returned.
+    let open: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    // SAFETY: `gate` is sound on any thread; `open` is leaked.
+    let s = unsafe { launch(s1, Some(gate), open as *const AtomicBool as *mut c_void) };
+    assert_eq!(s, Status::SUCCESS);
+    assert!(!dev.stream_query(s1).expect("query"), "pending while held");
+    open.store(true, Ordering::SeqCst);
+    dev.stream_synchronize(s1).expect("sync");
+    assert!(dev.stream_query(s1).expect("query"));
+
+    for e in [start, end] {
+        dev.event_destroy(e).expect("event_destroy");
+    }
+    for s in [s1, s2] {
+        dev.stream_destroy(s).expect("stream_destroy");
+    }
+    dev.mem_free(a, MemKind::DEVICE).expect("free");
+    dev.mem_free(b, MemKind::DEVICE).expect("free");
+    let err = dev.stream_destroy(s1).expect_err("destroyed twice");
+    assert_eq!(err.status(), Status::INVALID_HANDLE);
+}
+
+/// Runs `ferrocx conformance --plugin SO` and asserts it passed, showing its report if not.
+fn assert_conformant(so: &Path) {
+    let dir = plugin_dir(&[so.to_path_buf()], &[]);
+    let plugin = dir.path().join(so.file_name().expect("file name"));
+    let report = ferrocx_ok(
+        &[
+            "conformance",
+            "--plugin",
+            plugin.to_str().expect("utf-8 path"),
+        ],
+        dir.path(),
+    );
+    assert!(
+        report.contains(" 0 failed") && report.contains("CONFORMANT"),
+        "{report}"
+    );
+}
+
+#[test]
+fn the_out_of_tree_plugin_builds_and_answers_through_its_table() {
+    let so = out_of_tree();
+    let dir = plugin_dir(&[so], &[]);
+    let dev = load_device(
+        &dir.path().join("libferrocx_adaptor_outoftree.so"),
+        "outoftree",
+        Checked::AbiStable,
+    );
+    exercise_host_memory_device(&dev);
+}
+
+#[test]
+fn the_out_of_tree_plugin_is_listed_by_ferrocx_info() {
+    let dir = plugin_dir(&[out_of_tree()], &[]);
+    let info = ferrocx_ok(&["info"], dir.path());
+    let me = info_section(&info, "outoftree").join("\n");
+    assert!(
+        me.contains("ABI 1.1, checked by abi_stable layout check + headers"),
+        "{me}"
+    );
+    assert!(
+        me.contains("absent: stream_wrap, ipc_export, ipc_import, ipc_close"),
+        "{me}"
+    );
+    assert!(
+        me.contains("device 0: ferrocx-example host memory (out-of-tree Rust example)"),
+        "{me}"
+    );
+}
+
+#[test]
+fn the_out_of_tree_plugin_passes_the_conformance_kit() {
+    assert_conformant(&out_of_tree());
+}
+
+#[test]
+fn the_template_generates_builds_and_says_what_to_implement() {
+    let so = template();
+    // Every required method is present and names the vendor call to make.
+    for (file, table_entries) in [
+        ("device.rs", DeviceAdaptorV1::entries().len()),
+        ("ccl.rs", CclAdaptorV1::entries().len()),
+    ] {
+        let src = std::fs::read_to_string(template_dir().join("src").join(file)).expect("read");
+        // Every entry but get_last_error (the SDK provides it) is a method with a TODO.
+        assert_eq!(
+            src.matches("\"TODO(vendor): ").count(),
+            table_entries - 1,
+            "{file}"
+        );
+    }
+    let manifest = std::fs::read_to_string(template_dir().join("Cargo.toml")).expect("read");
+    assert!(manifest.contains(&format!("name = \"ferrocx-adaptor-{TEMPLATE_NAME}\"")));
+    let sdk = repo_root().join("plugin-sdk");
+    assert!(
+        manifest.contains(&format!("path = \"{}\"", sdk.display())),
+        "the SDK path is rewritten for the destination:\n{manifest}"
+    );
+
+    let dir = plugin_dir(&[so], &[]);
+    let info = ferrocx_ok(&["info"], dir.path());
+    let me = info_section(&info, TEMPLATE_NAME).join("\n");
+    assert!(me.contains("checked by abi_stable"), "{me}");
+    assert!(
+        me.contains("device: unavailable:") && me.contains("TODO(vendor): load the runtime"),
+        "{me}"
+    );
+    assert!(
+        me.contains("ccl: unavailable:") && me.contains("TODO(vendor): load the library"),
+        "{me}"
+    );
+
+    // The conformance kit runs on it, and its failures name the TODOs.
+    let plugin = dir
+        .path()
+        .join(format!("libferrocx_adaptor_{TEMPLATE_NAME}.so"));
+    let out = ferrocx_cli::run_ferrocx(
+        &["conformance", "--plugin", plugin.to_str().expect("utf-8")],
+        dir.path(),
+    );
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains("TODO(vendor): load the runtime"),
+        "{report}"
+    );
+}
+
+#[test]
+fn the_generated_templates_own_tests_pass() {
+    template();
+    let manifest = template_dir().join("Cargo.toml");
+    let out = cargo()
+        .args(["test", "--offline", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(build_dir())
+        .env_remove("CARGO_TARGET_DIR")
+        .output()
+        .expect("run cargo test");
+    assert!(
+        out.status.success(),
+        "cargo test of the generated template failed:\n{}\n{}",
+        tail(&out.stdout, 20),
+        tail(&out.stderr, 20)
+    );
+}
+
+#[test]
+fn new_adaptor_refuses_a_bad_name_and_a_used_directory() {
+    let script = repo_root().join("plugin-sdk/template/new-adaptor.sh");
+    let used = tempfile::tempdir().expect("tempdir");
+    std::fs::write(used.path().join("keep"), b"x").expect("write");
+    for (name, dest, why) in [
+        ("Acme", used.path().join("new"), "NAME must be lowercase"),
+        ("acme", used.path().to_path_buf(), "is not empty"),
+    ] {
+        let out = Command::new(&script)
+            .arg(name)
+            .arg(&dest)
+            .output()
+            .expect("run new-adaptor.sh");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(why), "{stderr}");
+    }
+    assert!(!used.path().join("new").exists());
+}
+
+#[test]
+fn the_c_example_builds_warning_free_and_answers_through_its_table() {
+    let so = c_example();
+    let dir = plugin_dir(&[so], &[]);
+    let dev = load_device(
+        &dir.path().join("libferrocx_adaptor_cexample.so"),
+        "cexample",
+        Checked::HeaderOnly,
+    );
+    exercise_host_memory_device(&dev);
+}
+
+#[test]
+fn the_c_example_is_listed_by_ferrocx_info() {
+    let dir = plugin_dir(&[c_example()], &[]);
+    let info = ferrocx_ok(&["info"], dir.path());
+    let me = info_section(&info, "cexample").join("\n");
+    assert!(
+        me.contains("ABI 1.1, checked by headers (C/C++ plugin)"),
+        "{me}"
+    );
+    assert!(
+        me.contains("device 0: ferrocx-example host memory (C example)"),
+        "{me}"
+    );
+}
+
+#[test]
+fn the_c_example_passes_the_device_part_of_the_conformance_kit() {
+    assert_conformant(&c_example());
+}
