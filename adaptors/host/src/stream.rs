@@ -6,7 +6,7 @@
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread;
 
@@ -53,8 +53,9 @@ pub struct StreamInner {
     enqueued: AtomicU64,
     /// Tasks completed so far.
     completed: AtomicU64,
-    /// Threads sleeping on `done` (in `synchronize`): the worker signals only when non-zero.
-    waiters: AtomicUsize,
+    /// The smallest completion count a thread sleeping in `synchronize` waits for (`u64::MAX`
+    /// when none): the worker signals only when it reaches it, not after every task.
+    wake_at: AtomicU64,
     /// Cleared when the stream is destroyed (handle caches check it).
     alive: AtomicBool,
     /// Signalled when a task is enqueued or the stream closes.
@@ -104,11 +105,15 @@ impl StreamInner {
         let target = self.enqueued.load(Ordering::Acquire);
         if self.completed.load(Ordering::Acquire) < target {
             let mut s = self.lock();
-            self.waiters.fetch_add(1, Ordering::SeqCst);
-            while self.completed.load(Ordering::SeqCst) < target {
+            loop {
+                // Register the target, then re-check: the worker either sees the target or
+                // completed the task before the check below.
+                self.wake_at.fetch_min(target, Ordering::SeqCst);
+                if self.completed.load(Ordering::SeqCst) >= target {
+                    break;
+                }
                 s = self.done.wait(s).unwrap_or_else(|p| p.into_inner());
             }
-            self.waiters.fetch_sub(1, Ordering::SeqCst);
             drop(s);
         }
         match self.lock().error.take() {
@@ -160,10 +165,12 @@ impl StreamInner {
                     tracing::debug!(stream = self.id, "task failed: {e}");
                     self.lock().error.get_or_insert(e);
                 }
-                self.completed.fetch_add(1, Ordering::SeqCst);
-                if self.waiters.load(Ordering::SeqCst) > 0 {
-                    // Taking the lock orders this wake after the waiter's check.
-                    drop(self.lock());
+                let done = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
+                if done >= self.wake_at.load(Ordering::SeqCst) {
+                    // Under the lock, so the waiter is either before its check or asleep. Every
+                    // waiter wakes, re-registers its own target if it is not reached yet.
+                    let _s = self.lock();
+                    self.wake_at.store(u64::MAX, Ordering::SeqCst);
                     self.done.notify_all();
                 }
             }
@@ -187,7 +194,7 @@ fn spawn() -> Result<Arc<StreamInner>> {
         state: Mutex::new(State::default()),
         enqueued: AtomicU64::new(0),
         completed: AtomicU64::new(0),
-        waiters: AtomicUsize::new(0),
+        wake_at: AtomicU64::new(u64::MAX),
         alive: AtomicBool::new(true),
         work: Condvar::new(),
         done: Condvar::new(),

@@ -16,8 +16,8 @@ use ferrocx_plugin_sdk::abi::{DataType, ReduceOp, Status};
 use ferrocx_plugin_sdk::{Error, Result};
 
 use super::reduce::reduce;
-use super::segment::{Segment, LINE};
-use super::sync::barrier;
+use super::segment::{Segment, LINE, LINE_BYTES};
+use super::sync::{barrier, notify, wait_until};
 
 /// Operation kinds, as written in descriptors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,25 +282,59 @@ impl Ctx<'_> {
         Ok((self.gen % 2) as usize)
     }
 
-    /// Publishes the descriptor with the next barrier, crosses it, and checks that every rank
-    /// called the same operation.
-    fn agree(&mut self, d: &Desc) -> Result<usize> {
-        let p = self.next_parity();
+    /// Starts an operation: publishes its descriptor (and `small`, a payload of at most
+    /// [`LINE_BYTES`]) in this rank's line for the next generation, waits until every rank has
+    /// published that generation (a barrier), and checks that every rank called the same
+    /// operation. Returns the parity of what was published.
+    fn agree(&mut self, d: &Desc, small: Option<&[u8]>) -> Result<usize> {
+        let g = self.gen + 1;
+        let p = (g % 2) as usize;
+        let comm = self.comm;
+        let seg = &comm.seg;
+        let n = comm.nranks;
+        let me = comm.rank;
+        let line = &seg.rank(me).line[p];
         let mine = [
             d.kind as u64,
             d.count,
             d.dtype.0 as u64,
             d.op.0 as u64,
             d.root as u64,
-            self.gen + 1,
+            g,
         ];
-        for (slot, v) in self.seg().rank(self.me()).desc[p].iter().zip(mine) {
+        for (slot, v) in line.desc.iter().zip(mine) {
             slot.store(v, Ordering::Relaxed);
         }
-        let p = self.barrier(d.kind.name())?;
+        if let Some(bytes) = small {
+            // SAFETY: at most LINE_BYTES bytes into this rank's own line, which no peer reads
+            // until the generation below is published.
+            unsafe {
+                copy(
+                    line.data.get() as *mut u8,
+                    bytes.as_ptr(),
+                    bytes.len().min(LINE_BYTES),
+                )
+            };
+        }
+        line.gen.store(g, Ordering::SeqCst);
+        notify(seg);
+        wait_until(
+            seg,
+            me,
+            comm.timeout,
+            d.kind.name(),
+            || Ok((0..n).all(|r| seg.rank(r).line[p].gen.load(Ordering::Acquire) >= g)),
+            || {
+                (0..n)
+                    .filter(|&r| seg.rank(r).line[p].gen.load(Ordering::Acquire) < g)
+                    .collect()
+            },
+        )?;
+        self.gen = g;
         let mut differ = Vec::new();
-        for r in 0..self.n() {
-            let theirs: Vec<u64> = self.seg().rank(r).desc[p]
+        for r in 0..n {
+            let theirs: Vec<u64> = seg.rank(r).line[p]
+                .desc
                 .iter()
                 .map(|x| x.load(Ordering::Relaxed))
                 .collect();
@@ -326,10 +360,7 @@ impl Ctx<'_> {
                 v[4] as i64
             )
         };
-        let mut msg = format!(
-            "ranks disagree on the operation ({}; ",
-            show(self.me(), &mine)
-        );
+        let mut msg = format!("ranks disagree on the operation ({}; ", show(me, &mine));
         msg += &differ
             .iter()
             .map(|(r, v)| show(*r, v))
@@ -337,6 +368,11 @@ impl Ctx<'_> {
             .join("; ");
         msg.push(')');
         Err(Error::invalid_argument(msg))
+    }
+
+    /// Rank `r`'s small payload of parity `p`.
+    fn line_data(&self, p: usize, r: usize) -> *const u8 {
+        self.seg().rank(r).line[p].data.get() as *const u8
     }
 
     /// Rank `r`'s slot of parity `p`.
@@ -416,11 +452,31 @@ pub unsafe fn all_reduce(
     };
     let bytes = count * es;
     let writes = |ctx: &Ctx<'_>| root.is_none_or(|r| r == ctx.me());
+    if bytes <= LINE_BYTES {
+        // The data rides in the line that announces the call: one round trip in all.
+        // SAFETY: send holds `bytes` bytes.
+        let data = unsafe { std::slice::from_raw_parts(send, bytes) };
+        let p = ctx.agree(&desc, Some(data))?;
+        if writes(ctx) && bytes > 0 {
+            with_scratch(bytes, |s| -> Result<()> {
+                let srcs: Vec<&[u8]> = (0..ctx.n())
+                    // SAFETY: every rank's line of parity p holds `bytes` published bytes,
+                    // 8-byte aligned, until the next generation of that parity.
+                    .map(|r| unsafe { std::slice::from_raw_parts(ctx.line_data(p, r), bytes) })
+                    .collect();
+                reduce(s, &srcs, dtype, op)?;
+                // SAFETY: recv holds bytes.
+                unsafe { copy(recv, s.as_ptr(), bytes) };
+                Ok(())
+            })?;
+        }
+        return Ok(());
+    }
     if bytes <= ONE_SHOT_BYTES.min(ctx.slot_bytes()) {
         let p = ctx.next_parity();
         // SAFETY: the slot holds slot_bytes >= bytes; send holds bytes.
         unsafe { copy(ctx.slot(p, ctx.me()), send, bytes) };
-        let p = ctx.agree(&desc)?;
+        let p = ctx.agree(&desc, None)?;
         if writes(ctx) && bytes > 0 {
             with_scratch(bytes, |s| -> Result<()> {
                 // SAFETY: scratch holds bytes, 8-aligned.
@@ -441,7 +497,7 @@ pub unsafe fn all_reduce(
         // SAFETY: n elements fit in the slot; send holds count elements.
         unsafe { copy(ctx.slot(p, ctx.me()), send.add(done * es), n * es) };
         let p = if first {
-            ctx.agree(&desc)?
+            ctx.agree(&desc, None)?
         } else {
             ctx.barrier(kind.name())?
         };
@@ -497,7 +553,7 @@ pub unsafe fn broadcast(
             unsafe { copy(ctx.slot(p, root), send.add(done), n) };
         }
         let p = if first {
-            ctx.agree(&desc)?
+            ctx.agree(&desc, None)?
         } else {
             ctx.barrier("broadcast")?
         };
@@ -545,7 +601,7 @@ pub unsafe fn all_gather(
         // any peer data lands in recv (peers' blocks are elsewhere in recv).
         unsafe { copy(ctx.slot(p, ctx.me()), send.add(done), n) };
         let p = if first {
-            ctx.agree(&desc)?
+            ctx.agree(&desc, None)?
         } else {
             ctx.barrier(kind.name())?
         };
@@ -626,7 +682,7 @@ pub unsafe fn exchange(
             }
         }
         let p = if first {
-            ctx.agree(&desc)?
+            ctx.agree(&desc, None)?
         } else {
             ctx.barrier(kind.name())?
         };
@@ -698,9 +754,9 @@ pub unsafe fn all_to_allv(
     };
     let send = staged.as_ref().map_or(send, |v| v.as_ptr());
     // Every rank must run the same number of rounds: agree on the largest block first.
-    let p0 = ctx.agree(&desc)?;
+    let p0 = ctx.agree(&desc, None)?;
     let global_max = (0..n)
-        .map(|r| ctx.seg().rank(r).desc[p0][1].load(Ordering::Relaxed))
+        .map(|r| ctx.seg().rank(r).line[p0].desc[1].load(Ordering::Relaxed))
         .max()
         .unwrap_or(0) as usize;
     let mut done = 0;

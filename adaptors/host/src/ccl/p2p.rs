@@ -6,12 +6,12 @@
 //! transfers progress together, each as far as its ring allows, so any set of sends and
 //! receives completes in any order without deadlock.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 use ferrocx_plugin_sdk::{Error, Result};
 
 use super::comm::HostComm;
-use super::sync::{wake, Waiter};
+use super::sync::{notify, wait_until};
 
 const HDR: usize = 16;
 
@@ -40,15 +40,6 @@ struct Progress {
     /// Bytes of header + payload moved so far.
     moved: usize,
     hdr: [u8; HDR],
-}
-
-fn low(word: &std::sync::atomic::AtomicU64) -> &AtomicU32 {
-    // SAFETY: the low half of an aligned u64 is an aligned u32 at the same address on
-    // little-endian targets; futexes only need the address and a 32-bit value.
-    #[cfg(target_endian = "little")]
-    unsafe {
-        &*(word as *const std::sync::atomic::AtomicU64 as *const AtomicU32)
-    }
 }
 
 /// Copies `n` bytes into the ring at logical position `pos` (wrapping).
@@ -127,7 +118,7 @@ impl Progress {
                     self.moved += left;
                 }
                 ring.head.store(head + n as u64, Ordering::SeqCst);
-                wake(&comm.seg, low(&ring.head));
+                notify(&comm.seg);
                 Ok(n)
             }
             Transfer::Recv { peer, ptr, len } => {
@@ -165,20 +156,20 @@ impl Progress {
                     self.moved += left;
                 }
                 ring.tail.store(tail + n as u64, Ordering::SeqCst);
-                wake(&comm.seg, low(&ring.tail));
+                notify(&comm.seg);
                 Ok(n)
             }
         }
     }
 
-    /// The word to sleep on while stuck, and its current value.
-    fn sleep_word<'a>(&self, comm: &'a HostComm) -> (&'a AtomicU32, u32) {
+    /// The counter the peer moves when this transfer can progress: the ring's tail for a send
+    /// (space freed), its head for a receive (data arrived).
+    fn watched(&self, comm: &HostComm) -> u64 {
         let me = comm.rank;
-        let w = match self.t {
-            Transfer::Send { peer, .. } => low(&comm.seg.ring(me, peer).0.tail),
-            Transfer::Recv { peer, .. } => low(&comm.seg.ring(peer, me).0.head),
-        };
-        (w, w.load(Ordering::SeqCst))
+        match self.t {
+            Transfer::Send { peer, .. } => comm.seg.ring(me, peer).0.tail.load(Ordering::SeqCst),
+            Transfer::Recv { peer, .. } => comm.seg.ring(peer, me).0.head.load(Ordering::SeqCst),
+        }
     }
 }
 
@@ -203,24 +194,27 @@ pub fn run(comm: &HostComm, transfers: Vec<Transfer>) -> Result<()> {
             hdr: [0; HDR],
         })
         .collect();
-    let mut waiter = Waiter::new(&comm.seg, comm.rank, comm.timeout, "send/recv");
     loop {
         let mut moved = 0;
-        let mut word = None;
         // Transfers to (or from) one peer share a ring: only the oldest unfinished one of each
         // direction and peer moves, so messages never interleave and stay in issue order.
         let mut busy: Vec<(bool, usize)> = Vec::new();
-        for op in ops.iter_mut().filter(|o| o.moved < o.total()) {
+        let mut watch: Vec<(usize, u64)> = Vec::new();
+        for (i, op) in ops
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, o)| o.moved < o.total())
+        {
             let lane = (matches!(op.t, Transfer::Send { .. }), op.peer());
             if busy.contains(&lane) {
                 continue;
             }
             busy.push(lane);
-            let before = op.sleep_word(comm);
+            let before = op.watched(comm);
             let n = op.step(comm)?;
             moved += n;
-            if n == 0 && word.is_none() {
-                word = Some(before);
+            if n == 0 {
+                watch.push((i, before));
             }
         }
         let pending: Vec<usize> = ops
@@ -232,11 +226,15 @@ pub fn run(comm: &HostComm, transfers: Vec<Transfer>) -> Result<()> {
             return Ok(());
         }
         if moved > 0 {
-            waiter = Waiter::new(&comm.seg, comm.rank, comm.timeout, "send/recv");
             continue;
         }
-        if let Some(w) = word {
-            waiter.pause(w, || pending.clone())?;
-        }
+        wait_until(
+            &comm.seg,
+            comm.rank,
+            comm.timeout,
+            "send/recv",
+            || Ok(watch.iter().any(|(i, v)| ops[*i].watched(comm) != *v)),
+            || pending.clone(),
+        )?;
     }
 }

@@ -36,7 +36,24 @@ pub struct Header {
     _pad1: [u8; LINE - 8],
 }
 
-/// Per-rank state, one cache line each.
+/// Bytes of payload a [`Line`] carries: small collectives travel inside the line that also
+/// signals their arrival, so each peer moves one pair of cache lines per call.
+pub const LINE_BYTES: usize = 192;
+
+/// What a rank publishes to start an operation: the generation it reached, the operation's
+/// descriptor (for the mismatch check) and, for a small message, its data.
+#[repr(C, align(128))]
+pub struct Line {
+    /// Generation of the publication (stored last, `SeqCst`; monotonic, never reset).
+    pub gen: AtomicU64,
+    /// The operation: kind, count, dtype, op, root, generation.
+    pub desc: [AtomicU64; 6],
+    _pad: u64,
+    /// Small-message payload.
+    pub data: std::cell::UnsafeCell<[u64; LINE_BYTES / 8]>,
+}
+
+/// Per-rank state.
 #[repr(C, align(128))]
 pub struct RankState {
     /// The rank's pid, written at attach.
@@ -44,8 +61,8 @@ pub struct RankState {
     _pad: u32,
     /// The last barrier generation this rank arrived at (monotonic, never reset).
     pub arrived: AtomicU64,
-    /// Operation descriptors, by parity: what this rank is doing, for the mismatch check.
-    pub desc: [[AtomicU64; 6]; 2],
+    /// Operation starts, by parity of their generation.
+    pub line: [Line; 2],
 }
 
 /// A ring for point-to-point traffic from one rank to another.

@@ -29,11 +29,14 @@ pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     }
 }
 
-/// Wakes every sleeper on `word`, if any rank of `seg` sleeps (the common case is a spinning
-/// peer, and the system call is then skipped).
-pub fn wake(seg: &Segment, word: &AtomicU32) {
-    if seg.header().sleepers.load(Ordering::SeqCst) > 0 {
-        futex_wake(word);
+/// Tells sleeping ranks of `seg` that something they may wait for changed. Call it after the
+/// publishing store (made `SeqCst`); it costs one load when nobody sleeps, which is the common
+/// case while peers spin.
+pub fn notify(seg: &Segment) {
+    let h = seg.header();
+    if h.sleepers.load(Ordering::SeqCst) > 0 {
+        h.wake.fetch_add(1, Ordering::SeqCst);
+        futex_wake(&h.wake);
     }
 }
 
@@ -65,13 +68,11 @@ pub fn alive(pid: u32) -> bool {
 }
 
 /// A wait on peers: the progress policy and the checks every wait makes.
-pub struct Waiter<'a> {
+struct Waiter<'a> {
     seg: &'a Segment,
     me: usize,
     deadline: Instant,
     timeout: Duration,
-    spins: u32,
-    spin: u32,
     next_check: Instant,
     what: &'a str,
 }
@@ -95,49 +96,60 @@ fn spin_budget(nranks: usize) -> u32 {
     }
 }
 
-impl<'a> Waiter<'a> {
-    /// A wait for `what` (used in errors) with the communicator's timeout.
-    pub fn new(seg: &'a Segment, me: usize, timeout: Duration, what: &'a str) -> Self {
-        let now = Instant::now();
-        Waiter {
-            seg,
-            me,
-            deadline: now + timeout,
-            timeout,
-            spins: 0,
-            spin: spin_budget(seg.layout.nranks),
-            next_check: now + Duration::from_millis(20),
-            what,
-        }
-    }
-
-    /// One round of waiting: call in a loop that re-checks its condition. `sleep_on` is the word
-    /// the peer bumps when it makes progress, and its value when the condition was last checked.
-    /// `pending` lists the peers still awaited (for the error message).
-    pub fn pause(
-        &mut self,
-        sleep_on: (&AtomicU32, u32),
-        pending: impl Fn() -> Vec<usize>,
-    ) -> Result<()> {
-        self.spins += 1;
-        if self.spins < self.spin {
-            std::hint::spin_loop();
+/// Waits until `ready()` holds: spins briefly, then yields, then sleeps on the segment's futex
+/// (woken by [`notify`]). Fails on abort, on a dead peer among `pending()`, or at the deadline,
+/// naming the ranks still awaited.
+pub fn wait_until(
+    seg: &Segment,
+    me: usize,
+    timeout: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> Result<bool>,
+    pending: impl Fn() -> Vec<usize>,
+) -> Result<()> {
+    let spin = spin_budget(seg.layout.nranks);
+    let now = Instant::now();
+    let mut w = Waiter {
+        seg,
+        me,
+        deadline: now + timeout,
+        timeout,
+        next_check: now + Duration::from_millis(20),
+        what,
+    };
+    let h = seg.header();
+    let mut n = 0u32;
+    loop {
+        if ready()? {
             return Ok(());
         }
-        if self.spins < self.spin + YIELD {
+        n = n.saturating_add(1);
+        if n < spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        if n < spin + YIELD {
             std::thread::yield_now();
         } else {
-            // Announce the sleep before re-checking the word (futex_wait compares it), so a
-            // waker that changed it either sees a sleeper or the compare fails.
-            let sleepers = &self.seg.header().sleepers;
-            sleepers.fetch_add(1, Ordering::SeqCst);
-            futex_wait(sleep_on.0, sleep_on.1, Duration::from_millis(5));
-            sleepers.fetch_sub(1, Ordering::SeqCst);
+            // Register as a sleeper, then re-check: a publisher either sees the sleeper (and
+            // bumps the word, failing the futex compare or waking us) or published before the
+            // registration (and the re-check sees it).
+            h.sleepers.fetch_add(1, Ordering::SeqCst);
+            let word = h.wake.load(Ordering::SeqCst);
+            let r = ready();
+            if !matches!(r, Ok(false)) {
+                h.sleepers.fetch_sub(1, Ordering::SeqCst);
+                return r.map(|_| ());
+            }
+            futex_wait(&h.wake, word, Duration::from_millis(5));
+            h.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
-        self.check(pending)
+        w.check(&pending)?;
     }
+}
 
-    fn check(&mut self, pending: impl Fn() -> Vec<usize>) -> Result<()> {
+impl Waiter<'_> {
+    fn check(&mut self, pending: &impl Fn() -> Vec<usize>) -> Result<()> {
         if self.seg.header().abort.load(Ordering::Acquire) != 0 {
             return Err(Error::new(
                 Status::ABORTED,
@@ -179,25 +191,18 @@ impl<'a> Waiter<'a> {
 /// counter (never reset), so an early leaver's next arrival can never be confused with this one.
 pub fn barrier(seg: &Segment, me: usize, gen: u64, timeout: Duration, what: &str) -> Result<()> {
     let n = seg.layout.nranks;
-    let h = seg.header();
     seg.rank(me).arrived.store(gen, Ordering::SeqCst);
-    let all_here = || (0..n).all(|r| seg.rank(r).arrived.load(Ordering::Acquire) >= gen);
-    if all_here() {
-        // Last to arrive (or tied for last): wake the sleepers.
-        h.wake.fetch_add(1, Ordering::SeqCst);
-        wake(seg, &h.wake);
-        return Ok(());
-    }
-    let mut w = Waiter::new(seg, me, timeout, what);
-    loop {
-        let word = h.wake.load(Ordering::SeqCst);
-        if all_here() {
-            return Ok(());
-        }
-        w.pause((&h.wake, word), || {
+    notify(seg);
+    wait_until(
+        seg,
+        me,
+        timeout,
+        what,
+        || Ok((0..n).all(|r| seg.rank(r).arrived.load(Ordering::Acquire) >= gen)),
+        || {
             (0..n)
                 .filter(|&r| seg.rank(r).arrived.load(Ordering::Acquire) < gen)
                 .collect()
-        })?;
-    }
+        },
+    )
 }
