@@ -24,7 +24,7 @@ for n in "${ranks[@]}"; do
   # Many iterations where a call takes microseconds, fewer where it takes milliseconds (the
   # MPI program does the same).
   ./target/release/ferrocx bench --config configs/local.toml -n "$n" --op all_reduce \
-    -b 8 -e 64K -f 2 --iters 1000 --warmup 100 --json > "$out/ferrocx-small-$n.json"
+    -b 8 -e 64K -f 2 --iters 2000 --warmup 2000 --json > "$out/ferrocx-small-$n.json"
   ./target/release/ferrocx bench --config configs/local.toml -n "$n" --op all_reduce \
     -b 128K -e 64M -f 2 --iters 20 --warmup 5 --json > "$out/ferrocx-large-$n.json"
 done

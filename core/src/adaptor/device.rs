@@ -160,6 +160,17 @@ impl Device {
         call!(self, self.tables.root.get(), mem_set(dst, value, bytes))
     }
 
+    /// Bytes `(free, total)` of the current device (ABI 1.1; absent in a 1.0 plugin).
+    pub fn mem_get_info(&self) -> Result<(usize, usize), AdaptorError> {
+        let (mut free, mut total) = (0usize, 0usize);
+        call!(
+            self,
+            self.tables.root.get(),
+            mem_get_info(&mut free, &mut total)
+        )?;
+        Ok((free, total))
+    }
+
     /// Enqueues a copy on `stream`.
     pub fn mem_copy_async(
         &self,
