@@ -8,7 +8,7 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
@@ -155,7 +155,7 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let Some((program, program_args)) = args.command.split_first() else {
         return Err("no command to launch (give it after `--`)".into());
     };
-    let bind_addr = resolve(&args.master_addr, args.master_port)?;
+    let bind_addr = ferrocx::bootstrap::resolve(&args.master_addr, args.master_port)?;
     let job_id = format!("launch-{}", random_hex(8)?);
     let token = random_hex(32)?;
     let server = StoreServer::bind(bind_addr, token.clone())
@@ -443,19 +443,6 @@ fn spawn_forwarder(
     if let Err(e) = spawned {
         tracing::warn!("rank {rank}: no thread to forward its output: {e}");
     }
-}
-
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
-    let addrs: Vec<SocketAddr> = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("--master-addr {host}: {e}"))?
-        .collect();
-    addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or_else(|| addrs.first())
-        .copied()
-        .ok_or_else(|| format!("--master-addr {host}: no addresses"))
 }
 
 /// `bytes` random bytes from the kernel, in hex.

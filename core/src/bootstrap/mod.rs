@@ -34,7 +34,7 @@ pub use error::BootstrapError;
 pub use job::JobInfo;
 pub use rank::{RankInfo, RankSource};
 pub use server::StoreServer;
-pub use store::Store;
+pub use store::{resolve, Store};
 
 /// The job's id (see [`JobInfo::from_env`]).
 pub const ENV_JOB_ID: &str = "FERROCX_JOB_ID";

@@ -459,7 +459,8 @@ fn left(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, BootstrapError> {
+/// Resolves `host:port` (the value of `MASTER_ADDR` and a port), preferring IPv4.
+pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, BootstrapError> {
     let err = |reason: String| BootstrapError::Resolve {
         var: ENV_MASTER_ADDR.to_owned(),
         host: host.to_owned(),

@@ -109,7 +109,8 @@ impl Layout {
 /// A mapped communicator segment.
 pub struct Segment {
     base: *mut u8,
-    len: usize,
+    /// Owns the mapping (unmapped on drop); `base` is its first address.
+    _map: crate::shm::Mapping,
     pub layout: Layout,
     name: CString,
     unlinked: bool,
@@ -228,23 +229,12 @@ impl Segment {
     }
 
     fn map(fd: i32, len: usize, name: CString, layout: Layout) -> Result<Segment> {
-        // SAFETY: fd refers to a segment of at least `len` bytes.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(os("mmap of the communicator segment"));
-        }
+        // SAFETY: `fd` is open for the duration of this call (the callers close it after).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let map = crate::shm::Mapping::shared(fd, len)?;
         Ok(Segment {
-            base: p as *mut u8,
-            len,
+            base: map.addr() as usize as *mut u8,
+            _map: map,
             layout,
             name,
             unlinked: false,
@@ -309,12 +299,5 @@ impl Segment {
             let h = &*(self.base.add(off) as *const RingHeader);
             (h, self.base.add(off + std::mem::size_of::<RingHeader>()))
         }
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
 }
