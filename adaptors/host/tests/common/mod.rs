@@ -74,33 +74,66 @@ pub struct Outcome {
     pub output: String,
 }
 
-/// Waits for every rank (killing all after `limit`), returning their exit codes and output.
+/// Waits for every rank, returning their exit codes and output. Each rank's pipes are drained
+/// by a thread of its own (a rank never blocks on a full pipe); ranks still running after
+/// `limit` are killed, and their output says so.
 pub fn wait(children: Vec<Child>, limit: Duration) -> Vec<Outcome> {
-    let start = Instant::now();
-    let mut children: Vec<(usize, Child)> = children.into_iter().enumerate().collect();
-    loop {
-        let done = children
-            .iter_mut()
-            .all(|(_, c)| matches!(c.try_wait(), Ok(Some(_))));
-        if done || start.elapsed() > limit {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let mut deadline = Instant::now() + limit;
+    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (rank, child) in children.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let out = child.wait_with_output().expect("wait");
+            let _ = tx.send((rank, out));
+        });
     }
-    children
-        .into_iter()
-        .map(|(rank, mut c)| {
-            let _ = c.kill();
-            let out = c.wait_with_output().expect("wait");
-            Outcome {
-                rank,
-                code: out.status.code(),
-                output: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                ),
+    drop(tx);
+    let mut outcomes: Vec<Option<Outcome>> = (0..pids.len()).map(|_| None).collect();
+    let mut killed = false;
+    while outcomes.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok((rank, out)) => {
+                let note = if killed {
+                    format!("(killed by the test after {limit:?})\n")
+                } else {
+                    String::new()
+                };
+                outcomes[rank] = Some(Outcome {
+                    rank,
+                    code: out.status.code(),
+                    output: format!(
+                        "{note}{}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    ),
+                });
             }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !killed => {
+                killed = true;
+                // The killed ranks' waiters report within moments.
+                deadline = Instant::now() + Duration::from_secs(30);
+                for (rank, pid) in pids.iter().enumerate() {
+                    if outcomes[rank].is_none() {
+                        // SAFETY: signals our own child, which has not been reaped (its waiter
+                        // thread has not reported), so the pid is still ours.
+                        unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) };
+                    }
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    outcomes
+        .into_iter()
+        .enumerate()
+        .map(|(rank, o)| {
+            o.unwrap_or(Outcome {
+                rank,
+                code: None,
+                output: "(never reported, even after SIGKILL)".into(),
+            })
         })
         .collect()
 }
