@@ -76,7 +76,7 @@ fn the_host_plugin_conforms_on_two_ranks() {
     assert!(out.contains("0 failed"), "{out}");
     assert!(
         out.contains("skipped (absent)"),
-        "the multicast group is absent:\n{out}"
+        "the window group is absent:\n{out}"
     );
 }
 

@@ -4,14 +4,15 @@ use std::ffi::c_void;
 
 use ferrocx_plugin_sdk::prelude::*;
 
-use crate::{event, flatmap, ipc, memory, shm, stream, vmm};
+use crate::{event, flatmap, ipc, memory, multicast, shm, stream, vmm};
 
 /// The CPU device. One device per process.
 ///
 /// Memory: `DEVICE` and `PINNED` allocations are POSIX shared-memory segments named
 /// `/ferrocx-<FERROCX_JOB_ID>-<pid>-<seq>` (exportable with `ipc_export`), `HOST` allocations
-/// come from the C heap. VMM allocations are `memfd` files, and flat ranges are reserved address
-/// space they are mapped into. `init` removes the segments that dead processes of the same job
+/// come from the C heap. VMM allocations are named shared-memory segments too, flat ranges are
+/// reserved address space they are mapped into, and multicast is emulated (see
+/// [`crate::multicast`]). `init` removes the segments that dead processes of the same job
 /// left behind; `finalize` frees everything this process still holds.
 #[derive(Default)]
 pub struct HostDevice {}
@@ -31,13 +32,16 @@ impl DeviceAdaptor for HostDevice {
         Ok(())
     }
     fn finalize(&self) -> Result<()> {
-        // Reverse order of dependence: flat ranges map VMM memory, imports map peers' segments.
+        // Reverse order of dependence: multicast objects name VMM memory, flat ranges map it,
+        // imports map peers' segments.
+        let multicast = multicast::release_all();
         let ranges = flatmap::release_all();
         let handles = vmm::release_all();
         let imports = ipc::close_all();
         let allocations = memory::free_all();
-        if ranges + handles + imports + allocations > 0 {
+        if multicast + ranges + handles + imports + allocations > 0 {
             tracing::debug!(
+                multicast,
                 ranges,
                 handles,
                 imports,
@@ -72,7 +76,8 @@ impl DeviceAdaptor for HostDevice {
                 | Capabilities::HOST_ADDRESSABLE
                 | Capabilities::IPC
                 | Capabilities::VMM
-                | Capabilities::FLAT_MAP,
+                | Capabilities::FLAT_MAP
+                | Capabilities::MULTICAST,
             total_memory: 0,
             arch: 0,
             device_count: 1,
@@ -224,5 +229,46 @@ impl DeviceFlatMap for HostDevice {
     }
     fn flat_release(&self, base: DevicePtr, bytes: usize) -> Result<()> {
         flatmap::release(base, bytes)
+    }
+}
+
+impl DeviceMulticast for HostDevice {
+    fn mc_supported(&self, device: i32) -> Result<bool> {
+        self.set_device(device)?;
+        Ok(true)
+    }
+    fn mc_create(&self, bytes: usize, num_devices: i32) -> Result<McHandle> {
+        multicast::create(bytes, num_devices)
+    }
+    fn mc_export_fd(&self, mc: McHandle) -> Result<i32> {
+        multicast::export_fd(mc)
+    }
+    fn mc_import_fd(&self, fd: i32, bytes: usize) -> Result<McHandle> {
+        multicast::import_fd(fd, bytes)
+    }
+    fn mc_add_device(&self, mc: McHandle, device: i32) -> Result<()> {
+        multicast::add_device(mc, device)
+    }
+    fn mc_bind(
+        &self,
+        mc: McHandle,
+        mc_offset: usize,
+        mem: VmmHandle,
+        mem_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        multicast::bind(mc, mc_offset, mem, mem_offset, bytes)
+    }
+    fn mc_map(&self, mc: McHandle, bytes: usize) -> Result<DevicePtr> {
+        multicast::map(mc, bytes)
+    }
+    fn mc_unmap(&self, ptr: DevicePtr, bytes: usize) -> Result<()> {
+        multicast::unmap(ptr, bytes)
+    }
+    fn mc_unbind(&self, mc: McHandle, device: i32, mc_offset: usize, bytes: usize) -> Result<()> {
+        multicast::unbind(mc, device, mc_offset, bytes)
+    }
+    fn mc_release(&self, mc: McHandle) -> Result<()> {
+        multicast::release(mc)
     }
 }

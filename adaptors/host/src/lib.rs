@@ -2,7 +2,8 @@
 //!
 //! - Device `host`: memory from POSIX shared memory (so other processes of the job can map it),
 //!   streams as ordered queues run by worker threads, events with CUDA's semantics, host
-//!   functions, IPC, VMM (memfd) and flat mapping.
+//!   functions, IPC, VMM (named shared-memory segments), flat mapping and an emulated multicast
+//!   (reached through [`multicast::store`] and [`multicast::load_reduce`]).
 //! - CCL `host`: a communicator over shared memory for N processes of one host, every
 //!   collective of the ABI, point-to-point and groups, enqueued on the device's streams.
 //!
@@ -15,6 +16,7 @@ mod event;
 mod flatmap;
 mod ipc;
 mod memory;
+pub mod multicast;
 mod shm;
 mod stream;
 mod vmm;
@@ -22,7 +24,9 @@ mod vmm;
 pub use ccl::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, HostCcl};
 pub use device::HostDevice;
 
-use ferrocx::abi::{CclAdaptorV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceVmmV1};
+use ferrocx::abi::{
+    CclAdaptorV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DeviceVmmV1,
+};
 use ferrocx::registry::BuiltinAdaptor;
 
 const NAME: &std::ffi::CStr = c"host";
@@ -30,6 +34,7 @@ const NAME: &std::ffi::CStr = c"host";
 static DEVICE: DeviceAdaptorV1 = ferrocx_plugin_sdk::device_table::<HostDevice>(NAME, &[]);
 static VMM: DeviceVmmV1 = ferrocx_plugin_sdk::vmm_table::<HostDevice>(NAME);
 static FLATMAP: DeviceFlatMapV1 = ferrocx_plugin_sdk::flatmap_table::<HostDevice>(NAME);
+static MULTICAST: DeviceMulticastV1 = ferrocx_plugin_sdk::multicast_table::<HostDevice>(NAME);
 // The host CCL has no memory of its own (the device's is already shared): those entries are absent.
 static CCL: CclAdaptorV1 =
     ferrocx_plugin_sdk::ccl_table::<HostCcl>(NAME, &["mem_alloc", "mem_free"]);
@@ -40,6 +45,7 @@ ferrocx::register_builtin!(BuiltinAdaptor {
     device: Some(&DEVICE),
     vmm: Some(&VMM),
     flatmap: Some(&FLATMAP),
+    multicast: Some(&MULTICAST),
     ccl: Some(&CCL),
     ..BuiltinAdaptor::EMPTY
 });

@@ -1,11 +1,16 @@
-//! VMM of the host device: a physical allocation is an anonymous memory file (`memfd_create`),
-//! exported and imported as its file descriptor (passed between processes with `SCM_RIGHTS`).
+//! VMM of the host device: a physical allocation is a named POSIX shared-memory segment
+//! (`/ferrocx-<jobid>-<pid>-<seq>`, mode 0600), exported and imported as its file descriptor
+//! (passed between processes with `SCM_RIGHTS`). The name is what lets another process open a
+//! peer's allocation without a descriptor (the emulated multicast of [`crate::multicast`] does).
 //!
 //! A [`VmmHandle`] is an opaque id into this process's registry; the registry owns one
-//! descriptor per handle. Memory lives as long as a descriptor or a mapping of it does, so
-//! releasing a handle that is still mapped into a flat range keeps the mapping valid.
+//! descriptor per handle. The creating handle unlinks the name when released (or at
+//! `finalize`); the memory itself lives as long as a descriptor or a mapping of it does, so
+//! releasing a handle that is still mapped into a flat range keeps the mapping valid. An
+//! imported handle learns the name from `/proc/self/fd` (and never unlinks it).
 
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -15,11 +20,97 @@ use ferrocx_plugin_sdk::{Error, Result};
 
 use crate::shm;
 
+/// A segment name this process created, unlinked on drop.
+#[derive(Debug)]
+pub(crate) struct Unlink(CString);
+
+impl Unlink {
+    /// The name, with its leading `/`.
+    pub(crate) fn name(&self) -> &str {
+        self.0.to_str().unwrap_or_default()
+    }
+}
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        // SAFETY: a NUL-terminated name; shm_unlink touches no memory of this process.
+        if unsafe { libc::shm_unlink(self.0.as_ptr()) } != 0 {
+            tracing::warn!(
+                segment = self.name(),
+                "shm_unlink failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// First sequence number of the segments made here. `shm::Segment` counts from 0 with the same
+/// name pattern; starting at 2^62 keeps the two apart, and the names still parse as the
+/// `ferrocx-<jobid>-<pid>-<digits>` that the stale-segment cleanup of `init` removes.
+const SEQ_BASE: u64 = 1 << 62;
+
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(SEQ_BASE);
+
+fn shm_create(name: &CString) -> std::io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name; O_EXCL makes this a new segment only.
+    let fd = unsafe {
+        libc::shm_open(
+            name.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+            0o600 as libc::mode_t,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Creates a new named segment of `bytes` bytes (allocated, so touching it cannot `SIGBUS`):
+/// its descriptor and its name, which unlinks it when dropped.
+pub(crate) fn create_segment(bytes: usize, what: &str) -> Result<(OwnedFd, Unlink)> {
+    let seq = NEXT_SEQ.fetch_add(1, Ordering::Relaxed);
+    let name = format!("/ferrocx-{}-{}-{seq}", shm::job_id(), std::process::id());
+    let c = CString::new(name.clone())
+        .map_err(|_| Error::internal(format!("segment name {name:?} has a NUL")))?;
+    let fd = match shm_create(&c) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            // Only a process with our pid makes this name, and we never made it: a dead
+            // process that had our pid before us left it.
+            tracing::warn!(segment = %name, "removing a stale segment of an earlier process with this pid");
+            drop(Unlink(c.clone()));
+            shm_create(&c).map_err(|e| shm::os_error(format!("shm_open({name})"), e))?
+        }
+        Err(e) => return Err(shm::os_error(format!("shm_open({name})"), e)),
+    };
+    // From here on, an early return unlinks the name and closes the descriptor.
+    let unlink = Unlink(c);
+    shm::allocate(fd.as_fd(), bytes, &format!("{what} ({name})"))?;
+    Ok((fd, unlink))
+}
+
+/// The shared-memory segment name (with its leading `/`) behind `fd`, from
+/// `/proc/self/fd/<fd>`; `None` when it is not a live segment of `/dev/shm`.
+fn name_of_fd(fd: BorrowedFd<'_>) -> Option<String> {
+    let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()?;
+    let target = target.to_str()?;
+    let rest = target.strip_prefix("/dev/shm/")?;
+    if rest.is_empty() || rest.contains('/') || rest.ends_with(" (deleted)") {
+        return None;
+    }
+    Some(format!("/{rest}"))
+}
+
 /// One physical allocation or import.
 struct Physical {
     fd: OwnedFd,
     size: usize,
-    imported: bool,
+    /// The segment's name; `None` for an import whose descriptor is not a named segment.
+    name: Option<String>,
+    /// Set for the creating handle: unlinks the name when the handle goes.
+    owner: Option<Unlink>,
 }
 
 fn registry() -> MutexGuard<'static, HashMap<u64, Physical>> {
@@ -53,18 +144,12 @@ pub fn alloc(bytes: usize) -> Result<VmmHandle> {
         return Err(Error::invalid_argument("cannot allocate 0 bytes"));
     }
     let size = shm::round_to_pages(bytes)?;
-    // SAFETY: a NUL-terminated name; memfd_create touches no memory of this process.
-    let fd = unsafe { libc::memfd_create(c"ferrocx-vmm".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(shm::last_os_error("memfd_create"));
-    }
-    // SAFETY: `fd` is a new descriptor nothing else owns; an early return closes it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    shm::allocate(fd.as_fd(), size, "a VMM allocation")?;
+    let (fd, unlink) = create_segment(size, "a VMM allocation")?;
     Ok(insert(Physical {
         fd,
         size,
-        imported: false,
+        name: Some(unlink.name().to_string()),
+        owner: Some(unlink),
     }))
 }
 
@@ -111,10 +196,12 @@ pub fn import_fd(fd: i32, bytes: usize) -> Result<VmmHandle> {
     let own = borrowed
         .try_clone_to_owned()
         .map_err(|e| shm::os_error(format!("dup of fd {fd}"), e))?;
+    let name = name_of_fd(own.as_fd());
     Ok(insert(Physical {
         fd: own,
         size,
-        imported: true,
+        name,
+        owner: None,
     }))
 }
 
@@ -125,7 +212,8 @@ pub fn release(h: VmmHandle) -> Result<()> {
         handle = h.0,
         fd = p.fd.as_raw_fd(),
         size = p.size,
-        imported = p.imported,
+        segment = p.name.as_deref().unwrap_or("?"),
+        imported = p.owner.is_none(),
         "released"
     );
     Ok(())
@@ -144,6 +232,19 @@ pub fn with_fd<T>(h: VmmHandle, f: impl FnOnce(BorrowedFd<'_>, usize) -> Result<
     f(p.fd.as_fd(), p.size)
 }
 
+/// The segment name (with its leading `/`) of `h`'s memory.
+pub fn segment_name(h: VmmHandle) -> Result<String> {
+    let reg = registry();
+    let p = reg.get(&h.0).ok_or_else(|| unknown(h))?;
+    p.name.clone().ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "VMM handle {:#x} was imported from a descriptor that is not a named shared-memory \
+             segment of /dev/shm",
+            h.0
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,13 +261,23 @@ mod tests {
         assert!(e.message().contains(&granularity().to_string()), "{e}");
         let g = import_fd(fd.as_raw_fd(), 10).unwrap();
         drop(fd);
+        // The allocation is a named segment; the import learns the same name.
+        let name = segment_name(h).unwrap();
+        assert_eq!(segment_name(g).unwrap(), name);
+        let path = std::path::Path::new("/dev/shm").join(&name[1..]);
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            granularity() as u64
+        );
         with_fd(g, |_, size| {
             assert_eq!(size, granularity());
             Ok(())
         })
         .unwrap();
-        release(h).unwrap();
         release(g).unwrap();
+        assert!(path.exists(), "releasing an import keeps the name");
+        release(h).unwrap();
+        assert!(!path.exists(), "releasing the creator unlinks the name");
         assert_eq!(release(g).unwrap_err().status(), Status::INVALID_HANDLE);
         assert_eq!(export_fd(h).unwrap_err().status(), Status::INVALID_HANDLE);
     }

@@ -5,6 +5,7 @@ ferrocx_plugin_sdk::export_plugin! {
     device: host::HostDevice,
     device_vmm: host::HostDevice,
     device_flatmap: host::HostDevice,
+    device_multicast: host::HostDevice,
     ccl: host::HostCcl,
     ccl_absent: ["mem_alloc", "mem_free"],
 }

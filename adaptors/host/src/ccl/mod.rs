@@ -8,7 +8,7 @@
 
 mod comm;
 mod p2p;
-mod reduce;
+pub(crate) mod reduce;
 mod segment;
 mod sync;
 
