@@ -93,7 +93,8 @@ impl Communicator {
         let local_device = rank.local_rank as i32 % sel.device.device_count()?.max(1);
         sel.device.set_device(local_device)?;
         if sel.ccl.tables().root.get().init.is_some() {
-            sel.ccl.init()?;
+            sel.ccl
+                .init_with(&options(cluster.options_for(&cluster.ccl)))?;
         }
         let (store, server) = Store::from_env(rank, job, timeout)?;
         let uid = if me == 0 {

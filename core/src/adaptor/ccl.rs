@@ -52,9 +52,30 @@ impl Ccl {
 
     /// `init` with no options.
     pub fn init(&self) -> Result<(), AdaptorError> {
+        self.init_with(&[])
+    }
+
+    /// `init` with the configuration's options for this adaptor (e.g. NCCL's `library`).
+    pub fn init_with(&self, options: &[(String, String)]) -> Result<(), AdaptorError> {
         let f = self.entry("init", self.tables.root.get().init)?;
-        // SAFETY: zero options: a null array is allowed.
-        let status = unsafe { f(std::ptr::null(), 0) };
+        let owned: Vec<(CString, CString)> = options
+            .iter()
+            .map(|(k, v)| {
+                (
+                    CString::new(k.replace('\0', "")).unwrap_or_default(),
+                    CString::new(v.replace('\0', "")).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let kvs: Vec<KeyValue> = owned
+            .iter()
+            .map(|(k, v)| KeyValue {
+                key: k.as_ptr(),
+                value: v.as_ptr(),
+            })
+            .collect();
+        // SAFETY: `kvs` and the strings it points to live across the call.
+        let status = unsafe { f(kvs.as_ptr(), kvs.len()) };
         self.check("init", status)
     }
 
