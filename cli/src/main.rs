@@ -114,6 +114,10 @@ fn init_logging() {
 fn main() -> ExitCode {
     // The host backend is built in: it runs on any machine.
     ferrocx_adaptor_host::link();
+    #[cfg(feature = "cuda")]
+    ferrocx_adaptor_cuda::link();
+    #[cfg(feature = "cuda")]
+    ferrocx_adaptor_nccl::link();
     let cli = Cli::parse();
     init_logging();
     let result = match cli.command {

@@ -1,0 +1,91 @@
+//! The CUDA driver, loaded at run time: finding `libcuda` without ever panicking, and turning a
+//! `CUresult` into the SDK's [`Error`].
+
+use std::ffi::CStr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{self, CUresult, Lib};
+use ferrocx_plugin_sdk::{Error, Result};
+
+/// The loaded driver: every entry point of cudarc's CUDA 12.8 bindings.
+pub(crate) type Driver = &'static Lib;
+
+/// Loads the driver once; every later call returns the same outcome (a library is never
+/// unloaded, and a missing one is not looked for again).
+pub(crate) fn load() -> Result<Driver> {
+    static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
+    DRIVER.get_or_init(open).clone().map_err(Error::vendor)
+}
+
+/// `true` when a CUDA driver can be loaded in this process.
+pub fn is_present() -> bool {
+    load().is_ok()
+}
+
+fn open() -> std::result::Result<Driver, String> {
+    // cudarc's search first, asked whether it finds a library before `culib()` is called (which
+    // panics when it does not). Both resolve every symbol of the 12.8 bindings and panic when the
+    // driver lacks one (a driver older than 12.8): that panic is caught here, never propagated.
+    // SAFETY: opening the system's CUDA driver library runs no code of ours.
+    match catch_unwind(|| unsafe { sys::is_culib_present() }) {
+        Ok(true) => {
+            // SAFETY: as above; `is_culib_present` just found a library that loads.
+            return catch_unwind(|| unsafe { sys::culib() }).map_err(too_old);
+        }
+        Ok(false) => {}
+        Err(panic) => return Err(too_old(panic)),
+    }
+    // `libcuda.so` is a development link; a driver installation always has the versioned name.
+    // SAFETY: as above.
+    match catch_unwind(AssertUnwindSafe(|| unsafe { Lib::new("libcuda.so.1") })) {
+        Ok(Ok(lib)) => Ok(Box::leak(Box::new(lib))),
+        Ok(Err(e)) => Err(format!(
+            "libcuda.so.1 not found: {e} (no NVIDIA driver on this machine, or not on the loader path)"
+        )),
+        Err(panic) => Err(too_old(panic)),
+    }
+}
+
+fn too_old(panic: Box<dyn std::any::Any + Send>) -> String {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    format!("libcuda found but unusable (a driver older than CUDA 12.8 lacks symbols the adaptor binds): {what}")
+}
+
+/// `Ok` for `CUDA_SUCCESS`, else the error of `op` (see [`error`]).
+pub(crate) fn check(lib: Driver, op: &str, r: CUresult) -> Result<()> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(error(lib, op, r))
+    }
+}
+
+/// `"cuXxx failed: CUDA_ERROR_NAME (code)"`: a vendor error, or out-of-memory for
+/// `CUDA_ERROR_OUT_OF_MEMORY` (so callers can tell it apart and fall back).
+pub(crate) fn error(lib: Driver, op: &str, r: CUresult) -> Error {
+    let message = format!("{op} failed: {} ({})", error_name(lib, r), r as u32);
+    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        Error::out_of_memory(message)
+    } else {
+        Error::vendor(message)
+    }
+}
+
+fn error_name(lib: Driver, r: CUresult) -> String {
+    let mut name = std::ptr::null();
+    // SAFETY: `name` is a valid out-pointer; the driver stores a static string in it.
+    let rc = unsafe { (lib.cuGetErrorName)(r, &mut name) };
+    if rc == CUresult::CUDA_SUCCESS && !name.is_null() {
+        // SAFETY: a non-null, NUL-terminated string of static storage, from the driver.
+        unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        format!("{r:?}")
+    }
+}

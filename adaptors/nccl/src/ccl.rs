@@ -1,0 +1,738 @@
+//! [`NcclCcl`]: the SDK's [`CclAdaptor`] over libnccl.
+//!
+//! Collectives map one to one onto NCCL's; gather, scatter, all-to-all and all-to-allv are
+//! grouped `ncclSend`/`ncclRecv` (as nccl-tests and PyTorch build them). Every call is enqueued
+//! on the stream and returns at once (NCCL's semantics).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use ferrocx_plugin_sdk::prelude::*;
+
+use crate::conv;
+use crate::library::{Api, Candidates};
+use crate::sys;
+
+/// The NCCL CCL adaptor. One per process ([`CclAdaptor::instance`]).
+///
+/// Options: `library` — the libnccl to load (else `FERROCX_NCCL_LIBRARY`, else `libnccl.so.2`,
+/// then `libnccl.so`).
+#[derive(Default)]
+pub struct NcclCcl {
+    state: RwLock<State>,
+    comms: Mutex<HashMap<u64, Arc<NcclComm>>>,
+    next_comm: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    /// The loaded library (leaked: never unloaded), `None` before `init` or after `finalize`.
+    api: Option<&'static Api>,
+    /// Why the last `init` failed, for the `NOT_INITIALIZED` errors that follow.
+    failure: Option<String>,
+}
+
+/// One communicator: NCCL's handle and what ferrocx asked for.
+struct NcclComm {
+    raw: sys::ncclComm_t,
+    rank: i32,
+    nranks: i32,
+    /// Deadline for a wait on a peer (0: the core's default). Not enforced here: the core polls
+    /// `comm_get_async_error` and aborts; a watchdog of this adaptor's own comes later.
+    timeout_ms: u64,
+}
+
+// SAFETY: an `ncclComm_t` may be used from any thread; serialising concurrent use of one
+// communicator is the caller's duty, as with NCCL itself.
+unsafe impl Send for NcclComm {}
+// SAFETY: as above; this struct is never mutated after creation.
+unsafe impl Sync for NcclComm {}
+
+/// Keeps NVLink SHARP (NVLS, multicast objects) off unless the operator set
+/// `NCCL_NVLS_ENABLE` themselves: multicast objects can put shared GPU hosts out of service.
+/// Runs before libnccl is loaded, so NCCL reads it at its first call.
+fn keep_nvls_off() {
+    match std::env::var_os("NCCL_NVLS_ENABLE") {
+        None => {
+            // Mutating the environment races only with C code reading it on another thread;
+            // this runs in `init`, before NCCL (the reader that matters) is loaded.
+            std::env::set_var("NCCL_NVLS_ENABLE", "0");
+            tracing::debug!("nccl: NCCL_NVLS_ENABLE unset, set to 0 (multicast off)");
+        }
+        Some(v) if v != "0" => {
+            tracing::warn!(value = ?v, "nccl: NCCL_NVLS_ENABLE is set by the environment and not 0: NVLink SHARP may create multicast objects");
+        }
+        Some(_) => {}
+    }
+}
+
+fn ptr(p: DevicePtr) -> *mut c_void {
+    p.0 as usize as *mut c_void
+}
+
+/// `p + elems * elem` bytes, checked.
+fn at(p: DevicePtr, elems: usize, elem: usize) -> Result<DevicePtr> {
+    elems
+        .checked_mul(elem)
+        .and_then(|b| p.0.checked_add(b as u64))
+        .map(DevicePtr)
+        .ok_or_else(|| Error::invalid_argument(format!("offset of {elems} elements overflows")))
+}
+
+fn elem_size(t: DataType) -> Result<usize> {
+    t.size()
+        .ok_or_else(|| Error::invalid_argument(format!("unknown data type {t:?}")))
+}
+
+fn in_place_unsupported(op: &str, rule: &str) -> Error {
+    Error::unsupported(format!(
+        "{op} with send == recv: NCCL's in-place form is {rule}"
+    ))
+}
+
+impl NcclCcl {
+    fn api(&self) -> Result<&'static Api> {
+        let st = self.state.read().unwrap_or_else(|p| p.into_inner());
+        st.api.ok_or_else(|| {
+            let why = st.failure.as_deref().map_or_else(
+                || "init was not called".to_string(),
+                |f| format!("init failed: {f}"),
+            );
+            Error::new(
+                Status::NOT_INITIALIZED,
+                format!("nccl: not initialised ({why})"),
+            )
+        })
+    }
+
+    fn comm(&self, c: Comm) -> Result<(&'static Api, Arc<NcclComm>)> {
+        let api = self.api()?;
+        let id = c.0 as usize as u64;
+        let comm = self
+            .comms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))?;
+        Ok((api, comm))
+    }
+
+    fn take(&self, c: Comm) -> Result<(&'static Api, Arc<NcclComm>)> {
+        let api = self.api()?;
+        let id = c.0 as usize as u64;
+        let comm = self
+            .comms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id)
+            .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))?;
+        Ok((api, comm))
+    }
+
+    /// The peer deadline `comm` was created with, in milliseconds (0: the core's default), or
+    /// `None` for an unknown handle.
+    pub fn comm_timeout_ms(&self, comm: Comm) -> Option<u64> {
+        self.comm(comm).ok().map(|(_, c)| c.timeout_ms)
+    }
+
+    fn query(&self, c: Comm, op: &str, f: impl Fn(&Api) -> sys::CommQuery) -> Result<i32> {
+        let (api, comm) = self.comm(c)?;
+        let mut v = 0;
+        // SAFETY: a live communicator and a valid out-pointer.
+        api.check(op, unsafe { f(api)(comm.raw, &mut v) }, comm.raw)?;
+        Ok(v)
+    }
+
+    /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd`; the group is closed on every path.
+    fn grouped(api: &Api, op: &str, comm: &NcclComm, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        // SAFETY: no arguments; groups nest.
+        api.check(op, unsafe { (api.ncclGroupStart)() }, comm.raw)?;
+        let issued = f();
+        // SAFETY: closes the group opened above.
+        let ended = api.check(op, unsafe { (api.ncclGroupEnd)() }, comm.raw);
+        issued.and(ended)
+    }
+
+    /// `ncclSend` of `count` elements at `buf` (nothing for zero).
+    fn p2p_send(
+        api: &Api,
+        comm: &NcclComm,
+        buf: DevicePtr,
+        count: usize,
+        t: sys::ncclDataType_t,
+        peer: i32,
+        stream: Stream,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: `buf` holds `count` elements on the communicator's device until the
+        // operation completes on `stream` (the ABI's contract).
+        let rc = unsafe { (api.ncclSend)(ptr(buf), count, t, peer, comm.raw, stream.0) };
+        api.check("ncclSend", rc, comm.raw)
+    }
+
+    /// `ncclRecv` of `count` elements into `buf` (nothing for zero).
+    fn p2p_recv(
+        api: &Api,
+        comm: &NcclComm,
+        buf: DevicePtr,
+        count: usize,
+        t: sys::ncclDataType_t,
+        peer: i32,
+        stream: Stream,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: as in `p2p_send`, for writes.
+        let rc = unsafe { (api.ncclRecv)(ptr(buf), count, t, peer, comm.raw, stream.0) };
+        api.check("ncclRecv", rc, comm.raw)
+    }
+}
+
+impl CclAdaptor for NcclCcl {
+    fn instance() -> &'static Self {
+        singleton!(NcclCcl)
+    }
+
+    /// Loads libnccl (see [`NcclCcl`] for where from) after making sure `NCCL_NVLS_ENABLE` is
+    /// set (to `0` unless the environment already says otherwise). A second `init` after a
+    /// successful one keeps the library already loaded.
+    fn init(&self, options: &Options) -> Result<()> {
+        let mut st = self.state.write().unwrap_or_else(|p| p.into_inner());
+        if st.api.is_some() {
+            return Ok(());
+        }
+        keep_nvls_off();
+        match Api::load(&Candidates::from(options)) {
+            Ok(api) => {
+                st.api = Some(Box::leak(Box::new(api)));
+                st.failure = None;
+                Ok(())
+            }
+            Err(e) => {
+                st.failure = Some(e.message().to_string());
+                Err(e)
+            }
+        }
+    }
+
+    fn finalize(&self) -> Result<()> {
+        self.api()?;
+        let left = self.comms.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if left > 0 {
+            tracing::warn!(
+                communicators = left,
+                "nccl: finalize with communicators still alive; they are left to the process exit"
+            );
+        }
+        self.state.write().unwrap_or_else(|p| p.into_inner()).api = None;
+        Ok(())
+    }
+
+    fn version(&self) -> Result<i32> {
+        Ok(self.api()?.version)
+    }
+
+    fn unique_id(&self) -> Result<Vec<u8>> {
+        let api = self.api()?;
+        let mut id = sys::ncclUniqueId {
+            internal: [0; sys::NCCL_UNIQUE_ID_BYTES],
+        };
+        // SAFETY: a valid out-pointer to a whole `ncclUniqueId`.
+        api.check(
+            "ncclGetUniqueId",
+            unsafe { (api.ncclGetUniqueId)(&mut id) },
+            std::ptr::null_mut(),
+        )?;
+        Ok(id.internal.iter().map(|&b| b as u8).collect())
+    }
+
+    /// Creates the communicator with `ncclCommInitRank`. NCCL uses the calling thread's current
+    /// CUDA device: the core calls the device adaptor's `set_device(init.device)` on this thread
+    /// first; a communicator that lands on another device is destroyed and refused.
+    fn comm_init_rank(&self, init: &CommInit<'_>) -> Result<Comm> {
+        let api = self.api()?;
+        if init.unique_id.len() != sys::NCCL_UNIQUE_ID_BYTES {
+            return Err(Error::invalid_argument(format!(
+                "unique id of {} bytes; NCCL's has {}",
+                init.unique_id.len(),
+                sys::NCCL_UNIQUE_ID_BYTES
+            )));
+        }
+        if init.nranks < 1 || init.rank < 0 || init.rank >= init.nranks {
+            return Err(Error::invalid_argument(format!(
+                "rank {} is not in 0..{}",
+                init.rank, init.nranks
+            )));
+        }
+        let mut id = sys::ncclUniqueId {
+            internal: [0; sys::NCCL_UNIQUE_ID_BYTES],
+        };
+        for (d, s) in id.internal.iter_mut().zip(init.unique_id) {
+            *d = *s as _;
+        }
+        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the id is passed by value as `nccl.h` declares.
+        let rc = unsafe { (api.ncclCommInitRank)(&mut raw, init.nranks, id, init.rank) };
+        api.check("ncclCommInitRank", rc, raw)?;
+        let mut device = -1;
+        // SAFETY: the communicator just created; a valid out-pointer.
+        let rc = unsafe { (api.ncclCommCuDevice)(raw, &mut device) };
+        if let Err(e) = api.check("ncclCommCuDevice", rc, raw) {
+            // SAFETY: the communicator is ours and unused.
+            unsafe { (api.ncclCommDestroy)(raw) };
+            return Err(e);
+        }
+        if device != init.device {
+            // SAFETY: as above.
+            unsafe { (api.ncclCommDestroy)(raw) };
+            return Err(Error::invalid_argument(format!(
+                "the communicator of rank {} landed on CUDA device {device}, not {}: set the device on this thread first",
+                init.rank, init.device
+            )));
+        }
+        let id = self.next_comm.fetch_add(1, Ordering::Relaxed) + 1;
+        let comm = NcclComm {
+            raw,
+            rank: init.rank,
+            nranks: init.nranks,
+            timeout_ms: init.timeout_ms,
+        };
+        self.comms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Arc::new(comm));
+        tracing::debug!(
+            rank = init.rank,
+            nranks = init.nranks,
+            device,
+            "nccl: communicator created"
+        );
+        Ok(Comm(id as usize as *mut c_void))
+    }
+
+    fn comm_finalize(&self, c: Comm) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        // SAFETY: a live communicator.
+        api.check(
+            "ncclCommFinalize",
+            unsafe { (api.ncclCommFinalize)(comm.raw) },
+            comm.raw,
+        )
+    }
+
+    fn comm_destroy(&self, c: Comm) -> Result<()> {
+        let (api, comm) = self.take(c)?;
+        // SAFETY: a live communicator, removed from the table so no later call reaches it.
+        api.check(
+            "ncclCommDestroy",
+            unsafe { (api.ncclCommDestroy)(comm.raw) },
+            std::ptr::null_mut(),
+        )
+    }
+
+    fn comm_abort(&self, c: Comm) -> Result<()> {
+        let (api, comm) = self.take(c)?;
+        // SAFETY: as in `comm_destroy`.
+        api.check(
+            "ncclCommAbort",
+            unsafe { (api.ncclCommAbort)(comm.raw) },
+            std::ptr::null_mut(),
+        )
+    }
+
+    fn comm_async_error(&self, c: Comm) -> Result<Status> {
+        let (api, comm) = self.comm(c)?;
+        let mut rc = sys::NCCL_SUCCESS;
+        // SAFETY: a live communicator and a valid out-pointer.
+        let call = unsafe { (api.ncclCommGetAsyncError)(comm.raw, &mut rc) };
+        api.check("ncclCommGetAsyncError", call, comm.raw)?;
+        if let Err(e) = api.check("asynchronous error", rc, comm.raw) {
+            tracing::debug!(rank = comm.rank, error = %e, "nccl: communicator reports an error");
+        }
+        Ok(conv::status(rc))
+    }
+
+    fn comm_count(&self, c: Comm) -> Result<i32> {
+        self.query(c, "ncclCommCount", |a| a.ncclCommCount)
+    }
+
+    fn comm_user_rank(&self, c: Comm) -> Result<i32> {
+        self.query(c, "ncclCommUserRank", |a| a.ncclCommUserRank)
+    }
+
+    fn comm_device(&self, c: Comm) -> Result<i32> {
+        self.query(c, "ncclCommCuDevice", |a| a.ncclCommCuDevice)
+    }
+
+    fn all_reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let (t, o) = (conv::dtype(dtype, api.version)?, conv::op(op, api.version)?);
+        // SAFETY: buffers of `count` elements on the device until the operation completes on
+        // `stream` (the ABI's contract); NCCL supports send == recv.
+        let rc =
+            unsafe { (api.ncclAllReduce)(ptr(send), ptr(recv), count, t, o, comm.raw, stream.0) };
+        api.check("ncclAllReduce", rc, comm.raw)
+    }
+
+    fn all_gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let t = conv::dtype(dtype, api.version)?;
+        if send == recv && comm.rank != 0 {
+            return Err(in_place_unsupported(
+                "all_gather",
+                "send == recv + rank * send_count",
+            ));
+        }
+        // SAFETY: `send` holds `send_count` and `recv` `nranks * send_count` elements until the
+        // operation completes on `stream`.
+        let rc =
+            unsafe { (api.ncclAllGather)(ptr(send), ptr(recv), send_count, t, comm.raw, stream.0) };
+        api.check("ncclAllGather", rc, comm.raw)
+    }
+
+    fn reduce_scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        recv_count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let (t, o) = (conv::dtype(dtype, api.version)?, conv::op(op, api.version)?);
+        if send == recv && comm.rank != 0 {
+            return Err(in_place_unsupported(
+                "reduce_scatter",
+                "recv == send + rank * recv_count",
+            ));
+        }
+        // SAFETY: `send` holds `nranks * recv_count` and `recv` `recv_count` elements until the
+        // operation completes on `stream`.
+        let rc = unsafe {
+            (api.ncclReduceScatter)(ptr(send), ptr(recv), recv_count, t, o, comm.raw, stream.0)
+        };
+        api.check("ncclReduceScatter", rc, comm.raw)
+    }
+
+    fn broadcast(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        root: i32,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let t = conv::dtype(dtype, api.version)?;
+        // SAFETY: buffers of `count` elements until the operation completes on `stream`.
+        let rc = unsafe {
+            (api.ncclBroadcast)(ptr(send), ptr(recv), count, t, root, comm.raw, stream.0)
+        };
+        api.check("ncclBroadcast", rc, comm.raw)
+    }
+
+    fn reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: i32,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let (t, o) = (conv::dtype(dtype, api.version)?, conv::op(op, api.version)?);
+        // SAFETY: buffers of `count` elements until the operation completes on `stream`.
+        let rc = unsafe {
+            (api.ncclReduce)(ptr(send), ptr(recv), count, t, o, root, comm.raw, stream.0)
+        };
+        api.check("ncclReduce", rc, comm.raw)
+    }
+
+    fn gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        root: i32,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let t = conv::dtype(dtype, api.version)?;
+        let size = elem_size(dtype)?;
+        if !(0..comm.nranks).contains(&root) {
+            return Err(Error::invalid_argument(format!(
+                "root {root} is not in 0..{}",
+                comm.nranks
+            )));
+        }
+        if comm.rank != root {
+            return Self::p2p_send(api, &comm, send, send_count, t, root, stream);
+        }
+        let own = at(recv, root as usize * send_count, size)?;
+        if send == recv && own != send {
+            return Err(in_place_unsupported(
+                "gather",
+                "send == recv + root * send_count",
+            ));
+        }
+        Self::grouped(api, "gather", &comm, || {
+            for r in 0..comm.nranks {
+                let block = at(recv, r as usize * send_count, size)?;
+                if r == root {
+                    if block != send {
+                        Self::p2p_send(api, &comm, send, send_count, t, r, stream)?;
+                        Self::p2p_recv(api, &comm, block, send_count, t, r, stream)?;
+                    }
+                } else {
+                    Self::p2p_recv(api, &comm, block, send_count, t, r, stream)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        recv_count: usize,
+        dtype: DataType,
+        root: i32,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let t = conv::dtype(dtype, api.version)?;
+        let size = elem_size(dtype)?;
+        if !(0..comm.nranks).contains(&root) {
+            return Err(Error::invalid_argument(format!(
+                "root {root} is not in 0..{}",
+                comm.nranks
+            )));
+        }
+        if comm.rank != root {
+            return Self::p2p_recv(api, &comm, recv, recv_count, t, root, stream);
+        }
+        let own = at(send, root as usize * recv_count, size)?;
+        if send == recv && own != recv {
+            return Err(in_place_unsupported(
+                "scatter",
+                "recv == send + root * recv_count",
+            ));
+        }
+        Self::grouped(api, "scatter", &comm, || {
+            for r in 0..comm.nranks {
+                let block = at(send, r as usize * recv_count, size)?;
+                if r == root {
+                    if block != recv {
+                        Self::p2p_send(api, &comm, block, recv_count, t, r, stream)?;
+                        Self::p2p_recv(api, &comm, recv, recv_count, t, r, stream)?;
+                    }
+                } else {
+                    Self::p2p_send(api, &comm, block, recv_count, t, r, stream)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn all_to_all(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let t = conv::dtype(dtype, api.version)?;
+        let size = elem_size(dtype)?;
+        if send == recv {
+            return Err(in_place_unsupported(
+                "all_to_all",
+                "absent (use distinct buffers)",
+            ));
+        }
+        Self::grouped(api, "all_to_all", &comm, || {
+            for r in 0..comm.nranks {
+                let off = r as usize * count;
+                Self::p2p_send(api, &comm, at(send, off, size)?, count, t, r, stream)?;
+                Self::p2p_recv(api, &comm, at(recv, off, size)?, count, t, r, stream)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn all_to_allv(
+        &self,
+        send: DevicePtr,
+        send_v: VCounts<'_>,
+        recv: DevicePtr,
+        recv_v: VCounts<'_>,
+        dtype: DataType,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let t = conv::dtype(dtype, api.version)?;
+        let size = elem_size(dtype)?;
+        let n = comm.nranks as usize;
+        for (v, what) in [(&send_v, "send"), (&recv_v, "recv")] {
+            if v.counts.len() != n || v.displs.len() != n {
+                return Err(Error::invalid_argument(format!(
+                    "{what} counts/displacements must have {n} entries"
+                )));
+            }
+        }
+        if send == recv {
+            return Err(in_place_unsupported(
+                "all_to_allv",
+                "absent (use distinct buffers)",
+            ));
+        }
+        Self::grouped(api, "all_to_allv", &comm, || {
+            for r in 0..comm.nranks {
+                let i = r as usize;
+                let s = at(send, send_v.displs[i], size)?;
+                let d = at(recv, recv_v.displs[i], size)?;
+                Self::p2p_send(api, &comm, s, send_v.counts[i], t, r, stream)?;
+                Self::p2p_recv(api, &comm, d, recv_v.counts[i], t, r, stream)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn send(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        peer: i32,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let t = conv::dtype(dtype, api.version)?;
+        // SAFETY: `buf` holds `count` elements until the operation completes on `stream`.
+        let rc = unsafe { (api.ncclSend)(ptr(buf), count, t, peer, comm.raw, stream.0) };
+        api.check("ncclSend", rc, comm.raw)
+    }
+
+    fn recv(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        peer: i32,
+        c: Comm,
+        stream: Stream,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let t = conv::dtype(dtype, api.version)?;
+        // SAFETY: `buf` has room for `count` elements until the operation completes on `stream`.
+        let rc = unsafe { (api.ncclRecv)(ptr(buf), count, t, peer, comm.raw, stream.0) };
+        api.check("ncclRecv", rc, comm.raw)
+    }
+
+    fn group_start(&self) -> Result<()> {
+        let api = self.api()?;
+        // SAFETY: no arguments.
+        api.check(
+            "ncclGroupStart",
+            unsafe { (api.ncclGroupStart)() },
+            std::ptr::null_mut(),
+        )
+    }
+
+    fn group_end(&self) -> Result<()> {
+        let api = self.api()?;
+        // SAFETY: no arguments.
+        api.check(
+            "ncclGroupEnd",
+            unsafe { (api.ncclGroupEnd)() },
+            std::ptr::null_mut(),
+        )
+    }
+
+    /// `ncclMemAlloc` on the calling thread's current device (NCCL >= 2.19).
+    fn mem_alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        let api = self.api()?;
+        let f = api.ncclMemAlloc.ok_or_else(|| api.lacks("ncclMemAlloc"))?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        api.check(
+            "ncclMemAlloc",
+            unsafe { f(&mut p, bytes) },
+            std::ptr::null_mut(),
+        )?;
+        Ok(DevicePtr(p as usize as u64))
+    }
+
+    fn mem_free(&self, p: DevicePtr) -> Result<()> {
+        let api = self.api()?;
+        let f = api.ncclMemFree.ok_or_else(|| api.lacks("ncclMemFree"))?;
+        // SAFETY: `p` came from `mem_alloc` (the ABI's contract).
+        api.check("ncclMemFree", unsafe { f(ptr(p)) }, std::ptr::null_mut())
+    }
+
+    fn mem_register(&self, c: Comm, buf: DevicePtr, bytes: usize) -> Result<RegHandle> {
+        let (api, comm) = self.comm(c)?;
+        let f = api
+            .ncclCommRegister
+            .ok_or_else(|| api.lacks("ncclCommRegister"))?;
+        let mut h: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a live communicator, `bytes` of device memory at `buf`, a valid out-pointer.
+        api.check(
+            "ncclCommRegister",
+            unsafe { f(comm.raw, ptr(buf), bytes, &mut h) },
+            comm.raw,
+        )?;
+        Ok(RegHandle(h))
+    }
+
+    fn mem_deregister(&self, c: Comm, handle: RegHandle) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        let f = api
+            .ncclCommDeregister
+            .ok_or_else(|| api.lacks("ncclCommDeregister"))?;
+        // SAFETY: a live communicator and a handle from its `ncclCommRegister`.
+        api.check(
+            "ncclCommDeregister",
+            unsafe { f(comm.raw, handle.0) },
+            comm.raw,
+        )
+    }
+}
