@@ -188,10 +188,9 @@ pub fn adaptor_text(a: &Value, out: &mut String) {
                 .collect();
             let _ = writeln!(
                 out,
-                "    device: {} device(s); device 0: {} {} (capabilities: {})",
+                "    device: {} device(s); device 0: {} (capabilities: {})",
                 i["device_count"],
-                s(&d0["vendor"]),
-                s(&d0["name"]),
+                device_label(&s(&d0["vendor"]), &s(&d0["name"])),
                 if caps.is_empty() {
                     "none".to_string()
                 } else {
@@ -219,5 +218,14 @@ pub fn adaptor_text(a: &Value, out: &mut String) {
             let who: Vec<String> = sel.iter().map(s).collect();
             let _ = writeln!(out, "    selected: {}", who.join(", "));
         }
+    }
+}
+
+/// "vendor name", without repeating a vendor the name already starts with ("NVIDIA H200").
+fn device_label(vendor: &str, name: &str) -> String {
+    if vendor.is_empty() || name.starts_with(vendor) {
+        name.to_string()
+    } else {
+        format!("{vendor} {name}")
     }
 }

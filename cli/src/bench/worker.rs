@@ -324,7 +324,7 @@ fn gather_devices(comm: &Communicator) -> Result<Vec<RankDevice>, Box<dyn Error>
     let dev = comm.device();
     let index = dev.get_device().unwrap_or(0);
     let name = match dev.properties(index) {
-        Ok(p) if p.vendor.is_empty() => p.name,
+        Ok(p) if p.vendor.is_empty() || p.name.starts_with(&p.vendor) => p.name,
         Ok(p) => format!("{} {}", p.vendor, p.name),
         Err(_) => dev.name().to_string(),
     };
