@@ -1,9 +1,8 @@
 //! Safe calls through a CCL adaptor's table.
 
-use std::ffi::CString;
 use std::sync::Arc;
 
-use crate::abi::{Comm, CommInitArgs, DataType, DevicePtr, KeyValue, ReduceOp, Status, Stream};
+use crate::abi::{Comm, CommInitArgs, DataType, DevicePtr, ReduceOp, Status, Stream};
 use crate::loader::CclTables;
 
 use super::device::last_error;
@@ -58,24 +57,9 @@ impl Ccl {
     /// `init` with the configuration's options for this adaptor (e.g. NCCL's `library`).
     pub fn init_with(&self, options: &[(String, String)]) -> Result<(), AdaptorError> {
         let f = self.entry("init", self.tables.root.get().init)?;
-        let owned: Vec<(CString, CString)> = options
-            .iter()
-            .map(|(k, v)| {
-                (
-                    CString::new(k.replace('\0', "")).unwrap_or_default(),
-                    CString::new(v.replace('\0', "")).unwrap_or_default(),
-                )
-            })
-            .collect();
-        let kvs: Vec<KeyValue> = owned
-            .iter()
-            .map(|(k, v)| KeyValue {
-                key: k.as_ptr(),
-                value: v.as_ptr(),
-            })
-            .collect();
-        // SAFETY: `kvs` and the strings it points to live across the call.
-        let status = unsafe { f(kvs.as_ptr(), kvs.len()) };
+        let opts = super::options::CallOptions::new(options);
+        // SAFETY: `opts` and the strings it points to live across the call.
+        let status = unsafe { f(opts.as_ptr(), opts.len()) };
         self.check("init", status)
     }
 
@@ -115,22 +99,7 @@ impl Ccl {
         options: &[(String, String)],
     ) -> Result<Comm, AdaptorError> {
         let f = self.entry("comm_init_rank", self.tables.root.get().comm_init_rank)?;
-        let owned: Vec<(CString, CString)> = options
-            .iter()
-            .map(|(k, v)| {
-                (
-                    CString::new(k.replace('\0', "")).unwrap_or_default(),
-                    CString::new(v.replace('\0', "")).unwrap_or_default(),
-                )
-            })
-            .collect();
-        let kvs: Vec<KeyValue> = owned
-            .iter()
-            .map(|(k, v)| KeyValue {
-                key: k.as_ptr(),
-                value: v.as_ptr(),
-            })
-            .collect();
+        let opts = super::options::CallOptions::new(options);
         let args = CommInitArgs {
             struct_size: std::mem::size_of::<CommInitArgs>() as u32,
             rank,
@@ -139,8 +108,8 @@ impl Ccl {
             unique_id: unique_id.as_ptr(),
             unique_id_len: unique_id.len(),
             timeout_ms,
-            options: kvs.as_ptr(),
-            n_options: kvs.len(),
+            options: opts.as_ptr(),
+            n_options: opts.len(),
         };
         let mut comm = Comm::NULL;
         // SAFETY: `args` and everything it points to live across the call; `comm` is writable.

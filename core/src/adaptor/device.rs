@@ -1,11 +1,9 @@
 //! Safe calls through a device adaptor's table.
 
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{c_char, CStr};
 use std::sync::Arc;
 
-use crate::abi::{
-    Capabilities, DeviceProperties, DevicePtr, Event, KeyValue, MemKind, Status, Stream,
-};
+use crate::abi::{Capabilities, DeviceProperties, DevicePtr, Event, MemKind, Status, Stream};
 use crate::loader::DeviceTables;
 
 use super::error::AdaptorError;
@@ -81,18 +79,12 @@ impl Device {
 
     /// `init` with the configuration's options for this adaptor.
     pub fn init(&self, options: &[(String, String)]) -> Result<(), AdaptorError> {
-        let owned: Vec<(CString, CString)> = options
-            .iter()
-            .map(|(k, v)| (c_string(k), c_string(v)))
-            .collect();
-        let kvs: Vec<KeyValue> = owned
-            .iter()
-            .map(|(k, v)| KeyValue {
-                key: k.as_ptr(),
-                value: v.as_ptr(),
-            })
-            .collect();
-        call!(self, self.tables.root.get(), init(kvs.as_ptr(), kvs.len()))
+        let opts = super::options::CallOptions::new(options);
+        call!(
+            self,
+            self.tables.root.get(),
+            init(opts.as_ptr(), opts.len())
+        )
     }
 
     /// `finalize`.
@@ -274,10 +266,6 @@ pub(crate) fn last_error(f: Option<unsafe extern "C" fn() -> *const c_char>) -> 
     }
     // SAFETY: non-null, NUL-terminated by the ABI's contract.
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-fn c_string(s: &str) -> CString {
-    CString::new(s.replace('\0', "")).unwrap_or_default()
 }
 
 fn fixed_str(chars: &[c_char]) -> String {

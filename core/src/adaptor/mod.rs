@@ -4,6 +4,7 @@
 mod ccl;
 mod device;
 mod error;
+mod options;
 
 pub use ccl::Ccl;
 pub use device::{Device, Properties};
