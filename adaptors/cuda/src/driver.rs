@@ -65,14 +65,16 @@ pub(crate) fn check(lib: Driver, op: &str, r: CUresult) -> Result<()> {
     }
 }
 
-/// `"cuXxx failed: CUDA_ERROR_NAME (code)"`: a vendor error, or out-of-memory for
-/// `CUDA_ERROR_OUT_OF_MEMORY` (so callers can tell it apart and fall back).
+/// `"cuXxx failed: CUDA_ERROR_NAME (code)"`, with the ABI status the error means: the driver's
+/// out-of-memory, invalid-value and invalid-handle errors keep their meaning (a caller can fall
+/// back, or knows it passed a bad argument or handle); everything else is a vendor error.
 pub(crate) fn error(lib: Driver, op: &str, r: CUresult) -> Error {
     let message = format!("{op} failed: {} ({})", error_name(lib, r), r as u32);
-    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        Error::out_of_memory(message)
-    } else {
-        Error::vendor(message)
+    match r {
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY => Error::out_of_memory(message),
+        CUresult::CUDA_ERROR_INVALID_VALUE => Error::invalid_argument(message),
+        CUresult::CUDA_ERROR_INVALID_HANDLE => Error::invalid_handle(message),
+        _ => Error::vendor(message),
     }
 }
 

@@ -43,11 +43,16 @@ pub(crate) fn op(op: ReduceOp, version: i32) -> Result<sys::ncclRedOp_t> {
     })
 }
 
-/// The status for a failed `ncclResult_t`: `ncclInProgress` is `NOT_READY`, anything else a
-/// vendor error (the message carries NCCL's words).
+/// The status for a failed `ncclResult_t` (the message carries NCCL's words):
+/// `ncclInvalidArgument` (4) and `ncclInvalidUsage` (5) are the caller's mistake
+/// (`INVALID_ARGUMENT`), `ncclSystemError` (2) is `SYSTEM_ERROR`, `ncclRemoteError` (6) a
+/// failed peer (`PEER_FAILURE`), `ncclInProgress` (7) `NOT_READY`; anything else a vendor error.
 pub(crate) fn status(rc: sys::ncclResult_t) -> Status {
     match rc {
         sys::NCCL_SUCCESS => Status::SUCCESS,
+        2 => Status::SYSTEM_ERROR,
+        4 | 5 => Status::INVALID_ARGUMENT,
+        6 => Status::PEER_FAILURE,
         sys::NCCL_IN_PROGRESS => Status::NOT_READY,
         _ => Status::VENDOR_ERROR,
     }
@@ -150,9 +155,12 @@ mod tests {
     fn statuses() {
         assert_eq!(status(0), Status::SUCCESS);
         assert_eq!(status(7), Status::NOT_READY);
-        for rc in 1..=6 {
-            assert_eq!(status(rc), Status::VENDOR_ERROR, "ncclResult {rc}");
-        }
+        assert_eq!(status(1), Status::VENDOR_ERROR, "ncclUnhandledCudaError");
+        assert_eq!(status(2), Status::SYSTEM_ERROR);
+        assert_eq!(status(3), Status::VENDOR_ERROR, "ncclInternalError");
+        assert_eq!(status(4), Status::INVALID_ARGUMENT);
+        assert_eq!(status(5), Status::INVALID_ARGUMENT);
+        assert_eq!(status(6), Status::PEER_FAILURE);
     }
 
     #[test]

@@ -35,7 +35,7 @@ fn abort(ctx: &Ctx<'_>, ids: &UniqueIds) -> Verdict {
     let c = api.seen(api.ccl.comm_init_rank(
         ctx.rank as i32,
         ctx.world as i32,
-        0,
+        ctx.device,
         &ids.abort,
         ctx.timeout.as_millis() as u64,
         &[],

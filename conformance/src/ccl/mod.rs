@@ -128,6 +128,8 @@ pub(crate) struct Ctx<'a> {
     pub s: Stream,
     pub rank: usize,
     pub world: usize,
+    /// The device this rank's communicators use.
+    pub device: i32,
     pub timeout: Duration,
     /// The check whose collective failed, after which the communicator is not trusted.
     broken: RefCell<Option<String>>,
@@ -262,6 +264,13 @@ pub(crate) fn run(
         let v = capi.seen(ccl.version())?;
         ensure(v >= 0, || format!("get_version reports {v}"))
     });
+    // One device per rank where the adaptor has several (NCCL refuses two ranks on one GPU);
+    // it is made current before the stream, the buffers and the communicator are created.
+    let devices = dapi.dev.device_count().unwrap_or(1).max(1);
+    let device = rank as i32 % devices;
+    if devices > 1 {
+        let _ = dapi.seen(dapi.dev.set_device(device));
+    }
     let stream = OwnedStream::with_flags(&dapi, 0).ok();
     let s = stream.as_ref().map_or(Stream::NULL, |s| s.s);
     let mut comm = None;
@@ -281,13 +290,13 @@ pub(crate) fn run(
                 let c = capi.seen(ccl.comm_init_rank(
                     rank as i32,
                     world as i32,
-                    0,
+                    device,
                     &ids.main,
                     timeout.as_millis() as u64,
                     &[],
                 ))?;
                 comm = Some(c);
-                describe(&capi, c, rank, world)
+                describe(&capi, c, rank, world, device)
             },
         ),
     };
@@ -298,6 +307,7 @@ pub(crate) fn run(
         ),
     };
     let ctx = Ctx {
+        device,
         dev: &dapi,
         ccl: &capi,
         comm: comm.unwrap_or(Comm::NULL),
@@ -399,7 +409,7 @@ fn closing<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
 }
 
 /// `comm_count`, `comm_user_rank`, `comm_device` and the async error of a new communicator.
-fn describe(capi: &CclApi, c: Comm, rank: usize, world: usize) -> Verdict {
+fn describe(capi: &CclApi, c: Comm, rank: usize, world: usize, ctx_device: i32) -> Verdict {
     let ccl = &capi.ccl;
     let root = capi.root();
     if root.comm_count.is_some() {
@@ -417,8 +427,8 @@ fn describe(capi: &CclApi, c: Comm, rank: usize, world: usize) -> Verdict {
     if root.comm_device.is_some() {
         let mut d = -1;
         crate::boundary::raw_call!(capi, root, comm_device(c, &mut d))?;
-        ensure(d == 0, || {
-            format!("comm_device is {d}, the communicator was made on device 0")
+        ensure(d == ctx_device, || {
+            format!("comm_device is {d}, the communicator was made on device {ctx_device}")
         })?;
     }
     if root.comm_get_async_error.is_some() {
