@@ -5,9 +5,10 @@
 //! `FERROCX_TEST_ROLE` giving the rank; the children share a job id of their own
 //! (`FERROCX_JOB_ID`), so what they leave in `/dev/shm` can be checked exactly.
 
-use std::ffi::{c_void, CStr};
+mod common;
+
+use std::ffi::CStr;
 use std::io::{Read, Write};
-use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -287,74 +288,6 @@ fn finish_child(mut child: Child) -> Output {
     child.wait_with_output().unwrap()
 }
 
-/// Sends `fd` with one byte of payload (`SCM_RIGHTS`).
-fn send_fd(sock: &UnixStream, fd: RawFd) {
-    let payload = [b'F'];
-    let mut iov = libc::iovec {
-        iov_base: payload.as_ptr() as *mut c_void,
-        iov_len: 1,
-    };
-    let data_len = size_of::<RawFd>() as u32;
-    // SAFETY: CMSG_SPACE is arithmetic.
-    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-    // u64 storage keeps the control buffer aligned for cmsghdr.
-    let mut control = vec![0u64; space.div_ceil(8)];
-    // SAFETY: an all-zero msghdr is a valid empty message.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut c_void;
-    msg.msg_controllen = space as _;
-    // SAFETY: the control buffer holds one header and one descriptor (CMSG_SPACE).
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(data_len) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
-    }
-    // SAFETY: `msg` points to live buffers for the call.
-    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, 0) };
-    assert_eq!(n, 1, "sendmsg: {}", std::io::Error::last_os_error());
-}
-
-/// Receives one descriptor sent by [`send_fd`].
-fn recv_fd(sock: &UnixStream) -> OwnedFd {
-    let mut payload = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: payload.as_mut_ptr() as *mut c_void,
-        iov_len: 1,
-    };
-    let data_len = size_of::<libc::c_int>() as u32;
-    // SAFETY: arithmetic.
-    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-    let mut control = vec![0u64; space.div_ceil(8)];
-    // SAFETY: an all-zero msghdr is a valid empty message.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr() as *mut c_void;
-    msg.msg_controllen = space as _;
-    // SAFETY: `msg` points to live, writable buffers for the call.
-    let got = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    assert_eq!(got, 1, "recvmsg: {}", std::io::Error::last_os_error());
-    assert_eq!(payload[0], b'F');
-    assert_eq!(
-        msg.msg_flags & libc::MSG_CTRUNC,
-        0,
-        "control data truncated"
-    );
-    // SAFETY: the kernel filled one SCM_RIGHTS header with one descriptor, now ours.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        assert!(!cmsg.is_null(), "no descriptor received");
-        assert_eq!((*cmsg).cmsg_type, libc::SCM_RIGHTS);
-        OwnedFd::from_raw_fd(std::ptr::read_unaligned(
-            libc::CMSG_DATA(cmsg) as *const RawFd
-        ))
-    }
-}
-
 /// Rank 0's sockets to ranks 1.. (index r - 1), or a rank's socket to rank 0.
 enum Links {
     Hub(Vec<UnixStream>),
@@ -468,12 +401,12 @@ fn rank_main(rank: usize) {
             let mc = h.mc_create(mc_bytes, WORLD as i32).unwrap();
             let fd = h.mc_export_fd(mc);
             for s in socks {
-                send_fd(s, fd.as_raw_fd());
+                common::fds::send_fds(s, &[fd.as_raw_fd()]);
             }
             mc
         }
         Links::Leaf(s) => {
-            let fd = recv_fd(s);
+            let fd = common::fds::recv_fds(s, 1).remove(0);
             let m = expect_status(
                 h.mc_import_fd(fd.as_raw_fd(), mc_bytes + 1),
                 Status::INVALID_ARGUMENT,

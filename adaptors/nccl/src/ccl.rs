@@ -491,12 +491,7 @@ impl CclAdaptor for NcclCcl {
         let (api, comm) = self.comm(c)?;
         let t = conv::dtype(dtype, api.version)?;
         let size = elem_size(dtype)?;
-        if !(0..comm.nranks).contains(&root) {
-            return Err(Error::invalid_argument(format!(
-                "root {root} is not in 0..{}",
-                comm.nranks
-            )));
-        }
+        check_root(root, comm.nranks)?;
         if comm.rank != root {
             return Self::p2p_send(api, &comm, send, send_count, t, root, stream);
         }
@@ -536,12 +531,7 @@ impl CclAdaptor for NcclCcl {
         let (api, comm) = self.comm(c)?;
         let t = conv::dtype(dtype, api.version)?;
         let size = elem_size(dtype)?;
-        if !(0..comm.nranks).contains(&root) {
-            return Err(Error::invalid_argument(format!(
-                "root {root} is not in 0..{}",
-                comm.nranks
-            )));
-        }
+        check_root(root, comm.nranks)?;
         if comm.rank != root {
             return Self::p2p_recv(api, &comm, recv, recv_count, t, root, stream);
         }
@@ -734,5 +724,16 @@ impl CclAdaptor for NcclCcl {
             unsafe { f(comm.raw, handle.0) },
             comm.raw,
         )
+    }
+}
+
+/// Refuses a root outside `0..nranks` before NCCL sees it.
+fn check_root(root: i32, nranks: i32) -> Result<()> {
+    if (0..nranks).contains(&root) {
+        Ok(())
+    } else {
+        Err(Error::invalid_argument(format!(
+            "root {root} is not in 0..{nranks}"
+        )))
     }
 }
