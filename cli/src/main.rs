@@ -114,6 +114,8 @@ fn init_logging() {
 fn main() -> ExitCode {
     // The host backend is built in: it runs on any machine.
     ferrocx_adaptor_host::link();
+    // The window collectives (`Communicator::all_reduce_window`, `bench --algo window`).
+    ferrocx_kernels::link();
     #[cfg(feature = "cuda")]
     ferrocx_adaptor_cuda::link();
     #[cfg(feature = "cuda")]

@@ -85,6 +85,7 @@ pub fn describe(entry: &AdaptorEntry) -> Value {
         tables.extend(d.vmm.as_ref().map(table_json));
         tables.extend(d.flatmap.as_ref().map(table_json));
         tables.extend(d.multicast.as_ref().map(table_json));
+        tables.extend(d.graph.as_ref().map(table_json));
     }
     if let Some(c) = &entry.ccl {
         tables.push(table_json(&c.root));

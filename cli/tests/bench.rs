@@ -265,3 +265,79 @@ fn bad_arguments_exit_2_naming_them_before_anything_is_launched() {
         assert!(!stderr.contains("[0]"), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn graph_and_direct_are_refused_on_the_host_backend_before_anything_is_launched() {
+    let cases: [(&[&str], &[&str]); 3] = [
+        (
+            &["-n", "2", "--graph"],
+            &["--graph", "graph group", "\"host\"", "run without --graph"],
+        ),
+        (
+            &["-n", "2", "--direct"],
+            &[
+                "--direct",
+                "CCL adaptor \"host\"",
+                "not \"nccl\"",
+                "configs/nccl.toml",
+            ],
+        ),
+        (
+            &["-n", "2", "--direct", "--repeats", "3", "--graph"],
+            &["--graph"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let out = bench(args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        for needle in needles {
+            assert!(stderr.contains(needle), "{args:?}: {needle:?} in {stderr}");
+        }
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+        assert!(!stderr.contains("[0]"), "{args:?}: {stderr}");
+    }
+    // A rank started without the front-end (one process, no -n) refuses the same way.
+    let out = bench(&["--graph"], &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("graph group"), "{stderr}");
+    assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
+}
+
+#[test]
+fn repeats_report_the_median_and_say_so() {
+    let out = bench(
+        &[
+            "-n",
+            "2",
+            "-b",
+            "64",
+            "-e",
+            "256",
+            "--iters",
+            "2",
+            "--warmup",
+            "0",
+            "--repeats",
+            "3",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("#  timing: back-to-back, host clock around enqueue and synchronize; median of 3 run(s) per size"),
+        "{stdout}"
+    );
+    assert_eq!(rows(&stdout).len(), 3, "{stdout}");
+    let out = bench(
+        &["-n", "1", "-b", "8", "-e", "8", "--repeats", "2", "--json"],
+        &[],
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(doc["repeats"], 2);
+    assert_eq!(doc["mode"], "back-to-back");
+    assert_eq!(doc["direct"], serde_json::Value::Null);
+    assert_eq!(doc["results"][0]["rows"][0]["in_place"]["wrong"], 0);
+}

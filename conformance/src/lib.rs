@@ -8,8 +8,8 @@
 //! - **device**: memory round trips of every kind, `mem_set`, stream ordering of asynchronous
 //!   copies and memsets, host functions, the event semantics of DESIGN.md (a wait follows the
 //!   most recent record made before it; re-recording does not redirect it; an event never
-//!   recorded is complete), `event_elapsed_ms`, the VMM, flat-map and multicast groups when
-//!   present, IPC between processes, and the error codes for bad arguments.
+//!   recorded is complete), `event_elapsed_ms`, the VMM, flat-map, multicast and graph groups
+//!   when present, IPC between processes, and the error codes for bad arguments.
 //! - **CCL**: every collective of the table against a reference on reproducible random data
 //!   across N processes (sizes 0, 1, odd and about 1 MiB; several types and reductions),
 //!   grouped point-to-point, buffer and window registration, bad arguments, and abort.

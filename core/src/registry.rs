@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::abi::{
-    CclAdaptorV1, CclWindowV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DeviceVmmV1,
+    CclAdaptorV1, CclWindowV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceMulticastV1,
+    DeviceVmmV1,
 };
 use crate::adaptor::{Ccl, Device};
 use crate::config::{ClusterConfig, Config, ConfigErrorKind, RuntimeConfig};
@@ -28,6 +29,8 @@ pub struct BuiltinAdaptor {
     pub flatmap: Option<&'static DeviceFlatMapV1>,
     /// Multicast group.
     pub multicast: Option<&'static DeviceMulticastV1>,
+    /// Graph group.
+    pub graph: Option<&'static DeviceGraphV1>,
     /// CCL adaptor table.
     pub ccl: Option<&'static CclAdaptorV1>,
     /// Window group.
@@ -43,6 +46,7 @@ impl BuiltinAdaptor {
         vmm: None,
         flatmap: None,
         multicast: None,
+        graph: None,
         ccl: None,
         window: None,
     };
@@ -115,6 +119,7 @@ impl AdaptorEntry {
             d.multicast
                 .is_some()
                 .then(|| g.push(DeviceMulticastV1::SYMBOL));
+            d.graph.is_some().then(|| g.push(DeviceGraphV1::SYMBOL));
         }
         if let Some(c) = &self.ccl {
             g.push(CclAdaptorV1::SYMBOL);
@@ -417,6 +422,7 @@ fn builtin_entry(b: &BuiltinAdaptor) -> Result<AdaptorEntry, LoadError> {
             vmm: opt(&path, b.vmm)?,
             flatmap: opt(&path, b.flatmap)?,
             multicast: opt(&path, b.multicast)?,
+            graph: opt(&path, b.graph)?,
         })),
         None => None,
     };

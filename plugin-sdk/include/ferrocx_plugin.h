@@ -307,6 +307,12 @@ typedef uint64_t FerrocxVmmHandle;
 typedef uint64_t FerrocxMcHandle;
 
 /*
+ An executable graph of the graph group: work captured from a stream, instantiated, ready to
+ launch on any stream of the same device any number of times (for CUDA, the `CUgraphExec`).
+ */
+typedef void *FerrocxGraphHandle;
+
+/*
  A host function launched on a stream: called once, in stream order, with `user`.
  (`Option` so that a null pointer from C is a value, not undefined behaviour.)
  */
@@ -632,6 +638,40 @@ typedef struct {
 } FerrocxDeviceMulticastV1;
 
 /*
+ Optional group `ferrocx_device_graph_v1`: work captured from a stream into a graph that is
+ launched again as one unit (CUDA graphs), which takes the host's per-call cost out of
+ repeated sequences of operations.
+
+ Between `graph_begin_capture` and `graph_end_capture`, work enqueued on the stream by this
+ thread (through this adaptor or a CCL paired with it) is recorded, not run. A capture that
+ fails must still be ended, which discards it.
+ */
+typedef struct {
+  /*
+   Header: magic, ABI version, `sizeof` this table, adaptor name.
+   */
+  FerrocxAbiHeader header;
+  /*
+   Starts recording the work enqueued on `stream` (which must not be capturing already).
+   */
+  FerrocxStatus (*graph_begin_capture)(FerrocxStream stream);
+  /*
+   Ends the capture of `stream` and writes the executable graph of what was recorded to
+   `graph`; the caller owns it (`graph_destroy`). On failure nothing is written and the
+   stream is no longer capturing.
+   */
+  FerrocxStatus (*graph_end_capture)(FerrocxStream stream, FerrocxGraphHandle *graph);
+  /*
+   Enqueues one run of `graph` on `stream`.
+   */
+  FerrocxStatus (*graph_launch)(FerrocxGraphHandle graph, FerrocxStream stream);
+  /*
+   Destroys a graph; launches already enqueued complete first.
+   */
+  FerrocxStatus (*graph_destroy)(FerrocxGraphHandle graph);
+} FerrocxDeviceGraphV1;
+
+/*
  Arguments of `comm_init_rank`. The caller sets `struct_size`; the adaptor reads no field past
  it, so later minors can append fields.
  */
@@ -888,7 +928,11 @@ typedef struct {
    */
   FerrocxAbiHeader header;
   /*
-   Registers `bytes` at `buf` as a window; collective over the communicator.
+   Registers `bytes` at `buf` as a window; collective over the communicator. An adaptor
+   may require `buf` to come from its `mem_alloc` (NCCL registers windows only over
+   `ncclMemAlloc` or VMM memory). Called with the null communicator, it must refuse before
+   any use: `UNSUPPORTED` with the reason when the loaded vendor library cannot register
+   windows (the core probes this after `init`), another error otherwise.
    */
   FerrocxStatus (*window_register)(FerrocxComm comm,
                                    FerrocxDevicePtr buf,

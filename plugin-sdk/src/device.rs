@@ -4,8 +4,9 @@
 use std::ffi::{c_char, c_void};
 
 use ferrocx::abi::{
-    AbiHeader, Capabilities, DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DeviceProperties,
-    DevicePtr, DeviceVmmV1, Event, HostFn, KeyValue, McHandle, MemKind, Status, Stream, VmmHandle,
+    AbiHeader, Capabilities, DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceMulticastV1,
+    DeviceProperties, DevicePtr, DeviceVmmV1, Event, GraphHandle, HostFn, KeyValue, McHandle,
+    MemKind, Status, Stream, VmmHandle,
 };
 
 use crate::boundary::{call, guard, read_bytes, write_bytes, write_out};
@@ -189,6 +190,19 @@ pub trait DeviceMulticast: DeviceAdaptor {
     fn mc_unbind(&self, mc: McHandle, device: i32, mc_offset: usize, bytes: usize) -> Result<()>;
     /// Releases the object.
     fn mc_release(&self, mc: McHandle) -> Result<()>;
+}
+
+/// The graph group (`ferrocx_device_graph_v1`): stream capture into executable graphs.
+pub trait DeviceGraph: DeviceAdaptor {
+    /// Starts recording the work this thread enqueues on `stream`.
+    fn graph_begin_capture(&self, stream: Stream) -> Result<()>;
+    /// Ends the capture of `stream` (also after a failed one, which it discards) and returns the
+    /// executable graph of what was recorded.
+    fn graph_end_capture(&self, stream: Stream) -> Result<GraphHandle>;
+    /// Enqueues one run of `graph` on `stream`.
+    fn graph_launch(&self, graph: GraphHandle, stream: Stream) -> Result<()>;
+    /// Destroys a graph.
+    fn graph_destroy(&self, graph: GraphHandle) -> Result<()>;
 }
 
 fn copy_c_str<const N: usize>(dst: &mut [c_char; N], s: &str) {
@@ -637,6 +651,34 @@ mod tramp {
     pub unsafe extern "C" fn mc_release<A: DeviceMulticast>(mc: McHandle) -> Status {
         call("mc_release", || A::instance().mc_release(mc))
     }
+
+    pub unsafe extern "C" fn graph_begin_capture<A: DeviceGraph>(s: Stream) -> Status {
+        call("graph_begin_capture", || {
+            A::instance().graph_begin_capture(s)
+        })
+    }
+    pub unsafe extern "C" fn graph_end_capture<A: DeviceGraph>(
+        s: Stream,
+        out: *mut GraphHandle,
+    ) -> Status {
+        call("graph_end_capture", || {
+            // The capture is ended even when `out` is null, so the stream is not left capturing.
+            let g = A::instance().graph_end_capture(s)?;
+            if out.is_null() {
+                // The caller cannot own the graph: release it rather than leak it.
+                let _ = A::instance().graph_destroy(g);
+                return Err(Error::invalid_argument("`graph` is null"));
+            }
+            // SAFETY: checked non-null above; writable by the ABI's contract.
+            unsafe { write_out(out, "graph", g) }
+        })
+    }
+    pub unsafe extern "C" fn graph_launch<A: DeviceGraph>(g: GraphHandle, s: Stream) -> Status {
+        call("graph_launch", || A::instance().graph_launch(g, s))
+    }
+    pub unsafe extern "C" fn graph_destroy<A: DeviceGraph>(g: GraphHandle) -> Status {
+        call("graph_destroy", || A::instance().graph_destroy(g))
+    }
 }
 
 /// Builds the device adaptor table of `A`. Entries named in `absent` are exported as `None`
@@ -732,5 +774,17 @@ pub const fn multicast_table<A: DeviceMulticast>(
         mc_unmap: Some(mc_unmap::<A>),
         mc_unbind: Some(mc_unbind::<A>),
         mc_release: Some(mc_release::<A>),
+    }
+}
+
+/// Builds the graph group table of `A`.
+pub const fn graph_table<A: DeviceGraph>(name: &'static std::ffi::CStr) -> DeviceGraphV1 {
+    use tramp::*;
+    DeviceGraphV1 {
+        header: AbiHeader::new::<DeviceGraphV1>(name),
+        graph_begin_capture: Some(graph_begin_capture::<A>),
+        graph_end_capture: Some(graph_end_capture::<A>),
+        graph_launch: Some(graph_launch::<A>),
+        graph_destroy: Some(graph_destroy::<A>),
     }
 }

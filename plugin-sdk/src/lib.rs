@@ -1,7 +1,8 @@
 //! The ferrocx plugin SDK: implement safe traits, export C-ABI tables.
 //!
 //! An adaptor implements [`DeviceAdaptor`] and/or [`CclAdaptor`], plus one trait per optional
-//! group it supports ([`DeviceVmm`], [`DeviceFlatMap`], [`DeviceMulticast`], [`CclWindow`]);
+//! group it supports ([`DeviceVmm`], [`DeviceFlatMap`], [`DeviceMulticast`], [`DeviceGraph`],
+//! [`CclWindow`]);
 //! a group it does not support is simply a trait it does not implement. [`export_plugin!`] then
 //! generates the `#[repr(C)]` tables, the exported symbols the loader probes, and the
 //! `abi_stable` root module the loader layout-checks before any call. Every entry goes through a
@@ -40,8 +41,8 @@ pub mod table;
 
 pub use ccl::{ccl_table, window_table, CclAdaptor, CclWindow, CommInit, VCounts};
 pub use device::{
-    device_table, flatmap_table, multicast_table, vmm_table, DeviceAdaptor, DeviceFlatMap,
-    DeviceMulticast, DeviceVmm, HostCall, MemInfo, Properties,
+    device_table, flatmap_table, graph_table, multicast_table, vmm_table, DeviceAdaptor,
+    DeviceFlatMap, DeviceGraph, DeviceMulticast, DeviceVmm, HostCall, MemInfo, Properties,
 };
 pub use error::{Error, Result};
 pub use options::Options;
@@ -55,12 +56,13 @@ pub use abi_stable;
 /// Everything a plugin usually needs.
 pub mod prelude {
     pub use crate::abi::{
-        Capabilities, Comm, DataType, DevicePtr, Event, McHandle, MemKind, ReduceOp, RegHandle,
-        Status, Stream, VmmHandle, WindowHandle,
+        Capabilities, Comm, DataType, DevicePtr, Event, GraphHandle, McHandle, MemKind, ReduceOp,
+        RegHandle, Status, Stream, VmmHandle, WindowHandle,
     };
     pub use crate::{
         export_plugin, singleton, CclAdaptor, CclWindow, CommInit, DeviceAdaptor, DeviceFlatMap,
-        DeviceMulticast, DeviceVmm, Error, HostCall, MemInfo, Options, Properties, Result, VCounts,
+        DeviceGraph, DeviceMulticast, DeviceVmm, Error, HostCall, MemInfo, Options, Properties,
+        Result, VCounts,
     };
 }
 
@@ -77,7 +79,8 @@ macro_rules! singleton {
 ///
 /// Keys, each optional but `name`, in this order:
 /// `name: "<name>"`, `device: Type`, `device_absent: ["entry", …]` (entries exported as
-/// `None`), `device_vmm: Type`, `device_flatmap: Type`, `device_multicast: Type`, `ccl: Type`,
+/// `None`), `device_vmm: Type`, `device_flatmap: Type`, `device_multicast: Type`,
+/// `device_graph: Type`, `ccl: Type`,
 /// `ccl_absent: [...]`, `ccl_window: Type`.
 #[macro_export]
 macro_rules! export_plugin {
@@ -88,6 +91,7 @@ macro_rules! export_plugin {
         $(, device_vmm: $vmm:ty)?
         $(, device_flatmap: $flat:ty)?
         $(, device_multicast: $mc:ty)?
+        $(, device_graph: $graph:ty)?
         $(, ccl: $ccl:ty)?
         $(, ccl_absent: [$($cabs:literal),* $(,)?])?
         $(, ccl_window: $win:ty)?
@@ -130,6 +134,13 @@ macro_rules! export_plugin {
                 $crate::multicast_table::<$mc>(__FERROCX_PLUGIN_NAME);
         )?
         $(
+            /// The graph group table of this plugin.
+            #[allow(non_upper_case_globals)]
+            #[no_mangle]
+            pub static ferrocx_device_graph_v1: $crate::abi::DeviceGraphV1 =
+                $crate::graph_table::<$graph>(__FERROCX_PLUGIN_NAME);
+        )?
+        $(
             /// The CCL adaptor table of this plugin.
             #[allow(non_upper_case_globals)]
             #[no_mangle]
@@ -150,6 +161,7 @@ macro_rules! export_plugin {
             $($crate::__exported!(ferrocx_device_vmm_v1, $vmm),)?
             $($crate::__exported!(ferrocx_device_flatmap_v1, $flat),)?
             $($crate::__exported!(ferrocx_device_multicast_v1, $mc),)?
+            $($crate::__exported!(ferrocx_device_graph_v1, $graph),)?
             $($crate::__exported!(ferrocx_ccl_adaptor_v1, $ccl),)?
             $($crate::__exported!(ferrocx_ccl_window_v1, $win),)?
         ];

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ferrocx::abi::{Capabilities, DevicePtr, MemKind, Status};
+use ferrocx::abi::{Capabilities, DevicePtr, GraphHandle, MemKind, Status, Stream};
 use ferrocx::adaptor::AdaptorError;
 use ferrocx::loader::{load_plugin, Checked, LoadError, LoadErrorKind};
 use ferrocx::registry::{Registry, Source};
@@ -52,6 +52,7 @@ fn rust_plugin_loads_reports_groups_and_answers() {
         [
             "ferrocx_device_adaptor_v1",
             "ferrocx_device_vmm_v1",
+            "ferrocx_device_graph_v1",
             "ferrocx_ccl_adaptor_v1"
         ]
     );
@@ -95,6 +96,95 @@ fn rust_plugin_loads_reports_groups_and_answers() {
         ccl.unique_id().expect("unique id"),
         b"ferrocx-test-unique-id"
     );
+}
+
+/// `len` bytes of the test plugin's "device memory" at `p`.
+fn test_device_bytes(p: DevicePtr, len: usize) -> Vec<u8> {
+    // SAFETY: the test plugin's device memory is a live host allocation of at least `len` bytes
+    // at `p`, and its streams complete work before a call returns.
+    unsafe { std::slice::from_raw_parts(p.0 as *const u8, len) }.to_vec()
+}
+
+#[test]
+fn the_graph_group_records_a_capture_and_replays_it_at_each_launch() {
+    let mut r = Registry::empty();
+    let e = r.add_plugin(&rust_plugin()).expect("the Rust plugin loads");
+    let dev = e.device().expect("device");
+    dev.init(&[]).expect("init");
+    let graphs = dev
+        .graph()
+        .expect("the Rust plugin exports ferrocx_device_graph_v1");
+    let (a, b) = (
+        dev.mem_alloc(16, MemKind::DEVICE).expect("alloc"),
+        dev.mem_alloc(16, MemKind::DEVICE).expect("alloc"),
+    );
+    let s = Stream::NULL;
+    let graph = graphs
+        .capture(s, || {
+            dev.mem_set_async(a, 0x5A, 16, s)?;
+            dev.mem_copy_async(b, a, 16, s)
+        })
+        .expect("capture a memset and a copy");
+    // Captured work is recorded, not run.
+    assert_eq!(test_device_bytes(b, 16), [0u8; 16]);
+    graph.launch(s).expect("first launch");
+    assert_eq!(test_device_bytes(b, 16), [0x5A; 16]);
+    // Each launch runs the whole graph again.
+    dev.mem_set(a, 1, 16).expect("memset");
+    dev.mem_set(b, 2, 16).expect("memset");
+    graph.launch(s).expect("second launch");
+    assert_eq!(test_device_bytes(a, 16), [0x5A; 16]);
+    assert_eq!(test_device_bytes(b, 16), [0x5A; 16]);
+
+    // A capture whose work fails is still ended: the error comes back and the stream can
+    // capture again.
+    let err = graphs
+        .capture(s, || dev.mem_free(DevicePtr(8), MemKind::DEVICE))
+        .err()
+        .expect("the work failed");
+    assert_eq!(err.status(), Status::INVALID_HANDLE);
+    graphs.begin_capture(s).expect("capturing again");
+    let empty = graphs.end_capture(s).expect("an empty graph");
+    empty.launch(s).expect("an empty graph launches");
+    // Ending a capture that was never begun is the caller's mistake, with a message.
+    let err = graphs.end_capture(s).err().expect("not capturing");
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+    assert!(err.to_string().contains("not capturing"), "{err}");
+
+    // Through the raw table: a null out-pointer is refused and still ends the capture.
+    let t = e
+        .device
+        .as_ref()
+        .expect("device")
+        .graph
+        .as_ref()
+        .expect("graph");
+    let t = t.get();
+    // SAFETY: entries of a loaded table, called with a stream handle of the adaptor; the null
+    // out-pointer is the bad argument under test.
+    let mut made = GraphHandle::NULL;
+    let (refused, again, ended, destroyed, unknown) = unsafe {
+        let begin = t.graph_begin_capture.expect("begin");
+        let end = t.graph_end_capture.expect("end");
+        let destroy = t.graph_destroy.expect("destroy");
+        assert_eq!(begin(s), Status::SUCCESS);
+        let refused = end(s, std::ptr::null_mut());
+        let again = begin(s);
+        let ended = end(s, &mut made);
+        // A handle the plugin never gave is refused, not a crash.
+        (refused, again, ended, destroy(made), destroy(made))
+    };
+    assert_eq!(refused, Status::INVALID_ARGUMENT);
+    assert_eq!((again, ended), (Status::SUCCESS, Status::SUCCESS));
+    assert!(!made.is_null());
+    assert_eq!(
+        (destroyed, unknown),
+        (Status::SUCCESS, Status::INVALID_HANDLE)
+    );
+    drop(graph);
+    drop(empty);
+    dev.mem_free(a, MemKind::DEVICE).expect("free");
+    dev.mem_free(b, MemKind::DEVICE).expect("free");
 }
 
 #[test]
@@ -404,6 +494,10 @@ fn the_host_adaptor_works_as_a_drop_in_plugin() {
     );
     let dev = e.device().expect("device");
     dev.init(&[]).expect("init");
+    assert!(
+        dev.graph().is_none(),
+        "the host device exports no graph group"
+    );
     let props = dev.properties(0).expect("properties");
     assert_eq!(props.vendor, "host");
     assert!(props

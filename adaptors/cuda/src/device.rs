@@ -30,17 +30,32 @@ pub const IPC_HANDLE_BYTES: usize = 64;
 ///   stream.
 /// - Memory: `DEVICE` is `cuMemAlloc`, `PINNED` is `cuMemAllocHost`, `HOST` is `malloc`; copies
 ///   take any two addresses (unified addressing).
-/// - The VMM, flat-map and multicast groups are not exported.
+/// - The VMM and flat-map groups are the driver's virtual memory management (`cuMemCreate`
+///   with POSIX file descriptors, `cuMemAddressReserve`, `cuMemMap`): see [`crate::vmm`] and
+///   [`crate::flatmap`]. A device without it reports neither capability, and their entries
+///   return `UNSUPPORTED` with the reason.
+/// - The multicast group is gated at every call (see [`crate::multicast`]): a kill-switch in
+///   the environment, a device without multicast or a driver without the symbols refuses
+///   before any multicast call reaches the driver.
 #[derive(Default)]
 pub struct CudaDevice {
     state: RwLock<Option<Arc<State>>>,
 }
 
 /// What a successful `init` holds.
-struct State {
-    lib: Driver,
+pub(crate) struct State {
+    pub(crate) lib: Driver,
     /// `CUdevice` of each ordinal.
-    devices: Vec<CUdevice>,
+    pub(crate) devices: Vec<CUdevice>,
+    /// Per ordinal: `Ok` when the device has virtual memory management with POSIX file
+    /// descriptors (the VMM and flat-map groups), else why not.
+    pub(crate) vmm_support: Vec<std::result::Result<(), String>>,
+    /// VMM allocations and imports of this adaptor.
+    pub(crate) vmm: crate::vmm::Handles,
+    /// Flat reservations and their mapped slots.
+    pub(crate) flat: crate::flatmap::Reservations,
+    /// Multicast entry points (or why there are none), objects and mappings.
+    pub(crate) mc: crate::multicast::Multicast,
     /// Primary contexts retained so far, by ordinal.
     contexts: Mutex<Vec<Option<Context>>>,
     /// Streams made by `stream_create` (the only ones `stream_destroy` destroys).
@@ -65,7 +80,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl State {
-    fn ordinal(&self, device: i32) -> Result<usize> {
+    pub(crate) fn ordinal(&self, device: i32) -> Result<usize> {
         usize::try_from(device)
             .ok()
             .filter(|&d| d < self.devices.len())
@@ -108,9 +123,57 @@ impl State {
         Ok(())
     }
 
-    fn check(&self, op: &str, r: CUresult) -> Result<()> {
+    pub(crate) fn check(&self, op: &str, r: CUresult) -> Result<()> {
         check(self.lib, op, r)
     }
+
+    /// Waits for what a "synchronous" `cuMemcpy` / `cuMemsetD8` left running: for a copy
+    /// between device memory and for a memset of device memory the driver returns before the
+    /// work is done (it runs on the legacy default stream), while the ABI's `mem_copy` and
+    /// `mem_set` return when it is, so that another process, or the host, sees the result.
+    fn finish_legacy_stream(&self, op: &str) -> Result<()> {
+        // SAFETY: the legacy default stream (null) of the current context.
+        let r = unsafe { (self.lib.cuStreamSynchronize)(std::ptr::null_mut()) };
+        self.check(&format!("cuStreamSynchronize after {op}"), r)
+    }
+
+    /// An integer attribute of the device of `ordinal`.
+    pub(crate) fn attribute(&self, ordinal: usize, a: CUdevice_attribute) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: a valid out-pointer and a device handle from `cuDeviceGet`.
+        self.check("cuDeviceGetAttribute", unsafe {
+            (self.lib.cuDeviceGetAttribute)(&mut v, a, self.devices[ordinal])
+        })?;
+        Ok(v)
+    }
+
+    /// The ordinal of the calling thread's device (checked against the device count).
+    pub(crate) fn thread_ordinal(&self) -> Result<usize> {
+        self.ordinal(THREAD_DEVICE.with(Cell::get))
+    }
+}
+
+/// `Ok` when device `ordinal` has virtual memory management with POSIX file descriptors, else
+/// the attribute that is missing.
+fn probe_vmm(st: &State, ordinal: usize) -> std::result::Result<(), String> {
+    type A = CUdevice_attribute;
+    for (a, name) in [
+        (
+            A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
+        ),
+        (
+            A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            "CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED",
+        ),
+    ] {
+        match st.attribute(ordinal, a) {
+            Ok(1) => {}
+            Ok(v) => return Err(format!("device {ordinal}: {name} is {v}")),
+            Err(e) => return Err(format!("device {ordinal}: {name}: {}", e.message())),
+        }
+    }
+    Ok(())
 }
 
 fn stream(s: Stream) -> CUstream {
@@ -140,7 +203,7 @@ unsafe extern "C" fn run_host_call(user: *mut c_void) {
 
 impl CudaDevice {
     /// The state of a successful `init`, or `NOT_INITIALIZED`.
-    fn state(&self) -> Result<Arc<State>> {
+    pub(crate) fn state(&self) -> Result<Arc<State>> {
         self.state
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -150,7 +213,7 @@ impl CudaDevice {
 
     /// The state, with the thread's device current: what every call that touches memory,
     /// streams or events needs.
-    fn ready(&self) -> Result<Arc<State>> {
+    pub(crate) fn ready(&self) -> Result<Arc<State>> {
         let st = self.state()?;
         st.make_current(THREAD_DEVICE.with(Cell::get))?;
         Ok(st)
@@ -174,13 +237,19 @@ impl CudaDevice {
                 Ok(dev)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(State {
+        let mut st = State {
             lib,
             contexts: Mutex::new(vec![None; devices.len()]),
+            vmm_support: Vec::new(),
+            vmm: Default::default(),
+            flat: Default::default(),
+            mc: crate::multicast::Multicast::probe(lib),
             devices,
             streams: Mutex::default(),
             host_allocations: Mutex::default(),
-        })
+        };
+        st.vmm_support = (0..st.devices.len()).map(|o| probe_vmm(&st, o)).collect();
+        Ok(st)
     }
 }
 
@@ -207,10 +276,23 @@ impl DeviceAdaptor for CudaDevice {
         let Some(st) = taken else {
             return Err(not_initialized());
         };
+        // Mappings first, then what they map: multicast objects and mappings, flat slots and
+        // reservations, then VMM handles (none of which a context release frees).
+        if !(st.mc.is_empty() && st.flat.is_empty() && st.vmm.is_empty()) {
+            // Best effort: a context current on this thread for the releases below.
+            let _ = st.make_current(THREAD_DEVICE.with(Cell::get));
+        }
+        let mut first_error = crate::multicast::release_all(&st);
+        let flat = crate::flatmap::release_all(&st);
+        let vmm = crate::vmm::release_all(&st);
+        for r in [flat, vmm] {
+            if first_error.is_ok() {
+                first_error = r;
+            }
+        }
         // Releasing the last reference to a primary context destroys it with its streams,
         // events and memory.
         let contexts = lock(&st.contexts).clone();
-        let mut first_error = Ok(());
         for (ordinal, ctx) in contexts.iter().enumerate() {
             if ctx.is_some() {
                 // SAFETY: a device whose primary context this adaptor retained once.
@@ -272,13 +354,23 @@ impl DeviceAdaptor for CudaDevice {
         };
         let major = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let ordinal = st.ordinal(device)?;
+        let mut capabilities = Capabilities::IPC
+            | Capabilities::HOST_FUNC
+            | Capabilities::STREAM_WRAP
+            | Capabilities::TIMED_EVENTS;
+        if st.vmm_support[ordinal].is_ok() {
+            capabilities = capabilities | Capabilities::VMM | Capabilities::FLAT_MAP;
+        }
+        // What the hardware and driver offer; the kill-switches are a policy checked at
+        // every multicast call (and reported by `ferrocx info`).
+        if crate::multicast::supported(&st, ordinal).is_ok() {
+            capabilities = capabilities | Capabilities::MULTICAST;
+        }
         Ok(Properties {
             vendor: "NVIDIA".into(),
             name: String::from_utf8_lossy(&name).into_owned(),
-            capabilities: Capabilities::IPC
-                | Capabilities::HOST_FUNC
-                | Capabilities::STREAM_WRAP
-                | Capabilities::TIMED_EVENTS,
+            capabilities,
             total_memory: total as u64,
             arch: u32::try_from(major * 10 + minor).unwrap_or(0),
             device_count: st.devices.len() as i32,
@@ -358,7 +450,8 @@ impl DeviceAdaptor for CudaDevice {
         // driver where each lives.
         st.check("cuMemcpy", unsafe {
             (st.lib.cuMemcpy)(dst.0, src.0, bytes)
-        })
+        })?;
+        st.finish_legacy_stream("cuMemcpy")
     }
 
     fn mem_copy_async(
@@ -380,7 +473,8 @@ impl DeviceAdaptor for CudaDevice {
         // SAFETY: the caller owns the range.
         st.check("cuMemsetD8", unsafe {
             (st.lib.cuMemsetD8_v2)(dst.0, value, bytes)
-        })
+        })?;
+        st.finish_legacy_stream("cuMemsetD8")
     }
 
     fn mem_set_async(&self, dst: DevicePtr, value: u8, bytes: usize, s: Stream) -> Result<()> {

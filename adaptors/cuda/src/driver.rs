@@ -91,3 +91,48 @@ fn error_name(lib: Driver, r: CUresult) -> String {
         format!("{r:?}")
     }
 }
+
+/// Looks `symbol` up through `cuGetProcAddress` at the driver API version `version` (12010 for
+/// CUDA 12.1): the address, or why there is none (the driver lacks it, or it is older than
+/// `version`). A missing symbol is never a panic: the capability it serves is simply absent.
+pub(crate) fn proc_address(
+    lib: Driver,
+    symbol: &CStr,
+    version: i32,
+) -> std::result::Result<std::ptr::NonNull<std::ffi::c_void>, String> {
+    use sys::CUdriverProcAddressQueryResult as Found;
+    let mut pfn = std::ptr::null_mut();
+    // Read back as an integer: a value this build does not know is then a value, not UB.
+    let mut found: u32 = u32::MAX;
+    // SAFETY: a NUL-terminated name and valid out-pointers (`found` is a 32-bit slot, the size
+    // of the driver's enum); the call only reads the driver's symbol table.
+    let r = unsafe {
+        (lib.cuGetProcAddress_v2)(
+            symbol.as_ptr(),
+            &mut pfn,
+            version,
+            sys::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_DEFAULT as u64,
+            (&mut found as *mut u32).cast(),
+        )
+    };
+    let name = symbol.to_string_lossy();
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(format!(
+            "cuGetProcAddress({name}) failed: {} ({})",
+            error_name(lib, r),
+            r as u32
+        ));
+    }
+    if found == Found::CU_GET_PROC_ADDRESS_SUCCESS as u32 {
+        std::ptr::NonNull::new(pfn)
+            .ok_or_else(|| format!("cuGetProcAddress({name}) returned a null address"))
+    } else if found == Found::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT as u32 {
+        Err(format!(
+            "the driver's {name} is older than CUDA {}.{}",
+            version / 1000,
+            version % 1000 / 10
+        ))
+    } else {
+        Err(format!("the driver has no {name}"))
+    }
+}

@@ -1,12 +1,28 @@
 //! On a machine with an NVIDIA GPU: the adaptor against the real driver. Every test returns
-//! early ("skipped: no CUDA driver") where no driver loads. Multicast is never touched.
+//! early ("skipped: no CUDA driver") where no driver loads.
+//!
+//! No multicast object is ever created: the multicast tests run their calls in a worker whose
+//! environment sets a kill-switch (checked before the first call), with arguments the adaptor
+//! refuses before any driver call even if the switch were ignored, and check the refusal.
+
+mod common;
 
 use std::ffi::c_void;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
+use common::random_bytes;
+use cudarc::driver::sys::{CUresult, CUstream, CUstream_flags, Lib};
 use ferrocx_adaptor_cuda::CudaDevice;
-use ferrocx_plugin_sdk::abi::{Capabilities, DevicePtr, MemKind, Status, Stream};
-use ferrocx_plugin_sdk::{DeviceAdaptor, HostCall, Options};
+use ferrocx_plugin_sdk::abi::{
+    Capabilities, DevicePtr, McHandle, MemKind, Status, Stream, VmmHandle,
+};
+use ferrocx_plugin_sdk::{
+    DeviceAdaptor, DeviceFlatMap, DeviceMulticast, DeviceVmm, HostCall, Options,
+};
 
 /// The initialised adaptor with device 0 current on this thread, or `None` without a driver.
 fn gpu() -> Option<&'static CudaDevice> {
@@ -18,18 +34,6 @@ fn gpu() -> Option<&'static CudaDevice> {
     dev.init(&Options::default()).expect("init");
     dev.set_device(0).expect("set_device(0)");
     Some(dev)
-}
-
-/// Deterministic pseudo-random bytes (xorshift64).
-fn random_bytes(n: usize, mut seed: u64) -> Vec<u8> {
-    (0..n)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 24) as u8
-        })
-        .collect()
 }
 
 fn host_ptr(v: &mut [u8]) -> DevicePtr {
@@ -55,14 +59,25 @@ fn devices_and_properties() {
     assert!(p.total_memory > 0);
     assert!(p.arch >= 50, "arch {}", p.arch);
     assert_eq!(p.device_count, n);
-    let want = Capabilities::IPC
+    let always = Capabilities::IPC
         | Capabilities::HOST_FUNC
         | Capabilities::STREAM_WRAP
         | Capabilities::TIMED_EVENTS;
-    assert_eq!(
-        p.capabilities, want,
-        "VMM/flat map/multicast are not exported"
-    );
+    assert!(p.capabilities.contains(always), "{:?}", p.capabilities);
+    // VMM and flat map are reported exactly when the device has them.
+    let vmm = dev.vmm_granularity(0);
+    println!("VMM granularity of device 0: {vmm:?}");
+    if let Err(e) = &vmm {
+        assert_eq!(e.status(), Status::UNSUPPORTED, "{e}");
+    }
+    assert_eq!(p.capabilities.contains(Capabilities::VMM), vmm.is_ok());
+    assert_eq!(p.capabilities.contains(Capabilities::FLAT_MAP), vmm.is_ok());
+    // Multicast: what the hardware and driver offer (no object is created to find out).
+    let mc = dev.mc_supported(0).expect("mc_supported");
+    println!("multicast supported by device 0: {mc}");
+    assert_eq!(p.capabilities.contains(Capabilities::MULTICAST), mc);
+    let known = always | Capabilities::VMM | Capabilities::FLAT_MAP | Capabilities::MULTICAST;
+    assert_eq!(p.capabilities.0 & !known.0, 0, "{:?}", p.capabilities);
     let err = dev.properties(n).expect_err("out of range");
     assert_eq!(err.status(), Status::INVALID_ARGUMENT);
     let err = dev.set_device(-1).expect_err("negative");
@@ -195,7 +210,8 @@ fn timed_events_measure_a_non_negative_time() {
     dev.event_record(untimed, s).expect("record");
     dev.event_synchronize(untimed).expect("sync");
     let err = dev.event_elapsed_ms(e0, untimed).expect_err("no timing");
-    assert_eq!(err.status(), Status::VENDOR_ERROR);
+    // The driver answers CUDA_ERROR_INVALID_HANDLE, which keeps its meaning.
+    assert_eq!(err.status(), Status::INVALID_HANDLE, "{err}");
     assert!(
         err.message()
             .starts_with("cuEventElapsedTime failed: CUDA_ERROR_"),
@@ -276,4 +292,464 @@ fn mem_get_info_reports_free_at_most_total() {
         "{info:?} vs {}",
         p.total_memory
     );
+}
+
+/// The VMM granularity of `device`, or `None` (with a note) where the device has no VMM.
+fn vmm_granularity(dev: &CudaDevice, device: i32) -> Option<usize> {
+    match dev.vmm_granularity(device) {
+        Ok(g) => Some(g),
+        Err(e) => {
+            assert_eq!(e.status(), Status::UNSUPPORTED, "{e}");
+            println!("skipped: device {device} has no VMM: {e}");
+            None
+        }
+    }
+}
+
+/// Takes ownership of a descriptor the adaptor handed out.
+fn owned(fd: i32) -> OwnedFd {
+    assert!(fd >= 0, "descriptor {fd}");
+    // SAFETY: the ABI makes an exported descriptor the caller's; nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+fn at(base: DevicePtr, index: usize, size: usize) -> DevicePtr {
+    DevicePtr(base.0 + (index * size) as u64)
+}
+
+#[test]
+fn vmm_allocation_and_its_import_at_two_slots_of_one_range() {
+    let Some(dev) = gpu() else { return };
+    let Some(g) = vmm_granularity(dev, 0) else {
+        return;
+    };
+    assert!(g.is_power_of_two(), "granularity {g}");
+    let st = |e: ferrocx_plugin_sdk::Error| e.status();
+    assert_eq!(st(dev.vmm_alloc(0).unwrap_err()), Status::INVALID_ARGUMENT);
+    assert_eq!(
+        st(dev.vmm_import_fd(-1, g).unwrap_err()),
+        Status::INVALID_ARGUMENT
+    );
+
+    // One byte asks for a whole granule.
+    let a = dev.vmm_alloc(1).expect("vmm_alloc");
+    let fd = owned(dev.vmm_export_fd(a).expect("vmm_export_fd"));
+    let b = dev
+        .vmm_import_fd(fd.as_raw_fd(), g)
+        .expect("import into the exporting process");
+    drop(fd);
+
+    // 3 granules and a byte reserve 4.
+    let base = dev.flat_reserve(3 * g + 1).expect("flat_reserve");
+    assert_eq!(base.0 % g as u64, 0, "aligned to the granularity");
+    dev.flat_map(base, 0, g, a)
+        .expect("map the allocation at slot 0");
+    dev.flat_map(base, 1, g, b)
+        .expect("map its import at slot 1");
+
+    // Bad slots never reach the driver.
+    let refused = |r: ferrocx_plugin_sdk::Result<()>| r.expect_err("refused").status();
+    assert_eq!(
+        refused(dev.flat_map(base, 1, g, a)),
+        Status::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        refused(dev.flat_map(base, 4, g, a)),
+        Status::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        refused(dev.flat_map(base, 2, g + 1, a)),
+        Status::INVALID_ARGUMENT
+    );
+    assert_eq!(
+        refused(dev.flat_map(base, 1, 2 * g, a)),
+        Status::INVALID_ARGUMENT,
+        "a slot larger than the allocation"
+    );
+    assert_eq!(
+        refused(dev.flat_map(base, 2, g, VmmHandle(u64::MAX))),
+        Status::INVALID_HANDLE
+    );
+    assert_eq!(
+        refused(dev.flat_map(DevicePtr(8), 0, g, a)),
+        Status::INVALID_HANDLE
+    );
+
+    // One memory at two addresses: written through one slot, read through the other.
+    let first = random_bytes(g, 0xF1A7);
+    let mut seen = vec![0u8; g];
+    dev.mem_copy(at(base, 0, g), DevicePtr(first.as_ptr() as u64), g)
+        .expect("write slot 0");
+    dev.mem_copy(host_ptr(&mut seen), at(base, 1, g), g)
+        .expect("read slot 1");
+    assert!(seen == first, "slot 1 does not show what slot 0 wrote");
+    dev.mem_set(at(base, 1, g), 0x3D, 4096)
+        .expect("memset slot 1");
+    dev.mem_copy(host_ptr(&mut seen), at(base, 0, g), g)
+        .expect("read slot 0");
+    assert!(seen[..4096].iter().all(|&x| x == 0x3D));
+    assert_eq!(seen[4096..], first[4096..]);
+
+    let e = dev
+        .flat_release(base, 4 * g)
+        .expect_err("slots still mapped");
+    assert!(e.message().contains("2 mapped slot"), "{e}");
+    dev.flat_unmap(base, 1, g).expect("unmap slot 1");
+    assert_eq!(
+        refused(dev.flat_unmap(base, 1, g)),
+        Status::INVALID_ARGUMENT
+    );
+    dev.flat_unmap(base, 0, g).expect("unmap slot 0");
+    assert_eq!(
+        refused(dev.flat_release(base, 2 * g)),
+        Status::INVALID_ARGUMENT
+    );
+    dev.flat_release(base, 3 * g + 1).expect("flat_release");
+    assert_eq!(
+        refused(dev.flat_release(base, 4 * g)),
+        Status::INVALID_HANDLE
+    );
+
+    dev.vmm_release(b).expect("release the import");
+    dev.vmm_release(a).expect("release the allocation");
+    assert_eq!(refused(dev.vmm_release(a)), Status::INVALID_HANDLE);
+    assert_eq!(
+        st(dev.vmm_export_fd(a).unwrap_err()),
+        Status::INVALID_HANDLE
+    );
+}
+
+const FLAT_WORKER: &str = "vmm_flat_map_worker";
+
+/// The data rank `r` writes into its own allocation.
+fn rank_pattern(r: usize, n: usize) -> Vec<u8> {
+    random_bytes(n, 0x5EED_0000 + r as u64)
+}
+
+/// One of the two processes of [`vmm_and_flat_map_across_two_processes`]: rank `r` (on device
+/// `r % count`) allocates, exports its descriptor to the peer over the socket and imports the
+/// peer's, maps both into one range (rank `i` at `base + i * size`), writes its pattern into
+/// its own allocation, and reads the peer's data through the peer's slot; then writes into
+/// the peer's allocation through that slot and finds the peer's write in its own.
+#[test]
+fn vmm_flat_map_worker() {
+    if !common::is_worker(FLAT_WORKER) {
+        return;
+    }
+    let rank: usize = std::env::var("FERROCX_TEST_RANK")
+        .expect("FERROCX_TEST_RANK")
+        .parse()
+        .expect("a rank");
+    let path = PathBuf::from(std::env::var_os("FERROCX_TEST_SOCKET").expect("FERROCX_TEST_SOCKET"));
+    let peer = 1 - rank;
+    let dev = gpu().expect("the parent found a driver");
+    let d = (rank as i32) % dev.device_count().expect("count");
+    dev.set_device(d).expect("set_device");
+    let g = dev.vmm_granularity(d).expect("the parent checked VMM");
+    let size = 2 * g;
+
+    let mine = dev.vmm_alloc(size).expect("vmm_alloc");
+    let mut sock = common::connect(&path, rank);
+    let fd = owned(dev.vmm_export_fd(mine).expect("vmm_export_fd"));
+    common::fds::send_fds(&sock, &[fd.as_raw_fd()]);
+    let theirs_fd = common::fds::recv_fds(&sock, 1)
+        .pop()
+        .expect("one descriptor");
+    drop(fd);
+    let theirs = dev
+        .vmm_import_fd(theirs_fd.as_raw_fd(), size)
+        .expect("import the peer's allocation");
+    drop(theirs_fd);
+
+    let base = dev.flat_reserve(2 * size).expect("flat_reserve");
+    dev.flat_map(base, rank, size, mine).expect("map mine");
+    dev.flat_map(base, peer, size, theirs)
+        .expect("map the peer's");
+
+    let own = rank_pattern(rank, size);
+    dev.mem_copy(at(base, rank, size), DevicePtr(own.as_ptr() as u64), size)
+        .expect("write my pattern into my allocation");
+    common::barrier(&mut sock);
+
+    let mut seen = vec![0u8; size];
+    dev.mem_copy(host_ptr(&mut seen), at(base, peer, size), size)
+        .expect("read the peer's slot");
+    let want = rank_pattern(peer, size);
+    let wrong = seen.iter().zip(&want).filter(|(a, b)| a != b).count();
+    assert_eq!(
+        wrong, 0,
+        "rank {rank}: {wrong} of {size} bytes of rank {peer}'s data differ"
+    );
+    dev.mem_copy(host_ptr(&mut seen), at(base, rank, size), size)
+        .expect("read my slot");
+    assert!(seen == own, "rank {rank}: my own slot changed");
+    common::barrier(&mut sock);
+
+    // Read/write access: each writes the head of the other's allocation.
+    let head = 64 << 10;
+    dev.mem_set(at(base, peer, size), 0xA0 + rank as u8, head)
+        .expect("write into the peer's allocation");
+    common::barrier(&mut sock);
+    dev.mem_copy(host_ptr(&mut seen), at(base, rank, size), size)
+        .expect("read my slot again");
+    assert!(
+        seen[..head].iter().all(|&x| x == 0xA0 + peer as u8),
+        "rank {rank}: the peer's write is not in my allocation"
+    );
+    assert_eq!(seen[head..], own[head..], "rank {rank}: past the head");
+    common::barrier(&mut sock);
+
+    dev.flat_unmap(base, peer, size).expect("unmap the peer's");
+    dev.flat_unmap(base, rank, size).expect("unmap mine");
+    dev.flat_release(base, 2 * size).expect("flat_release");
+    dev.vmm_release(theirs).expect("release the import");
+    dev.vmm_release(mine).expect("release mine");
+    common::barrier(&mut sock);
+    println!("rank {rank} on device {d}: read rank {peer}'s {size} bytes through the flat range");
+}
+
+#[test]
+fn vmm_and_flat_map_across_two_processes() {
+    if common::is_worker(FLAT_WORKER) {
+        return;
+    }
+    let Some(dev) = gpu() else { return };
+    let n = dev.device_count().expect("count");
+    for d in [0, 1 % n] {
+        if vmm_granularity(dev, d).is_none() {
+            return;
+        }
+    }
+    let path = std::env::temp_dir().join(format!("ferrocx-cuda-flat-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let workers: Vec<common::Worker<'_>> = (0..2)
+        .map(|r| common::Worker {
+            set: vec![
+                ("FERROCX_TEST_RANK", r.to_string()),
+                ("FERROCX_TEST_SOCKET", path.display().to_string()),
+            ],
+            unset: vec![],
+        })
+        .collect();
+    let outs = common::run_workers(FLAT_WORKER, &workers, Duration::from_secs(180));
+    let _ = std::fs::remove_file(&path);
+    let named: Vec<_> = outs
+        .into_iter()
+        .enumerate()
+        .map(|(r, out)| (format!("rank {r} (device {})", r as i32 % n), out))
+        .collect();
+    common::assert_all_succeeded(&named);
+}
+
+#[test]
+fn a_wrapped_external_stream_is_used_and_left_alive() {
+    let Some(dev) = gpu() else { return };
+    // Another library's view of the driver (the adaptor's `dlopen` of it is shared).
+    // SAFETY: opening the system's CUDA driver, which this process already loaded.
+    let lib = unsafe { Lib::new("libcuda.so.1") }.expect("libcuda.so.1");
+    let ok = CUresult::CUDA_SUCCESS;
+    let mut raw: CUstream = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; device 0's primary context is current on this thread.
+    let r =
+        unsafe { (lib.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
+    assert_eq!(r, ok, "cuStreamCreate");
+    let s = dev.stream_wrap(raw.cast()).expect("stream_wrap");
+    assert_eq!(
+        s.0,
+        raw.cast::<c_void>(),
+        "the wrapper is the CUstream itself"
+    );
+
+    let n = (4 << 20) + 5;
+    let d = dev.mem_alloc(n, MemKind::DEVICE).expect("alloc");
+    let h = dev.mem_alloc(n, MemKind::PINNED).expect("pinned");
+    dev.mem_set(h, 0, n).expect("clear");
+    dev.mem_set_async(d, 0x5A, n, s)
+        .expect("memset on the wrapped stream");
+    dev.mem_copy_async(h, d, n, s)
+        .expect("copy on the wrapped stream");
+    dev.stream_synchronize(s).expect("sync the wrapped stream");
+    assert!(dev.stream_query(s).expect("query"));
+    assert!(pinned(h, n).iter().all(|&x| x == 0x5A));
+
+    dev.stream_destroy(s).expect("destroying a wrapper");
+    // The native stream is still its owner's: it takes work and completes it.
+    // SAFETY: live device and pinned allocations of `n` bytes and a live stream.
+    unsafe {
+        assert_eq!((lib.cuMemsetD8Async)(d.0, 0x6B, n, raw), ok, "memset");
+        assert_eq!((lib.cuMemcpyAsync)(h.0, d.0, n, raw), ok, "copy");
+        assert_eq!((lib.cuStreamSynchronize)(raw), ok, "sync");
+    }
+    assert!(pinned(h, n).iter().all(|&x| x == 0x6B));
+    // And it can be wrapped again.
+    let again = dev.stream_wrap(raw.cast()).expect("wrap again");
+    dev.mem_set_async(d, 0x7C, n, again).expect("memset");
+    dev.mem_copy_async(h, d, n, again).expect("copy");
+    dev.stream_synchronize(again).expect("sync");
+    assert!(pinned(h, n).iter().all(|&x| x == 0x7C));
+    dev.stream_destroy(again)
+        .expect("destroy the second wrapper");
+
+    dev.mem_free(h, MemKind::PINNED).expect("free pinned");
+    dev.mem_free(d, MemKind::DEVICE).expect("free");
+    // SAFETY: the stream this test created, idle, destroyed once.
+    assert_eq!(
+        unsafe { (lib.cuStreamDestroy_v2)(raw) },
+        ok,
+        "cuStreamDestroy"
+    );
+}
+
+const MC_WORKER: &str = "multicast_refusal_worker";
+
+/// In a worker whose environment sets a kill-switch: every multicast entry that could create
+/// or join an object is refused with `UNSUPPORTED` naming the switch. The arguments are ones the
+/// adaptor refuses before any driver call anyway (0 bytes, descriptor -1, unknown handles), so
+/// even an adaptor that ignored the switch could not create an object here.
+#[test]
+fn multicast_refusal_worker() {
+    if !common::is_worker(MC_WORKER) {
+        return;
+    }
+    // Refuse to go on unless a switch is in the environment, read here without the adaptor.
+    let raw = |v: &str| std::env::var(v).unwrap_or_default();
+    assert!(
+        raw("NCCL_NVLS_ENABLE") == "0" || raw("FERROCX_MULTICAST") == "0",
+        "the worker must run with NCCL_NVLS_ENABLE=0 or FERROCX_MULTICAST=0"
+    );
+    let expect = raw("FERROCX_TEST_EXPECT");
+    let dev = gpu().expect("the parent found a driver");
+    let switch = ferrocx_adaptor_cuda::multicast::kill_switch().expect("a kill-switch");
+    assert!(switch.contains(&expect), "{switch}");
+    let results = [
+        ("mc_create", dev.mc_create(0, 1).map(drop)),
+        ("mc_import_fd", dev.mc_import_fd(-1, 0).map(drop)),
+        ("mc_add_device", dev.mc_add_device(McHandle(u64::MAX), 0)),
+        (
+            "mc_bind",
+            dev.mc_bind(McHandle(u64::MAX), 0, VmmHandle(u64::MAX), 0, 0),
+        ),
+        ("mc_map", dev.mc_map(McHandle(u64::MAX), 0).map(drop)),
+    ];
+    for (entry, r) in results {
+        let e = r.expect_err(entry);
+        assert_eq!(e.status(), Status::UNSUPPORTED, "{entry}: {e}");
+        assert!(e.message().contains(&expect), "{entry}: {e}");
+    }
+    println!("refused: {switch}");
+}
+
+#[test]
+fn multicast_is_refused_on_a_gpu_while_a_kill_switch_is_set() {
+    if common::is_worker(MC_WORKER) {
+        return;
+    }
+    let Some(_) = gpu() else { return };
+    let cases = [
+        (
+            vec![("NCCL_NVLS_ENABLE", "0")],
+            "disabled by NCCL_NVLS_ENABLE=0",
+        ),
+        (
+            vec![("FERROCX_MULTICAST", "0")],
+            "disabled by FERROCX_MULTICAST=0",
+        ),
+        (
+            vec![("FERROCX_MULTICAST", "0"), ("NCCL_NVLS_ENABLE", "0")],
+            "disabled by NCCL_NVLS_ENABLE=0",
+        ),
+    ];
+    let workers: Vec<common::Worker<'_>> = cases
+        .iter()
+        .map(|(vars, expect)| {
+            let mut set: Vec<(&str, String)> =
+                vars.iter().map(|&(k, v)| (k, v.to_string())).collect();
+            set.push(("FERROCX_TEST_EXPECT", expect.to_string()));
+            common::Worker {
+                set,
+                unset: vec!["NCCL_NVLS_ENABLE", "FERROCX_MULTICAST"],
+            }
+        })
+        .collect();
+    let outs = common::run_workers(MC_WORKER, &workers, Duration::from_secs(120));
+    let named: Vec<_> = cases
+        .iter()
+        .zip(outs)
+        .map(|((vars, _), out)| (format!("{vars:?}"), out))
+        .collect();
+    common::assert_all_succeeded(&named);
+}
+
+/// The `ferrocx` command beside this test (`FERROCX_BIN`, else `../ferrocx` from the test
+/// executable: `target/<profile>/ferrocx` under cargo, the bundle's top folder in
+/// `gpu-bundle/tests/`).
+fn ferrocx_cli() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FERROCX_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.join("ferrocx");
+    p.is_file().then_some(p)
+}
+
+/// The lines of adaptor `name`'s block in `ferrocx info`'s text.
+fn adaptor_block(info: &str, name: &str) -> Option<String> {
+    let header = format!("  {name}  [");
+    let mut lines = info.lines().skip_while(|l| !l.starts_with(&header));
+    lines.next()?;
+    Some(
+        lines
+            .take_while(|l| l.starts_with("    "))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
+#[test]
+fn ferrocx_info_reports_multicast_disabled_by_the_kill_switch() {
+    let Some(_) = gpu() else { return };
+    let Some(cli) = ferrocx_cli() else {
+        println!("skipped: no ferrocx command beside the tests (set FERROCX_BIN)");
+        return;
+    };
+    let cases = [
+        (
+            "NCCL_NVLS_ENABLE",
+            "FERROCX_MULTICAST",
+            "multicast: disabled by NCCL_NVLS_ENABLE=0",
+        ),
+        (
+            "FERROCX_MULTICAST",
+            "NCCL_NVLS_ENABLE",
+            "multicast: disabled by FERROCX_MULTICAST=0",
+        ),
+    ];
+    for (set, unset, expect) in cases {
+        // `info` creates no multicast object and no communicator, whatever the switches say.
+        let out = Command::new(&cli)
+            .arg("info")
+            .env_remove("FERROCX_CONFIG")
+            .env_remove(unset)
+            .env(set, "0")
+            .output()
+            .expect("run ferrocx info");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let Some(block) = adaptor_block(&text, "cuda") else {
+            println!(
+                "skipped: {} lists no cuda adaptor (built without --features cuda)",
+                cli.display()
+            );
+            return;
+        };
+        println!("{set}=0:\n{block}");
+        assert!(
+            block.contains(expect),
+            "{set}=0: expected {expect:?} in\n{block}"
+        );
+    }
 }

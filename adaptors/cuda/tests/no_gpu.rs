@@ -1,12 +1,29 @@
 //! Without a CUDA driver: `init` fails with the reason, every other entry answers
-//! `NOT_INITIALIZED` without panicking, through the built-in table and through the plugin `.so`.
+//! `NOT_INITIALIZED` without panicking, through the built-in table and through the plugin `.so`;
+//! the multicast entries that could create or join an object refuse first of all, naming the
+//! kill-switch, while one is set.
+
+mod common;
 
 use std::ffi::{c_void, CStr};
 use std::path::PathBuf;
+use std::time::Duration;
 
-use ferrocx::abi::{DeviceAdaptorV1, DeviceProperties, DevicePtr, Event, MemKind, Status, Stream};
-use ferrocx::loader::Checked;
+use ferrocx::abi::{
+    DeviceAdaptorV1, DeviceProperties, DevicePtr, Event, McHandle, MemKind, Status, Stream,
+    VmmHandle,
+};
+use ferrocx::loader::{Checked, DeviceTables};
 use ferrocx::registry::{Registry, Source};
+
+/// Every table the adaptor exports, in the order `groups()` lists them.
+const GROUPS: [&str; 5] = [
+    "ferrocx_device_adaptor_v1",
+    "ferrocx_device_vmm_v1",
+    "ferrocx_device_flatmap_v1",
+    "ferrocx_device_multicast_v1",
+    "ferrocx_device_graph_v1",
+];
 
 fn skip_on_gpu() -> bool {
     if ferrocx_adaptor_cuda::is_present() {
@@ -112,6 +129,59 @@ fn check_uninitialised(t: &DeviceAdaptorV1) {
     }
 }
 
+/// The VMM, flat-map and multicast entries that cannot create or join a multicast object
+/// answer `NOT_INITIALIZED` too (the gated ones are checked under a kill-switch below).
+fn check_groups_uninitialised(d: &DeviceTables) {
+    let t = d.root.get();
+    let vmm = d.vmm.as_ref().expect("VMM group").get();
+    let flat = d.flatmap.as_ref().expect("flat-map group").get();
+    let mc = d.multicast.as_ref().expect("multicast group").get();
+    let (mut g, mut h, mut fd, mut base, mut yes) =
+        (0usize, VmmHandle(0), -1i32, DevicePtr::NULL, -1i32);
+    let (a, m) = (DevicePtr(0x20_0000), McHandle(1));
+    // SAFETY: entries of a checked table with valid out-pointers; the adaptor is not
+    // initialised, so none of them reaches the driver.
+    let results = unsafe {
+        [
+            ("vmm_granularity", vmm.vmm_granularity.unwrap()(0, &mut g)),
+            ("vmm_alloc", vmm.vmm_alloc.unwrap()(1 << 21, &mut h)),
+            (
+                "vmm_export_fd",
+                vmm.vmm_export_fd.unwrap()(VmmHandle(1), &mut fd),
+            ),
+            (
+                "vmm_import_fd",
+                vmm.vmm_import_fd.unwrap()(0, 1 << 21, &mut h),
+            ),
+            ("vmm_release", vmm.vmm_release.unwrap()(VmmHandle(1))),
+            (
+                "flat_reserve",
+                flat.flat_reserve.unwrap()(1 << 22, &mut base),
+            ),
+            (
+                "flat_map",
+                flat.flat_map.unwrap()(a, 0, 1 << 21, VmmHandle(1)),
+            ),
+            ("flat_unmap", flat.flat_unmap.unwrap()(a, 0, 1 << 21)),
+            ("flat_release", flat.flat_release.unwrap()(a, 1 << 22)),
+            ("mc_supported", mc.mc_supported.unwrap()(0, &mut yes)),
+            ("mc_export_fd", mc.mc_export_fd.unwrap()(m, &mut fd)),
+            ("mc_unmap", mc.mc_unmap.unwrap()(a, 1 << 21)),
+            ("mc_unbind", mc.mc_unbind.unwrap()(m, 0, 0, 1 << 21)),
+            ("mc_release", mc.mc_release.unwrap()(m)),
+        ]
+    };
+    for (entry, status) in results {
+        let msg = last_error(t);
+        assert_eq!(status, Status::NOT_INITIALIZED, "{entry}: {msg}");
+        assert!(msg.contains("not initialised"), "{entry}: {msg}");
+    }
+    assert_eq!(
+        (g, h, fd, base, yes),
+        (0, VmmHandle(0), -1, DevicePtr::NULL, -1)
+    );
+}
+
 #[test]
 fn builtin_init_fails_with_the_reason_and_the_rest_is_not_initialised() {
     if skip_on_gpu() {
@@ -121,14 +191,11 @@ fn builtin_init_fails_with_the_reason_and_the_rest_is_not_initialised() {
     let r = Registry::with_builtins();
     let e = r.device("cuda").expect("the cuda built-in is registered");
     assert_eq!(e.source, Source::Builtin);
-    assert_eq!(
-        e.groups(),
-        ["ferrocx_device_adaptor_v1"],
-        "no optional group"
-    );
+    assert_eq!(e.groups(), GROUPS);
     let d = e.device.as_ref().expect("device tables");
     assert!(d.root.absent().is_empty(), "{:?}", d.root.absent());
     check_uninitialised(d.root.get());
+    check_groups_uninitialised(d);
 
     // The safe handle reports the same, as `ferrocx info` shows it.
     let err = e
@@ -164,7 +231,98 @@ fn plugin_loads_abi_checked_and_answers_the_same() {
     assert_eq!(e.source, Source::Plugin(path.clone()));
     assert_eq!(e.checked, Checked::AbiStable);
     assert_eq!(e.abi_version(), (1, ferrocx::abi::ABI_MINOR));
-    assert_eq!(e.groups(), ["ferrocx_device_adaptor_v1"]);
+    assert_eq!(e.groups(), GROUPS);
     assert!(e.ccl.is_none());
-    check_uninitialised(e.device.as_ref().expect("device").root.get());
+    let d = e.device.as_ref().expect("device");
+    check_uninitialised(d.root.get());
+    check_groups_uninitialised(d);
+}
+
+const KILL_SWITCH_WORKER: &str = "multicast_kill_switch_worker";
+
+/// In a worker whose environment sets a kill-switch (`FERROCX_TEST_EXPECT` names what the
+/// refusal must say): every multicast entry that could create or join an object refuses with
+/// `UNSUPPORTED` naming it, through the built-in table and the plugin's, before `init` (so
+/// before the adaptor could know whether it is initialised).
+#[test]
+fn multicast_kill_switch_worker() {
+    if !common::is_worker(KILL_SWITCH_WORKER) {
+        return;
+    }
+    // Never call a multicast entry without a switch: refuse to run rather than risk it.
+    let switch = ferrocx_adaptor_cuda::multicast::kill_switch()
+        .expect("the worker runs with a multicast kill-switch in its environment");
+    let expect = std::env::var("FERROCX_TEST_EXPECT").expect("FERROCX_TEST_EXPECT");
+    assert!(switch.contains(&expect), "{switch}");
+    ferrocx_adaptor_cuda::link();
+    let builtins = Registry::with_builtins();
+    let mut plugins = Registry::empty();
+    let tables = [
+        builtins.device("cuda").expect("built-in").device.as_ref(),
+        plugins
+            .add_plugin(&plugin_path())
+            .expect("plugin")
+            .device
+            .as_ref(),
+    ];
+    for d in tables {
+        let d = d.expect("device tables");
+        let t = d.root.get();
+        let mc = d.multicast.as_ref().expect("multicast group").get();
+        let (mut h, mut p) = (McHandle(0), DevicePtr::NULL);
+        // SAFETY: entries of a checked table with valid out-pointers; the descriptor 0 is only
+        // passed, never used (the entry refuses first).
+        let results = unsafe {
+            [
+                ("mc_create", mc.mc_create.unwrap()(1 << 21, 2, &mut h)),
+                ("mc_import_fd", mc.mc_import_fd.unwrap()(0, 1 << 21, &mut h)),
+                ("mc_add_device", mc.mc_add_device.unwrap()(McHandle(1), 0)),
+                (
+                    "mc_bind",
+                    mc.mc_bind.unwrap()(McHandle(1), 0, VmmHandle(1), 0, 1 << 21),
+                ),
+                ("mc_map", mc.mc_map.unwrap()(McHandle(1), 1 << 21, &mut p)),
+            ]
+        };
+        for (entry, status) in results {
+            let msg = last_error(t);
+            assert_eq!(status, Status::UNSUPPORTED, "{entry}: {msg}");
+            assert!(msg.contains(&expect), "{entry}: {msg}");
+        }
+        assert_eq!((h, p), (McHandle(0), DevicePtr::NULL), "nothing written");
+    }
+}
+
+#[test]
+fn multicast_is_refused_by_each_kill_switch_before_anything_else() {
+    if skip_on_gpu() || common::is_worker(KILL_SWITCH_WORKER) {
+        return;
+    }
+    let cases = [
+        ("NCCL_NVLS_ENABLE", "0", "disabled by NCCL_NVLS_ENABLE=0"),
+        ("FERROCX_MULTICAST", "0", "disabled by FERROCX_MULTICAST=0"),
+        (
+            "FERROCX_MULTICAST",
+            "off",
+            "disabled by FERROCX_MULTICAST=off",
+        ),
+        ("FERROCX_MULTICAST", "maybe", "counts as off"),
+    ];
+    let workers: Vec<common::Worker<'_>> = cases
+        .iter()
+        .map(|&(var, value, expect)| common::Worker {
+            set: vec![
+                (var, value.to_string()),
+                ("FERROCX_TEST_EXPECT", expect.to_string()),
+            ],
+            unset: vec!["NCCL_NVLS_ENABLE", "FERROCX_MULTICAST"],
+        })
+        .collect();
+    let outs = common::run_workers(KILL_SWITCH_WORKER, &workers, Duration::from_secs(120));
+    let named: Vec<_> = cases
+        .iter()
+        .zip(outs)
+        .map(|((var, value, _), out)| (format!("{var}={value}"), out))
+        .collect();
+    common::assert_all_succeeded(&named);
 }

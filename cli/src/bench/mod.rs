@@ -8,8 +8,12 @@
 //! Every rank times `--iters` back-to-back operations per size and placement (out-of-place,
 //! then in-place), checks one result against a reference computed here, and rank 0 prints
 //! the table (or `--json`) and writes `--plot`. Any wrong element makes the exit code 1.
+//! `--graph` times launches of a graph of the `--iters` operations instead (the device's graph
+//! group), and `--direct` times NCCL called directly next to ferrocx in the same run (see
+//! `worker` for how runs are timed and paired).
 
 mod data;
+mod direct;
 mod front;
 mod ops;
 mod plot;
@@ -73,6 +77,26 @@ pub struct BenchArgs {
     /// Checked runs per size and placement (0: no check, `#wrong` is N/A).
     #[arg(long, default_value_t = 1)]
     pub check_iters: u32,
+    /// Capture the `--iters` operations of each size and placement into one graph (after an
+    /// eager warm-up) and time its launches; needs a device adaptor with the graph group
+    /// (`ferrocx_device_graph_v1`, e.g. cuda).
+    #[arg(long)]
+    pub graph: bool,
+    /// Also time NCCL called directly (its own communicator, the same buffers, sizes and
+    /// stream), interleaved with ferrocx in the same run: the table gains its time, the
+    /// ferrocx/direct bus-bandwidth ratio and the latency ferrocx adds. nccl backend only.
+    #[arg(long)]
+    pub direct: bool,
+    /// How all_reduce runs: `ccl` (the CCL's own), `window` (ferrocx's window algorithm the size
+    /// picks: one-shot, two-shot, then the ring), or one of `one-shot`, `two-shot`, `ring`
+    /// forced. Other ops always run on the CCL. With --direct, NCCL called directly is timed
+    /// next to it in the same run.
+    #[arg(long, value_enum, default_value = "ccl")]
+    pub algo: AlgoArg,
+    /// Timed runs per size and placement; the median is reported (default: 1, or 5 with
+    /// --direct).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeats: Option<u32>,
     /// Print a JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -132,6 +156,47 @@ impl OpArg {
         match self {
             OpArg::All => "all",
             one => one.ops()[0].name(),
+        }
+    }
+}
+
+/// `--algo`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AlgoArg {
+    /// The CCL's all-reduce.
+    Ccl,
+    /// The window algorithm the size picks.
+    Window,
+    /// Window one-shot.
+    #[value(name = "one-shot", alias = "one_shot")]
+    OneShot,
+    /// Window two-shot.
+    #[value(name = "two-shot", alias = "two_shot")]
+    TwoShot,
+    /// Window ring.
+    Ring,
+}
+
+impl AlgoArg {
+    /// `None` for the CCL, else the window algorithm (`Some(None)`: by size).
+    pub fn window(self) -> Option<Option<ferrocx::window::collectives::WindowAlgo>> {
+        use ferrocx::window::collectives::WindowAlgo;
+        match self {
+            AlgoArg::Ccl => None,
+            AlgoArg::Window => Some(None),
+            AlgoArg::OneShot => Some(Some(WindowAlgo::OneShot)),
+            AlgoArg::TwoShot => Some(Some(WindowAlgo::TwoShot)),
+            AlgoArg::Ring => Some(Some(WindowAlgo::Ring)),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            AlgoArg::Ccl => "ccl",
+            AlgoArg::Window => "window",
+            AlgoArg::OneShot => "one-shot",
+            AlgoArg::TwoShot => "two-shot",
+            AlgoArg::Ring => "ring",
         }
     }
 }
@@ -311,6 +376,14 @@ impl BenchArgs {
         push("--iters", self.iters.to_string());
         push("--warmup", self.warmup.to_string());
         push("--check-iters", self.check_iters.to_string());
+        push("--repeats", self.repeats().to_string());
+        push("--algo", self.algo.name().into());
+        if self.graph {
+            a.push("--graph".into());
+        }
+        if self.direct {
+            a.push("--direct".into());
+        }
         if self.json {
             a.push("--json".into());
         }
@@ -324,6 +397,65 @@ impl BenchArgs {
     fn dtype_name(&self) -> &'static str {
         self.dtype.data_type().name().unwrap_or("?")
     }
+
+    /// Timed runs per size and placement (`--repeats`, else 5 with `--direct`, else 1).
+    pub fn repeats(&self) -> u32 {
+        self.repeats.unwrap_or(if self.direct { 5 } else { 1 })
+    }
+}
+
+/// Why `--graph` or `--direct` cannot run on cluster `cluster`, whose device adaptor is `device`
+/// (`has_graph`: it exports the graph group) and whose CCL adaptor is `ccl`; `None` when they
+/// can (or are not asked for).
+pub fn mode_refusal(
+    args: &BenchArgs,
+    cluster: &str,
+    device: &str,
+    has_graph: bool,
+    ccl: &str,
+) -> Option<String> {
+    if args.graph && !has_graph {
+        return Some(format!(
+            "--graph needs a device adaptor that captures operations into graphs (the graph \
+             group, ferrocx_device_graph_v1), and the device adaptor {device:?} of cluster \
+             {cluster:?} has none; run without --graph, or on a device that has it (cuda)"
+        ));
+    }
+    if args.direct && ccl != "nccl" {
+        return Some(format!(
+            "--direct times NCCL called directly next to ferrocx, but cluster {cluster:?} uses \
+             the CCL adaptor {ccl:?}, not \"nccl\"; run without --direct, or with a \
+             configuration whose cluster has ccl = \"nccl\" (configs/nccl.toml)"
+        ));
+    }
+    if args.direct && !direct::AVAILABLE {
+        return Some(direct::UNAVAILABLE.to_string());
+    }
+    None
+}
+
+/// [`mode_refusal`] for every cluster of `config` that ranks `0..n` fall in, as the ranks would
+/// select it (a cluster whose adaptors are not available is left to the ranks to report).
+fn check_modes(args: &BenchArgs, config: &ferrocx::config::Config, n: u32) -> Option<String> {
+    if !args.graph && !args.direct {
+        return None;
+    }
+    let registry = ferrocx::registry::Registry::discover(&config.runtime);
+    config
+        .clusters
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| (0..n as usize).any(|r| c.ranks.contains(r)))
+        .find_map(|(i, c)| {
+            let sel = registry.select(config, i).ok()?;
+            mode_refusal(
+                args,
+                &c.name,
+                sel.device.name(),
+                sel.device.graph().is_some(),
+                sel.ccl.name(),
+            )
+        })
 }
 
 /// The short name of a reduction op.
@@ -350,8 +482,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
                     args.root
                 )));
             }
-            if let Err(e) = crate::load_config(args.config.as_ref()) {
-                return Ok(usage_error(&e.to_string()));
+            let config = match crate::load_config(args.config.as_ref()) {
+                Ok(c) => c,
+                Err(e) => return Ok(usage_error(&e.to_string())),
+            };
+            if let Some(why) = check_modes(&args, &config, n) {
+                return Ok(usage_error(&why));
             }
             front::run(&args, n)
         }

@@ -368,10 +368,12 @@ mod tests {
                     out_of_place: Group {
                         time_us: t * size as f64,
                         wrong: Some(0),
+                        direct: None,
                     },
                     in_place: Group {
                         time_us: 2.0 * t * size as f64,
                         wrong: Some(0),
+                        direct: None,
                     },
                 })
                 .collect::<Vec<_>>()

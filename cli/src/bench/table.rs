@@ -9,10 +9,38 @@ use super::ops::Op;
 /// One placement's (out-of-place or in-place) measurement at one size, over all ranks.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Group {
-    /// The slowest rank's average time per operation, in microseconds.
+    /// Time per operation in microseconds: for each timed run the slowest rank's average, then
+    /// the median over the runs (`--repeats`).
     pub time_us: f64,
     /// Wrong elements over all ranks; `None` when not checked.
     pub wrong: Option<u64>,
+    /// The same measurement through NCCL called directly (`--direct`), timed interleaved with
+    /// this one.
+    pub direct: Option<Direct>,
+}
+
+/// The `--direct` reference of one placement at one size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Direct {
+    /// Time per operation in microseconds, as [`Group::time_us`].
+    pub time_us: f64,
+    /// Wrong elements over all ranks; `None` when not checked.
+    pub wrong: Option<u64>,
+}
+
+impl Group {
+    /// ferrocx's bus bandwidth over the direct reference's (= direct time / ferrocx time).
+    pub fn busbw_ratio(&self) -> Option<f64> {
+        self.direct
+            .filter(|_| self.time_us > 0.0)
+            .map(|d| d.time_us / self.time_us)
+    }
+
+    /// Microseconds ferrocx adds to each operation over the direct reference (negative when
+    /// it is faster).
+    pub fn added_latency_us(&self) -> Option<f64> {
+        self.direct.map(|d| self.time_us - d.time_us)
+    }
 }
 
 /// One size of one op.
@@ -91,7 +119,16 @@ pub struct Setup {
     pub iters: u32,
     /// Checked runs.
     pub check_iters: u32,
+    /// `--graph`: the timed operations of each run are one graph launch.
+    pub graph: bool,
+    /// Timed runs per size and placement (the median is reported).
+    pub repeats: u32,
+    /// `--direct`: the libnccl called directly, and its version (`None` without `--direct`).
+    pub direct: Option<String>,
 }
+
+/// Sizes from which the bus-bandwidth ratio is summarised (1 MiB).
+pub const RATIO_FROM_BYTES: usize = 1 << 20;
 
 /// GB/s (1e9 B/s) of `bytes` in `us` microseconds.
 pub fn gbps(bytes: usize, us: f64) -> f64 {
@@ -137,6 +174,49 @@ impl OpResult {
             .sum()
     }
 
+    /// Wrong elements of the direct reference over all rows and placements.
+    pub fn direct_wrong(&self) -> u64 {
+        self.rows
+            .iter()
+            .flat_map(|r| [&r.out_of_place, &r.in_place])
+            .filter_map(|g| g.direct.and_then(|d| d.wrong))
+            .sum()
+    }
+
+    /// Whether the rows carry the direct reference.
+    pub fn has_direct(&self) -> bool {
+        self.rows.iter().any(|r| r.out_of_place.direct.is_some())
+    }
+
+    /// Mean busbw of the direct reference over rows and both placements.
+    pub fn avg_direct_busbw(&self) -> f64 {
+        let bws: Vec<f64> = self
+            .rows
+            .iter()
+            .flat_map(|r| [&r.out_of_place, &r.in_place].map(|g| (r, g)))
+            .filter_map(|(r, g)| g.direct.map(|d| gbps(r.size, d.time_us) * self.bus_factor))
+            .collect();
+        if bws.is_empty() {
+            0.0
+        } else {
+            bws.iter().sum::<f64>() / bws.len() as f64
+        }
+    }
+
+    /// The lowest ferrocx/direct busbw ratio over the sizes of at least
+    /// [`RATIO_FROM_BYTES`], with its size and placement.
+    pub fn min_ratio_from_1m(&self) -> Option<(f64, usize, &'static str)> {
+        self.rows
+            .iter()
+            .filter(|r| r.size >= RATIO_FROM_BYTES)
+            .flat_map(|r| {
+                [(&r.out_of_place, "out-of-place"), (&r.in_place, "in-place")]
+                    .map(|(g, place)| g.busbw_ratio().map(|q| (q, r.size, place)))
+            })
+            .flatten()
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    }
+
     fn redop<'a>(&self, setup: &'a Setup) -> &'a str {
         if self.op.reduces() {
             &setup.redop
@@ -174,6 +254,22 @@ pub fn header(s: &Setup) -> String {
         "#  dtype: {}  redop: {}  root: {}  minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} check iters: {}",
         s.dtype, s.redop, s.root, s.min_bytes, s.max_bytes, s.step_factor, s.warmup, s.iters, s.check_iters
     );
+    let mode = if s.graph {
+        "graph launches (iters captured into one graph, after an eager warm-up)"
+    } else {
+        "back-to-back"
+    };
+    let _ = writeln!(
+        o,
+        "#  timing: {mode}, host clock around enqueue and synchronize; median of {} run(s) per size",
+        s.repeats
+    );
+    if let Some(lib) = &s.direct {
+        let _ = writeln!(
+            o,
+            "#  direct: {lib}, its own communicator, same buffers and stream, runs interleaved with ferrocx's"
+        );
+    }
     let _ = writeln!(o, "#");
     let _ = writeln!(o, "# Using devices");
     for d in &s.devices {
@@ -186,21 +282,67 @@ pub fn header(s: &Setup) -> String {
     o
 }
 
-/// The column headers of one op's table.
-pub fn table_head(op: Op) -> String {
+/// Width of the columns before the groups (size to root).
+const PREFIX_WIDTH: usize = 52;
+/// Width of one group's ferrocx columns (time, algbw, busbw, #wrong).
+const GROUP_WIDTH: usize = 32;
+/// Width of one group's direct columns (time, ratio, added latency, #wrong).
+const DIRECT_WIDTH: usize = 33;
+
+/// `text` centred in `width` columns starting at `start` of `line` (which grows as needed).
+fn centre(line: &mut Vec<u8>, start: usize, width: usize, text: &str) {
+    let at = start + width.saturating_sub(text.len()) / 2;
+    if line.len() < at + text.len() {
+        line.resize(at + text.len(), b' ');
+    }
+    line[at..at + text.len()].copy_from_slice(text.as_bytes());
+}
+
+/// The column headers of one op's table; `direct` adds the reference's columns to each group.
+pub fn table_head(op: Op, direct: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "#");
     let _ = writeln!(o, "# {}", op.name());
-    // Each group's name centred over its four columns.
-    let _ = writeln!(o, "#{:>73}{:>30}", "out-of-place", "in-place");
-    let _ = writeln!(
-        o,
-        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
-    );
-    let _ = writeln!(
-        o,
-        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"
-    );
+    if !direct {
+        // Each group's name centred over its four columns.
+        let _ = writeln!(o, "#{:>73}{:>30}", "out-of-place", "in-place");
+        let _ = writeln!(
+            o,
+            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong"
+        );
+        let _ = writeln!(
+            o,
+            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"
+        );
+        return o;
+    }
+    let group = GROUP_WIDTH + DIRECT_WIDTH;
+    let mut places = vec![b'#'];
+    let mut paths = vec![b'#'];
+    for (k, place) in ["out-of-place", "in-place"].iter().enumerate() {
+        let start = PREFIX_WIDTH + k * group;
+        centre(&mut places, start, group, place);
+        centre(&mut paths, start, GROUP_WIDTH, "ferrocx");
+        centre(&mut paths, start + GROUP_WIDTH, DIRECT_WIDTH, "nccl direct");
+    }
+    let _ = writeln!(o, "{}", String::from_utf8_lossy(&places));
+    let _ = writeln!(o, "{}", String::from_utf8_lossy(&paths));
+    let mut names = String::from("#       size         count      type   redop    root");
+    let mut units = format!("{:<PREFIX_WIDTH$}", "#        (B)    (elements)");
+    for _ in 0..2 {
+        let _ = write!(
+            names,
+            "{:>9}{:>8}{:>8}{:>7}{:>9}{:>8}{:>9}{:>7}",
+            "time", "algbw", "busbw", "#wrong", "time", "ratio", "+lat", "#wrong"
+        );
+        let _ = write!(
+            units,
+            "{:>9}{:>8}{:>8}{:>7}{:>9}{:>8}{:>9}{:>7}",
+            "(us)", "(GB/s)", "(GB/s)", "", "(us)", "", "(us)", ""
+        );
+    }
+    let _ = writeln!(o, "{names}");
+    let _ = writeln!(o, "{}", units.trim_end());
     o
 }
 
@@ -227,23 +369,83 @@ pub fn row_line(s: &Setup, r: &OpResult, row: &Row) -> String {
     );
     for g in [&row.out_of_place, &row.in_place] {
         let (alg, bus) = row.bandwidth(g, r.bus_factor);
-        let wrong = g.wrong.map_or("N/A".to_string(), |w| w.to_string());
         let _ = write!(
             o,
-            "  {}  {alg:6.2}  {bus:6.2}  {wrong:>5}",
-            show_time(g.time_us)
+            "  {}  {alg:6.2}  {bus:6.2}  {:>5}",
+            show_time(g.time_us),
+            show_wrong(g.wrong)
         );
+        if let Some(d) = g.direct {
+            let ratio = g.busbw_ratio().unwrap_or(0.0);
+            let lat = g.added_latency_us().unwrap_or(0.0);
+            let _ = write!(
+                o,
+                "  {}  {ratio:6.3}  {lat:7.2}  {:>5}",
+                show_time(d.time_us),
+                show_wrong(d.wrong)
+            );
+        }
     }
     o
+}
+
+fn show_wrong(wrong: Option<u64>) -> String {
+    wrong.map_or("N/A".to_string(), |w| w.to_string())
+}
+
+fn verdict(wrong: u64) -> &'static str {
+    if wrong == 0 {
+        "OK"
+    } else {
+        "FAILED"
+    }
 }
 
 /// The lines after one op's rows.
 pub fn table_foot(r: &OpResult) -> String {
     let wrong = r.wrong();
     let mut o = String::new();
-    let verdict = if wrong == 0 { "OK" } else { "FAILED" };
-    let _ = writeln!(o, "# Out of bounds values : {wrong} {verdict}");
+    let _ = writeln!(o, "# Out of bounds values : {wrong} {}", verdict(wrong));
     let _ = writeln!(o, "# Avg bus bandwidth : {:.4}", r.avg_busbw());
+    if !r.has_direct() {
+        return o;
+    }
+    let dw = r.direct_wrong();
+    let _ = writeln!(
+        o,
+        "# Out of bounds values, nccl direct : {dw} {}",
+        verdict(dw)
+    );
+    let _ = writeln!(
+        o,
+        "# Avg bus bandwidth, nccl direct : {:.4}",
+        r.avg_direct_busbw()
+    );
+    match r.min_ratio_from_1m() {
+        Some((q, size, place)) => {
+            let _ = writeln!(
+                o,
+                "# Lowest ferrocx/direct busbw ratio from 1M : {q:.4} ({place}, {})",
+                super::show_size(size as u64)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "# Lowest ferrocx/direct busbw ratio from 1M : N/A (no size from 1M)"
+            );
+        }
+    }
+    if let Some(first) = r.rows.first() {
+        let lat = |g: &Group| g.added_latency_us().unwrap_or(0.0);
+        let _ = writeln!(
+            o,
+            "# Added latency at {} B (us) : {:.2} out-of-place, {:.2} in-place",
+            first.size,
+            lat(&first.out_of_place),
+            lat(&first.in_place)
+        );
+    }
     o
 }
 
@@ -252,7 +454,7 @@ pub fn table_foot(r: &OpResult) -> String {
 pub fn text(s: &Setup, results: &[OpResult]) -> String {
     let mut o = header(s);
     for r in results {
-        o += &table_head(r.op);
+        o += &table_head(r.op, r.has_direct());
         for row in &r.rows {
             o += &row_line(s, r, row);
             o.push('\n');
@@ -264,7 +466,24 @@ pub fn text(s: &Setup, results: &[OpResult]) -> String {
 
 fn group_json(row: &Row, g: &Group, bus_factor: f64) -> Value {
     let (alg, bus) = row.bandwidth(g, bus_factor);
-    json!({ "time_us": g.time_us, "algbw_gbps": alg, "busbw_gbps": bus, "wrong": g.wrong })
+    let direct = g.direct.map(|d| {
+        let alg = gbps(row.size, d.time_us);
+        json!({
+            "time_us": d.time_us,
+            "algbw_gbps": alg,
+            "busbw_gbps": alg * bus_factor,
+            "wrong": d.wrong,
+            "busbw_ratio": g.busbw_ratio(),
+            "added_latency_us": g.added_latency_us(),
+        })
+    });
+    json!({
+        "time_us": g.time_us,
+        "algbw_gbps": alg,
+        "busbw_gbps": bus,
+        "wrong": g.wrong,
+        "direct": direct,
+    })
 }
 
 /// The whole report as a JSON document.
@@ -292,12 +511,28 @@ pub fn json(s: &Setup, results: &[OpResult]) -> Value {
                     })
                 })
                 .collect();
+            let direct = r.has_direct().then(|| {
+                let first = r.rows.first();
+                json!({
+                    "avg_busbw_gbps": r.avg_direct_busbw(),
+                    "wrong": r.direct_wrong(),
+                    "min_busbw_ratio_from_1m": r.min_ratio_from_1m().map(|(q, size, place)| {
+                        json!({ "ratio": q, "size": size, "placement": place })
+                    }),
+                    "added_latency_us_at_smallest": first.map(|f| json!({
+                        "size": f.size,
+                        "out_of_place": f.out_of_place.added_latency_us(),
+                        "in_place": f.in_place.added_latency_us(),
+                    })),
+                })
+            });
             json!({
                 "op": r.op.name(),
                 "bus_factor": r.bus_factor,
                 "rows": rows,
                 "avg_busbw_gbps": r.avg_busbw(),
                 "wrong": r.wrong(),
+                "direct": direct,
             })
         })
         .collect();
@@ -317,6 +552,10 @@ pub fn json(s: &Setup, results: &[OpResult]) -> Value {
         "warmup": s.warmup,
         "iters": s.iters,
         "check_iters": s.check_iters,
+        "mode": if s.graph { "graph" } else { "back-to-back" },
+        "repeats": s.repeats,
+        "statistic": "median",
+        "direct": s.direct,
         "results": ops,
         "wrong": results.iter().map(OpResult::wrong).sum::<u64>(),
     })
@@ -345,6 +584,9 @@ mod tests {
             warmup: 1,
             iters: 2,
             check_iters: 1,
+            graph: false,
+            repeats: 1,
+            direct: None,
         }
     }
 
@@ -359,10 +601,12 @@ mod tests {
                 out_of_place: Group {
                     time_us: 250.0,
                     wrong: Some(0),
+                    direct: None,
                 },
                 in_place: Group {
                     time_us: 12345.6,
                     wrong: None,
+                    direct: None,
                 },
             }],
         };
@@ -390,5 +634,179 @@ mod tests {
         let v = json(&setup(), &[r]);
         assert_eq!(v["results"][0]["rows"][0]["in_place"]["wrong"], Value::Null);
         assert_eq!(v["results"][0]["rows"][0]["out_of_place"]["wrong"], 0);
+    }
+
+    fn direct_result() -> OpResult {
+        let group = |t: f64, d: f64| Group {
+            time_us: t,
+            wrong: Some(0),
+            direct: Some(Direct {
+                time_us: d,
+                wrong: Some(0),
+            }),
+        };
+        OpResult {
+            op: Op::AllReduce,
+            bus_factor: Op::AllReduce.bus_factor(8),
+            rows: vec![
+                Row {
+                    size: 8,
+                    count: 2,
+                    out_of_place: group(20.5, 20.0),
+                    in_place: group(19.25, 19.75),
+                },
+                Row {
+                    size: 1 << 20,
+                    count: 1 << 18,
+                    out_of_place: group(101.0, 100.0),
+                    in_place: group(100.0, 100.0),
+                },
+                Row {
+                    size: 4 << 20,
+                    count: 1 << 20,
+                    out_of_place: group(400.0, 400.0),
+                    in_place: group(400.0, 398.0),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn direct_columns_line_up_and_carry_the_ratio_and_the_added_latency() {
+        let r = direct_result();
+        let mut s = setup();
+        s.direct = Some("libnccl 2.27.3 (libnccl.so.2)".into());
+        s.repeats = 5;
+        let t = text(&s, std::slice::from_ref(&r));
+        assert!(t.contains("#  timing: back-to-back, host clock around enqueue and synchronize; median of 5 run(s) per size"), "{t}");
+        assert!(
+            t.contains("#  direct: libnccl 2.27.3 (libnccl.so.2)"),
+            "{t}"
+        );
+        let head = t.lines().find(|l| l.contains("#wrong")).unwrap();
+        let units = t.lines().find(|l| l.contains("(elements)")).unwrap();
+        let rows: Vec<&str> = t.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(rows.len(), 3);
+        for row in &rows {
+            assert_eq!(head.len(), row.len(), "\n{head}\n{row}");
+        }
+        // Every column ends under its header: ferrocx's four, then direct's four, twice.
+        let names: Vec<&str> = head.split_whitespace().skip(6).collect();
+        assert_eq!(
+            names,
+            [
+                "time", "algbw", "busbw", "#wrong", "time", "ratio", "+lat", "#wrong", "time",
+                "algbw", "busbw", "#wrong", "time", "ratio", "+lat", "#wrong"
+            ]
+        );
+        let ends = |line: &str| -> Vec<usize> {
+            let mut v = Vec::new();
+            let b = line.as_bytes();
+            for i in 0..b.len() {
+                if b[i] != b' ' && (i + 1 == b.len() || b[i + 1] == b' ') {
+                    v.push(i);
+                }
+            }
+            v
+        };
+        let head_ends = ends(head);
+        assert_eq!(
+            ends(rows[0]),
+            head_ends[head_ends.len() - 21..],
+            "{head}\n{}",
+            rows[0]
+        );
+        // Units sit under their columns too: (us) under both times of each group.
+        let unit_ends = ends(units);
+        let time_cols: Vec<usize> = [0, 4, 8, 12].iter().map(|&k| head_ends[6 + k]).collect();
+        for c in time_cols {
+            assert!(
+                unit_ends.contains(&c),
+                "(us) under column ending at {c}\n{head}\n{units}"
+            );
+        }
+        let f: Vec<&str> = rows[0].split_whitespace().collect();
+        // 8 B: ferrocx 20.50 us against 20.00 us direct: ratio 0.976, +0.50 us; in place the
+        // direct path is the slower one (-0.50 us).
+        assert_eq!(
+            f[5..],
+            [
+                "20.50", "0.00", "0.00", "0", "20.00", "0.976", "0.50", "0", "19.25", "0.00",
+                "0.00", "0", "19.75", "1.026", "-0.50", "0"
+            ]
+        );
+        assert!(
+            t.contains("# Out of bounds values, nccl direct : 0 OK"),
+            "{t}"
+        );
+        // From 1 MiB, the lowest ratio is 1M out of place: 100/101.
+        assert!(
+            t.contains("# Lowest ferrocx/direct busbw ratio from 1M : 0.9901 (out-of-place, 1M)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("# Added latency at 8 B (us) : 0.50 out-of-place, -0.50 in-place"),
+            "{t}"
+        );
+        let (q, size, place) = r.min_ratio_from_1m().unwrap();
+        assert_eq!((size, place), (1 << 20, "out-of-place"));
+        assert!((q - 100.0 / 101.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn json_carries_the_direct_reference() {
+        let r = direct_result();
+        let mut s = setup();
+        s.direct = Some("libnccl 2.27.3 (libnccl.so.2)".into());
+        s.graph = true;
+        s.repeats = 5;
+        let v = json(&s, &[r]);
+        assert_eq!(v["mode"], "graph");
+        assert_eq!(v["repeats"], 5);
+        assert_eq!(v["statistic"], "median");
+        assert_eq!(v["direct"], "libnccl 2.27.3 (libnccl.so.2)");
+        let row = &v["results"][0]["rows"][0];
+        assert_eq!(row["out_of_place"]["time_us"], 20.5);
+        let d = &row["out_of_place"]["direct"];
+        assert_eq!(d["time_us"], 20.0);
+        assert_eq!(d["wrong"], 0);
+        assert_eq!(d["added_latency_us"], 0.5);
+        assert!((d["busbw_ratio"].as_f64().unwrap() - 20.0 / 20.5).abs() < 1e-12);
+        // busbw = size / time × 2(n-1)/n, here 8 B / 20 us × 1.75 = 0.0007 GB/s.
+        assert!((d["busbw_gbps"].as_f64().unwrap() - 8.0 / 20.0 / 1e3 * 1.75).abs() < 1e-12);
+        let summary = &v["results"][0]["direct"];
+        assert_eq!(summary["wrong"], 0);
+        assert_eq!(summary["min_busbw_ratio_from_1m"]["size"], 1 << 20);
+        assert_eq!(summary["added_latency_us_at_smallest"]["in_place"], -0.5);
+        // Without --direct the fields are null, not absent.
+        let plain = json(
+            &setup(),
+            &[OpResult {
+                rows: vec![],
+                ..direct_result()
+            }],
+        );
+        assert_eq!(plain["direct"], Value::Null);
+        assert_eq!(plain["mode"], "back-to-back");
+        assert_eq!(plain["results"][0]["direct"], Value::Null);
+    }
+
+    #[test]
+    fn medians_and_ratios_of_groups() {
+        let g = Group {
+            time_us: 50.0,
+            wrong: None,
+            direct: Some(Direct {
+                time_us: 49.0,
+                wrong: None,
+            }),
+        };
+        assert_eq!(g.added_latency_us(), Some(1.0));
+        assert_eq!(g.busbw_ratio(), Some(0.98));
+        let alone = Group { direct: None, ..g };
+        assert_eq!(
+            (alone.busbw_ratio(), alone.added_latency_us()),
+            (None, None)
+        );
     }
 }

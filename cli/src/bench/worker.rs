@@ -1,8 +1,18 @@
-//! One rank of `ferrocx bench`: buffers from the device adaptor, timed back-to-back
-//! operations, the check against a reference, and (rank 0) the report.
+//! One rank of `ferrocx bench`: buffers from the device adaptor, timed operations, the check
+//! against a reference, and (rank 0) the report.
 //!
 //! Inputs and outputs move between host `Vec`s and device memory with the device's `mem_copy`,
 //! so the same code runs on any device adaptor, host-addressable or not.
+//!
+//! Timing, as nccl-tests: the host clock around enqueuing `--iters` operations and one
+//! synchronisation of the stream, divided by `--iters`, after `--warmup` untimed operations.
+//! With `--graph` the `--iters` operations are captured into one graph per size and placement
+//! (after an eager warm-up, and launched once untimed so its upload is not timed), and a timed
+//! run is one launch of it. Each size and placement is timed `--repeats` times; a run's time is
+//! the slowest rank's, and the table reports the median of the runs. With `--direct` every run
+//! of ferrocx is paired with one of NCCL called directly on the same buffers and stream, in
+//! alternating order (ferrocx first in even runs, direct first in odd ones), so drift in the
+//! machine's state hits both alike.
 
 use std::error::Error;
 use std::io::Write;
@@ -10,13 +20,14 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp};
-use ferrocx::adaptor::{AdaptorError, Device};
+use ferrocx::adaptor::{AdaptorError, Device, DeviceGraph, Graph};
 use ferrocx::bootstrap::{JobInfo, RankInfo};
 use ferrocx::comm::{CommError, Communicator};
 use ferrocx::registry::Registry;
 use serde_json::json;
 
 use super::data::Pattern;
+use super::direct::Direct;
 use super::ops::{Geometry, Op};
 use super::progress::Progress;
 use super::table::{self, Group, OpResult, RankDevice, Row, Setup};
@@ -97,6 +108,29 @@ struct Expect<'p> {
     phase: usize,
 }
 
+/// What issues the operations of a measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// ferrocx's CCL adaptor, through its table.
+    Ferrocx,
+    /// libnccl called directly (`--direct`).
+    Direct,
+}
+
+/// The median of `v` (the mean of the two middle values for an even count; 0 for none).
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// The two placements, in the order they are measured.
+const PLACEMENTS: [bool; 2] = [false, true];
+
 /// One rank's benchmark state.
 struct Bench<'a> {
     comm: &'a Communicator,
@@ -114,6 +148,14 @@ struct Bench<'a> {
     host: Vec<u8>,
     /// [`ENV_INJECT_FAULT`] names this rank.
     fault: bool,
+    /// The paths measured: ferrocx, and with `--direct` libnccl called directly.
+    paths: Vec<Path>,
+    /// `--direct`'s communicator.
+    direct: Option<Direct>,
+    /// `--graph`: the device's graph group.
+    graphs: Option<DeviceGraph>,
+    /// Timed runs per size and placement.
+    repeats: usize,
 }
 
 impl Bench<'_> {
@@ -159,22 +201,61 @@ impl Bench<'_> {
             .mem_copy(send, host_ptr(&self.host), bytes)
     }
 
+    /// Enqueues one `op` on the communicator's stream through `path`.
     fn issue(
         &self,
+        path: Path,
         op: Op,
         g: &Geometry,
         send: DevicePtr,
         recv: DevicePtr,
-    ) -> Result<(), AdaptorError> {
-        op.issue(
-            self.comm,
-            send,
-            recv,
-            g.count,
-            self.dtype,
-            self.redop,
-            self.root as i32,
-        )
+    ) -> Result<(), Box<dyn Error>> {
+        let root = self.root as i32;
+        match path {
+            Path::Ferrocx => match (op, self.args.algo.window()) {
+                (Op::AllReduce, Some(algo)) => self
+                    .comm
+                    .all_reduce_window(send, recv, g.count, self.dtype, self.redop, algo)?,
+                _ => op.issue(self.comm, send, recv, g.count, self.dtype, self.redop, root)?,
+            },
+            Path::Direct => {
+                let direct = self.direct.as_ref().ok_or("--direct is not set up")?;
+                let stream = self.comm.stream();
+                direct.issue(
+                    op, send, recv, g.count, self.dtype, self.redop, root, stream,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues `k` of `op` back to back through `path`.
+    fn issue_k(
+        &self,
+        path: Path,
+        op: Op,
+        g: &Geometry,
+        send: DevicePtr,
+        recv: DevicePtr,
+        k: u32,
+    ) -> Result<(), Box<dyn Error>> {
+        (0..k).try_for_each(|_| self.issue(path, op, g, send, recv))
+    }
+
+    /// A graph of `k` of `op` through `path`, captured on the communicator's stream.
+    fn capture(
+        &self,
+        path: Path,
+        op: Op,
+        g: &Geometry,
+        send: DevicePtr,
+        recv: DevicePtr,
+        k: u32,
+    ) -> Result<Graph, Box<dyn Error>> {
+        let graphs = self.graphs.as_ref().ok_or("--graph is not set up")?;
+        graphs.capture(self.comm.stream(), || {
+            self.issue_k(path, op, g, send, recv, k)
+        })
     }
 
     /// What this rank's output must hold after `op`.
@@ -207,13 +288,17 @@ impl Bench<'_> {
         }
     }
 
-    /// One checked run: poisoned output, fresh input, the op, and the elements that differ.
+    /// One checked run: poisoned output, fresh input, one op (with `--graph`, a launch of
+    /// `graph`, which holds one op), and the elements that differ.
+    #[allow(clippy::too_many_arguments)]
     fn check_once(
         &mut self,
+        path: Path,
         op: Op,
         g: &Geometry,
         pats: &Patterns,
         in_place: bool,
+        graph: Option<&Graph>,
     ) -> Result<u64, Box<dyn Error>> {
         let (send, recv) = self.layout(op, g, in_place);
         let recv_bytes = g.recv * self.es;
@@ -224,7 +309,10 @@ impl Bench<'_> {
         if !(in_place && op == Op::Broadcast && self.rank() != self.root) {
             self.write_input(pats, g, send)?;
         }
-        self.issue(op, g, send, recv)?;
+        match graph {
+            Some(graph) => graph.launch(self.comm.stream())?,
+            None => self.issue(path, op, g, send, recv)?,
+        }
         self.comm.synchronize()?;
         let expect = self.expected(op, g, pats);
         if expect.is_empty() {
@@ -250,63 +338,193 @@ impl Bench<'_> {
             .sum())
     }
 
-    /// Average microseconds per operation on this rank, and the wrong elements of the checks.
+    /// The wrong elements of `--check-iters` checked runs of `path` (`None` for none).
+    fn check(
+        &mut self,
+        path: Path,
+        op: Op,
+        g: &Geometry,
+        pats: &Patterns,
+        in_place: bool,
+    ) -> Result<Option<u64>, Box<dyn Error>> {
+        let k = self.args.check_iters;
+        if k == 0 {
+            return Ok(None);
+        }
+        // With --graph the checked op runs from a graph too (of one op: a graph of `iters`
+        // in-place ops would reduce its own output again).
+        let graph = match self.graphs {
+            Some(_) => {
+                let (send, recv) = self.layout(op, g, in_place);
+                Some(self.capture(path, op, g, send, recv, 1)?)
+            }
+            None => None,
+        };
+        let mut sum = 0;
+        for _ in 0..k {
+            sum += self.check_once(path, op, g, pats, in_place, graph.as_ref())?;
+        }
+        Ok(Some(sum))
+    }
+
+    /// One timed run of `path`: fresh input, `--warmup` eager ops, then `--iters` ops (or one
+    /// launch of `graph`, which holds them) between the clock's reads; microseconds per op on
+    /// this rank.
+    #[allow(clippy::too_many_arguments)]
+    fn time_run(
+        &mut self,
+        path: Path,
+        op: Op,
+        g: &Geometry,
+        pats: &Patterns,
+        in_place: bool,
+        graph: Option<&Graph>,
+    ) -> Result<f64, Box<dyn Error>> {
+        let (send, recv) = self.layout(op, g, in_place);
+        // Fresh input for each run keeps in-place reductions from growing without bound.
+        self.write_input(pats, g, send)?;
+        self.issue_k(path, op, g, send, recv, self.args.warmup)?;
+        self.comm.synchronize()?;
+        let start = Instant::now();
+        match graph {
+            Some(graph) => graph.launch(self.comm.stream())?,
+            None => self.issue_k(path, op, g, send, recv, self.args.iters)?,
+        }
+        self.comm.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e6 / f64::from(self.args.iters))
+    }
+
+    /// Every timed run and check of one placement on this rank: `times[p][run]` and
+    /// `wrong[p]` for each path `p`.
+    #[allow(clippy::type_complexity)]
     fn measure(
         &mut self,
         op: Op,
         g: &Geometry,
         pats: &Patterns,
         in_place: bool,
-    ) -> Result<(f64, Option<u64>), Box<dyn Error>> {
-        let (send, recv) = self.layout(op, g, in_place);
-        self.write_input(pats, g, send)?;
-        for _ in 0..self.args.warmup {
-            self.issue(op, g, send, recv)?;
-        }
-        self.comm.synchronize()?;
-        let start = Instant::now();
-        for _ in 0..self.args.iters {
-            self.issue(op, g, send, recv)?;
-        }
-        self.comm.synchronize()?;
-        let us = start.elapsed().as_secs_f64() * 1e6 / f64::from(self.args.iters);
-        let wrong = match self.args.check_iters {
-            0 => None,
-            k => {
-                let mut sum = 0;
-                for _ in 0..k {
-                    sum += self.check_once(op, g, pats, in_place)?;
-                }
-                Some(sum)
+    ) -> Result<(Vec<Vec<f64>>, Vec<Option<u64>>), Box<dyn Error>> {
+        let paths = self.paths.clone();
+        // --graph: one graph of `iters` ops per path, captured after an eager warm-up and
+        // launched once untimed (the first launch uploads it).
+        let mut graphs: Vec<Option<Graph>> = Vec::new();
+        for &p in &paths {
+            if self.graphs.is_none() {
+                graphs.push(None);
+                continue;
             }
-        };
-        Ok((us, wrong))
+            let (send, recv) = self.layout(op, g, in_place);
+            self.write_input(pats, g, send)?;
+            self.issue_k(p, op, g, send, recv, self.args.warmup)?;
+            self.comm.synchronize()?;
+            let graph = self.capture(p, op, g, send, recv, self.args.iters)?;
+            graph.launch(self.comm.stream())?;
+            self.comm.synchronize()?;
+            graphs.push(Some(graph));
+        }
+        let mut times = vec![Vec::with_capacity(self.repeats); paths.len()];
+        for run in 0..self.repeats {
+            let mut order: Vec<usize> = (0..paths.len()).collect();
+            if run % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let t = self.time_run(paths[i], op, g, pats, in_place, graphs[i].as_ref())?;
+                times[i].push(t);
+            }
+        }
+        drop(graphs);
+        let mut wrong = Vec::with_capacity(paths.len());
+        for &p in &paths {
+            wrong.push(self.check(p, op, g, pats, in_place)?);
+        }
+        Ok((times, wrong))
     }
 
-    /// The slowest rank's times and every rank's wrong elements, on every rank.
+    /// Element-wise, the largest `times` and the sum of `wrong` over all ranks, on every rank.
     fn share(
         &mut self,
-        times: [f64; 2],
-        wrong: [u64; 2],
-    ) -> Result<([f64; 2], [u64; 2]), Box<dyn Error>> {
-        let mut bytes = [0u8; 32];
-        bytes[..8].copy_from_slice(&times[0].to_ne_bytes());
-        bytes[8..16].copy_from_slice(&times[1].to_ne_bytes());
-        bytes[16..24].copy_from_slice(&wrong[0].to_ne_bytes());
-        bytes[24..].copy_from_slice(&wrong[1].to_ne_bytes());
+        times: &[f64],
+        wrong: &[u64],
+    ) -> Result<(Vec<f64>, Vec<u64>), Box<dyn Error>> {
+        let (nt, nw) = (times.len(), wrong.len());
+        let mut bytes: Vec<u8> = Vec::with_capacity(8 * (nt + nw));
+        for t in times {
+            bytes.extend_from_slice(&t.to_ne_bytes());
+        }
+        for w in wrong {
+            bytes.extend_from_slice(&w.to_ne_bytes());
+        }
         let device = self.comm.device();
-        device.mem_copy(self.stats.at(0), host_ptr(&bytes), 32)?;
-        let (t, w) = (self.stats.at(0), self.stats.at(16));
+        device.mem_copy(self.stats.at(0), host_ptr(&bytes), bytes.len())?;
+        let (t, w) = (self.stats.at(0), self.stats.at(8 * nt));
         self.comm
-            .all_reduce(t, t, 2, DataType::F64, ReduceOp::MAX)?;
+            .all_reduce(t, t, nt, DataType::F64, ReduceOp::MAX)?;
         self.comm
-            .all_reduce(w, w, 2, DataType::U64, ReduceOp::SUM)?;
+            .all_reduce(w, w, nw, DataType::U64, ReduceOp::SUM)?;
         self.comm.synchronize()?;
-        device.mem_copy(DevicePtr(bytes.as_mut_ptr() as u64), self.stats.at(0), 32)?;
-        let f = |i: usize| f64::from_ne_bytes(bytes[i..i + 8].try_into().unwrap_or([0; 8]));
-        let u = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().unwrap_or([0; 8]));
-        Ok(([f(0), f(8)], [u(16), u(24)]))
+        device.mem_copy(
+            DevicePtr(bytes.as_mut_ptr() as u64),
+            self.stats.at(0),
+            bytes.len(),
+        )?;
+        let word = |i: usize| -> [u8; 8] { bytes[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]) };
+        Ok((
+            (0..nt).map(|i| f64::from_ne_bytes(word(i))).collect(),
+            (nt..nt + nw).map(|i| u64::from_ne_bytes(word(i))).collect(),
+        ))
     }
+
+    /// One row: both placements of every path, timed, checked and shared between ranks.
+    fn row(&mut self, op: Op, g: &Geometry, pats: &Patterns) -> Result<Row, Box<dyn Error>> {
+        let np = self.paths.len();
+        let mut times = Vec::new();
+        let mut wrong = Vec::new();
+        for in_place in PLACEMENTS {
+            let (t, w) = self.measure(op, g, pats, in_place)?;
+            times.extend(t.into_iter().flatten());
+            wrong.extend(w.iter().map(|w| w.unwrap_or(0)));
+        }
+        let (times, wrong) = self.share(&times, &wrong)?;
+        let r = self.repeats;
+        let checked = |w: u64| (self.args.check_iters > 0).then_some(w);
+        // Layout: placement-major, then path, then run.
+        let time = |place: usize, path: usize| {
+            let at = (place * np + path) * r;
+            median(&times[at..at + r])
+        };
+        let wrong_of = |place: usize, path: usize| checked(wrong[place * np + path]);
+        let group = |place: usize| Group {
+            time_us: time(place, 0),
+            wrong: wrong_of(place, 0),
+            direct: (np > 1).then(|| table::Direct {
+                time_us: time(place, 1),
+                wrong: wrong_of(place, 1),
+            }),
+        };
+        Ok(Row {
+            size: g.size,
+            count: g.count,
+            out_of_place: group(0),
+            in_place: group(1),
+        })
+    }
+}
+
+/// The options of this rank's cluster for its CCL adaptor (what `--direct` opens libnccl
+/// with, as the adaptor did).
+fn ccl_options(
+    args: &BenchArgs,
+    comm: &Communicator,
+) -> Result<Vec<(String, String)>, Box<dyn Error>> {
+    let config = crate::load_config(args.config.as_ref())?;
+    Ok(config
+        .clusters
+        .iter()
+        .find(|c| c.name == comm.cluster())
+        .and_then(|c| c.options_for(&c.ccl))
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default())
 }
 
 /// This host's name.
@@ -356,6 +574,20 @@ fn gather_devices(comm: &Communicator) -> Result<Vec<RankDevice>, Box<dyn Error>
 pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
     let comm = connect(args)?;
     let (rank, n) = (comm.rank(), comm.world());
+    let dev = comm.device();
+    if let Some(why) = super::mode_refusal(
+        args,
+        comm.cluster(),
+        dev.name(),
+        dev.graph().is_some(),
+        comm.ccl().name(),
+    ) {
+        // Every rank sees the same configuration and stops; rank 0 says why.
+        return Ok(match rank {
+            0 => usage_error(&why),
+            _ => ExitCode::from(super::USAGE_EXIT),
+        });
+    }
     let ops = args.op.ops();
     let root = args.root as usize;
     if ops.iter().any(|op| op.rooted()) && root >= n {
@@ -363,6 +595,16 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
             "--root {root} is not a rank of a {n}-rank job"
         )));
     }
+    let direct = match args.direct {
+        true => Some(Direct::connect(&comm, &ccl_options(args, &comm)?)?),
+        false => None,
+    };
+    let direct_library = direct.as_ref().map(Direct::describe);
+    let repeats = args.repeats() as usize;
+    let paths = match direct {
+        Some(_) => vec![Path::Ferrocx, Path::Direct],
+        None => vec![Path::Ferrocx],
+    };
     let dtype = args.dtype.data_type();
     let es = dtype.size().ok_or("unknown data type")?;
     let redop = args.redop.reduce_op();
@@ -382,9 +624,14 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         root,
         a: Buffer::new(&device, largest)?,
         b: Buffer::new(&device, largest)?,
-        stats: Buffer::new(&device, 32)?,
+        // Per placement and path: each run's time and the wrong count.
+        stats: Buffer::new(&device, 8 * 2 * paths.len() * (repeats + 1))?,
         host: vec![0u8; largest.max(8)],
         fault: std::env::var(ENV_INJECT_FAULT).is_ok_and(|v| v.trim() == rank.to_string()),
+        graphs: if args.graph { device.graph() } else { None },
+        paths,
+        direct,
+        repeats,
     };
 
     let devices = gather_devices(&comm)?;
@@ -413,6 +660,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         warmup: args.warmup,
         iters: args.iters,
         check_iters: args.check_iters,
+        graph: args.graph,
+        repeats: args.repeats(),
+        direct: direct_library,
     };
     let report = rank == 0;
     let text = report && !args.json;
@@ -430,27 +680,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
             rows: Vec::new(),
         };
         if text {
-            say(&table::table_head(op));
+            say(&table::table_head(op, args.direct));
         }
         for (k, &size) in sizes.iter().enumerate() {
             progress.update(op.name(), k, sizes.len());
             let g = op.geometry(size, es, n);
-            let (t_out, w_out) = bench.measure(op, &g, &pats, false)?;
-            let (t_in, w_in) = bench.measure(op, &g, &pats, true)?;
-            let (t, w) = bench.share([t_out, t_in], [w_out.unwrap_or(0), w_in.unwrap_or(0)])?;
-            let checked = |w: u64| (args.check_iters > 0).then_some(w);
-            let row = Row {
-                size: g.size,
-                count: g.count,
-                out_of_place: Group {
-                    time_us: t[0],
-                    wrong: checked(w[0]),
-                },
-                in_place: Group {
-                    time_us: t[1],
-                    wrong: checked(w[1]),
-                },
-            };
+            let row = bench.row(op, &g, &pats)?;
             if text {
                 progress.clear();
                 say(&format!("{}\n", table::row_line(&setup, &result, &row)));
@@ -480,7 +715,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         std::fs::write(path, super::plot::svg(&title, &results))
             .map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
     }
-    let wrong: u64 = results.iter().map(OpResult::wrong).sum();
+    let wrong: u64 = results.iter().map(|r| r.wrong() + r.direct_wrong()).sum();
     if wrong > 0 {
         let _ = writeln!(
             std::io::stderr(),

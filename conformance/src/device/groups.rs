@@ -1,7 +1,8 @@
 //! The optional device groups: VMM (exportable allocations), flat mapping, multicast.
 //!
 //! Multicast objects are never created: DESIGN.md forbids it on hosts other jobs share, and the
-//! kit cannot know. Only `mc_supported` is called.
+//! kit cannot know. Only `mc_supported` is called (it reports what the device offers and
+//! creates nothing); no check calls `mc_create` or any entry that joins or fills an object.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 
@@ -122,7 +123,9 @@ fn table_flat(api: &DeviceApi) -> Result<&DeviceFlatMapV1, Stop> {
 fn granularity(api: &DeviceApi) -> Result<usize, Stop> {
     let t = table_vmm(api)?;
     let mut g = 0usize;
-    raw_call!(api, t, vmm_granularity(0, &mut g))?;
+    // Whether the device has VMM is known at run time only (a GPU without virtual memory
+    // management): `UNSUPPORTED` skips, like `vmm_alloc`'s.
+    optional(raw_call!(api, t, vmm_granularity(0, &mut g)))?;
     ensure(g > 0 && g.is_power_of_two(), || {
         format!("vmm_granularity returned {g}, not a power of two")
     })?;

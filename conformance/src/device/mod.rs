@@ -6,6 +6,7 @@
 //! one is absent, "required entries" fails and the checks that move data are skipped.
 
 mod arguments;
+mod graph;
 mod groups;
 pub(crate) mod memory;
 mod probe;
@@ -63,6 +64,7 @@ pub(crate) fn run(r: &mut Runner<'_>, dev: &Device) {
     memory::run(r, &api, &memory);
     streams::run(r, &api, &memory);
     groups::run(r, &api, &memory);
+    graph::run(r, &api, &memory);
     arguments::run(r, &api, &memory);
     r.boundary("device", mark);
 }

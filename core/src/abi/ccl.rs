@@ -237,7 +237,11 @@ pub struct CclAdaptorV1 {
 pub struct CclWindowV1 {
     /// Header: magic, ABI version, `sizeof` this table, adaptor name.
     pub header: AbiHeader,
-    /// Registers `bytes` at `buf` as a window; collective over the communicator.
+    /// Registers `bytes` at `buf` as a window; collective over the communicator. An adaptor
+    /// may require `buf` to come from its `mem_alloc` (NCCL registers windows only over
+    /// `ncclMemAlloc` or VMM memory). Called with the null communicator, it must refuse before
+    /// any use: `UNSUPPORTED` with the reason when the loaded vendor library cannot register
+    /// windows (the core probes this after `init`), another error otherwise.
     pub window_register: Option<
         unsafe extern "C" fn(
             comm: Comm,

@@ -1,4 +1,4 @@
-//! The device adaptor table and its optional groups (VMM, flat mapping, multicast).
+//! The device adaptor table and its optional groups (VMM, flat mapping, multicast, graphs).
 //!
 //! The device adaptor is process-wide, like the CUDA runtime: `init` once, then `set_device`
 //! selects the device the calling thread works on.
@@ -7,7 +7,8 @@ use std::ffi::{c_char, c_void};
 
 use super::header::AbiHeader;
 use super::types::{
-    Capabilities, DevicePtr, Event, HostFn, KeyValue, McHandle, MemKind, Status, Stream, VmmHandle,
+    Capabilities, DevicePtr, Event, GraphHandle, HostFn, KeyValue, McHandle, MemKind, Status,
+    Stream, VmmHandle,
 };
 
 /// Properties of one device, filled by `get_properties`.
@@ -234,4 +235,28 @@ pub struct DeviceMulticastV1 {
     >,
     /// Releases the object.
     pub mc_release: Option<unsafe extern "C" fn(mc: McHandle) -> Status>,
+}
+
+/// Optional group `ferrocx_device_graph_v1`: work captured from a stream into a graph that is
+/// launched again as one unit (CUDA graphs), which takes the host's per-call cost out of
+/// repeated sequences of operations.
+///
+/// Between `graph_begin_capture` and `graph_end_capture`, work enqueued on the stream by this
+/// thread (through this adaptor or a CCL paired with it) is recorded, not run. A capture that
+/// fails must still be ended, which discards it.
+#[repr(C)]
+pub struct DeviceGraphV1 {
+    /// Header: magic, ABI version, `sizeof` this table, adaptor name.
+    pub header: AbiHeader,
+    /// Starts recording the work enqueued on `stream` (which must not be capturing already).
+    pub graph_begin_capture: Option<unsafe extern "C" fn(stream: Stream) -> Status>,
+    /// Ends the capture of `stream` and writes the executable graph of what was recorded to
+    /// `graph`; the caller owns it (`graph_destroy`). On failure nothing is written and the
+    /// stream is no longer capturing.
+    pub graph_end_capture:
+        Option<unsafe extern "C" fn(stream: Stream, graph: *mut GraphHandle) -> Status>,
+    /// Enqueues one run of `graph` on `stream`.
+    pub graph_launch: Option<unsafe extern "C" fn(graph: GraphHandle, stream: Stream) -> Status>,
+    /// Destroys a graph; launches already enqueued complete first.
+    pub graph_destroy: Option<unsafe extern "C" fn(graph: GraphHandle) -> Status>,
 }

@@ -3,7 +3,7 @@
 //! A plugin exports one table per symbol: the root tables [`DeviceAdaptorV1`]
 //! (`ferrocx_device_adaptor_v1`) and [`CclAdaptorV1`] (`ferrocx_ccl_adaptor_v1`), and optional
 //! groups, each its own symbol ([`DeviceVmmV1`], [`DeviceFlatMapV1`], [`DeviceMulticastV1`],
-//! [`CclWindowV1`]). Every table starts with an [`AbiHeader`]; every other field is an
+//! [`DeviceGraphV1`], [`CclWindowV1`]). Every table starts with an [`AbiHeader`]; every other field is an
 //! `Option<unsafe extern "C" fn …>` where `None` means "not supported". A table of another
 //! major is refused; fields past a table's `struct_size` are treated as absent.
 //!
@@ -17,13 +17,14 @@ mod types;
 
 pub use ccl::{CclAdaptorV1, CclWindowV1, CommInitArgs};
 pub use device::{
-    DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DeviceProperties, DeviceVmmV1,
+    DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceMulticastV1, DeviceProperties,
+    DeviceVmmV1,
 };
 pub use header::{AbiHeader, AbiTable, ABI_MAGIC, ABI_MAJOR, ABI_MINOR};
 pub use root::{AbiScalars, ExportedTable, PluginModule, PluginModuleRef};
 pub use types::{
-    Capabilities, Comm, DataType, DevicePtr, Event, HostFn, KeyValue, McHandle, MemKind, ReduceOp,
-    RegHandle, StaticCStr, Status, Stream, VmmHandle, WindowHandle,
+    Capabilities, Comm, DataType, DevicePtr, Event, GraphHandle, HostFn, KeyValue, McHandle,
+    MemKind, ReduceOp, RegHandle, StaticCStr, Status, Stream, VmmHandle, WindowHandle,
 };
 
 /// Implements [`AbiTable`] for a table, listing its entries in field order.
@@ -122,6 +123,17 @@ abi_table!(
     ]
 );
 abi_table!(
+    DeviceGraphV1,
+    "ferrocx_device_graph_v1",
+    "graph group",
+    [
+        graph_begin_capture,
+        graph_end_capture,
+        graph_launch,
+        graph_destroy,
+    ]
+);
+abi_table!(
     CclAdaptorV1,
     "ferrocx_ccl_adaptor_v1",
     "CCL adaptor",
@@ -195,6 +207,7 @@ mod tests {
         covers::<DeviceVmmV1>();
         covers::<DeviceFlatMapV1>();
         covers::<DeviceMulticastV1>();
+        covers::<DeviceGraphV1>();
         covers::<CclAdaptorV1>();
         covers::<CclWindowV1>();
     }

@@ -349,6 +349,13 @@ opaque_handle!(RegHandle);
 pub struct WindowHandle(pub *mut c_void);
 opaque_handle!(WindowHandle);
 
+/// An executable graph of the graph group: work captured from a stream, instantiated, ready to
+/// launch on any stream of the same device any number of times (for CUDA, the `CUgraphExec`).
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]
+pub struct GraphHandle(pub *mut c_void);
+opaque_handle!(GraphHandle);
+
 /// A physical allocation of the VMM group (exportable, mappable).
 #[repr(transparent)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]

@@ -3,7 +3,10 @@
 use std::ffi::{c_char, CStr};
 use std::sync::Arc;
 
-use crate::abi::{Capabilities, DeviceProperties, DevicePtr, Event, MemKind, Status, Stream};
+use crate::abi::{
+    Capabilities, DeviceGraphV1, DeviceProperties, DevicePtr, Event, GraphHandle, MemKind, Status,
+    Stream,
+};
 use crate::loader::DeviceTables;
 
 use super::error::AdaptorError;
@@ -58,14 +61,14 @@ impl Device {
         &self.tables
     }
 
-    fn unsupported(&self, op: &'static str) -> AdaptorError {
+    pub(crate) fn unsupported(&self, op: &'static str) -> AdaptorError {
         AdaptorError::Unsupported {
             adaptor: self.name().to_string(),
             op,
         }
     }
 
-    fn check(&self, op: &'static str, status: Status) -> Result<(), AdaptorError> {
+    pub(crate) fn check(&self, op: &'static str, status: Status) -> Result<(), AdaptorError> {
         if status.is_success() {
             return Ok(());
         }
@@ -178,6 +181,21 @@ impl Device {
         )
     }
 
+    /// Enqueues a memset on `stream`.
+    pub fn mem_set_async(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
+        call!(
+            self,
+            self.tables.root.get(),
+            mem_set_async(dst, value, bytes, stream)
+        )
+    }
+
     /// Creates a stream.
     pub fn stream_create(&self) -> Result<Stream, AdaptorError> {
         let mut s = Stream::NULL;
@@ -250,6 +268,109 @@ impl Device {
             event_elapsed_ms(start, end, &mut ms)
         )?;
         Ok(ms)
+    }
+}
+
+impl Device {
+    /// The graph group (`ferrocx_device_graph_v1`: stream capture into graphs launched as one
+    /// unit), or `None` when the adaptor does not export it.
+    pub fn graph(&self) -> Option<DeviceGraph> {
+        self.tables.graph.as_ref().map(|_| DeviceGraph {
+            device: self.clone(),
+        })
+    }
+}
+
+/// The graph group of a device adaptor, from [`Device::graph`].
+///
+/// ```ignore
+/// let graphs = device.graph().ok_or("no graph group")?;
+/// let graph = graphs.capture(stream, || ccl.all_reduce(/* … */, stream))?;
+/// graph.launch(stream)?; // as often as wanted; destroyed on drop
+/// ```
+#[derive(Clone)]
+pub struct DeviceGraph {
+    device: Device,
+}
+
+/// The graph table of `dev`, or the error of `op` without it.
+fn graph_table<'a>(dev: &'a Device, op: &'static str) -> Result<&'a DeviceGraphV1, AdaptorError> {
+    dev.tables
+        .graph
+        .as_ref()
+        .map(|t| t.get())
+        .ok_or_else(|| dev.unsupported(op))
+}
+
+impl DeviceGraph {
+    /// Starts recording the work enqueued on `stream` by this thread. Every capture must be
+    /// ended with [`DeviceGraph::end_capture`], also after a failure; [`DeviceGraph::capture`]
+    /// does both.
+    pub fn begin_capture(&self, stream: Stream) -> Result<(), AdaptorError> {
+        let dev = &self.device;
+        let t = graph_table(dev, "graph_begin_capture")?;
+        call!(dev, t, graph_begin_capture(stream))
+    }
+
+    /// Ends the capture of `stream`: the executable graph of what was recorded.
+    pub fn end_capture(&self, stream: Stream) -> Result<Graph, AdaptorError> {
+        let dev = &self.device;
+        let t = graph_table(dev, "graph_end_capture")?;
+        let mut handle = GraphHandle::NULL;
+        call!(dev, t, graph_end_capture(stream, &mut handle))?;
+        Ok(Graph {
+            device: self.device.clone(),
+            handle,
+        })
+    }
+
+    /// Records what `work` enqueues on `stream` into a graph. The capture is ended whatever
+    /// `work` returns; on its error the recording is discarded and the error returned.
+    pub fn capture<E: From<AdaptorError>>(
+        &self,
+        stream: Stream,
+        work: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Graph, E> {
+        self.begin_capture(stream)?;
+        let worked = work();
+        let ended = self.end_capture(stream);
+        match (worked, ended) {
+            (Ok(()), Ok(graph)) => Ok(graph),
+            (Err(e), _) => Err(e),
+            (Ok(()), Err(e)) => Err(e.into()),
+        }
+    }
+}
+
+/// An executable graph of a device adaptor's graph group; destroyed on drop.
+pub struct Graph {
+    device: Device,
+    handle: GraphHandle,
+}
+
+impl Graph {
+    /// Enqueues one run of the graph on `stream`.
+    pub fn launch(&self, stream: Stream) -> Result<(), AdaptorError> {
+        let dev = &self.device;
+        let t = graph_table(dev, "graph_launch")?;
+        call!(dev, t, graph_launch(self.handle, stream))
+    }
+
+    /// The adaptor's handle.
+    pub fn handle(&self) -> GraphHandle {
+        self.handle
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if let Some(t) = self.device.tables.graph.as_ref() {
+            if let Some(destroy) = t.get().graph_destroy {
+                // SAFETY: a graph this adaptor's `graph_end_capture` returned, destroyed once.
+                // A failure at drop is not actionable; the adaptor reports it in its log.
+                let _ = unsafe { destroy(self.handle) };
+            }
+        }
     }
 }
 

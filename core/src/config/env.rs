@@ -68,23 +68,7 @@ impl Config {
                 }
             })
             .transpose()?;
-        let mut kill_switches = Vec::new();
-        if let Some(v) = get(ENV_MULTICAST) {
-            match v.to_ascii_lowercase().as_str() {
-                "0" | "off" | "false" | "no" => kill_switches.push(format!("{ENV_MULTICAST}={v}")),
-                "1" | "on" | "true" | "yes" | "auto" => {}
-                _ => {
-                    return Err(ConfigError::env(
-                        ENV_MULTICAST,
-                        format!("expected 0 (multicast off) or 1 (as configured), got \"{v}\""),
-                    ))
-                }
-            }
-        }
-        // NCCL owns this variable and its other values: only its "off" matters here.
-        if get(ENV_NCCL_NVLS_ENABLE).as_deref() == Some("0") {
-            kill_switches.push(format!("{ENV_NCCL_NVLS_ENABLE}=0"));
-        }
+        let kill_switches = multicast_kill_switches(&lookup)?;
 
         let runtime = &mut self.runtime;
         if let Some((dirs, plugins)) = plugin_path {
@@ -138,6 +122,47 @@ impl Config {
     pub fn from_process_env() -> Result<(Config, Vec<String>), ConfigError> {
         Self::from_env(|var| std::env::var_os(var).map(|v| v.to_string_lossy().into_owned()))
     }
+}
+
+/// The multicast kill-switches set in the environment, read through `lookup`, as `VAR=value`
+/// in the order they are reported: `NCCL_NVLS_ENABLE=0`, then `FERROCX_MULTICAST=0` (or `off`,
+/// `false`, `no`). Empty when neither is set (an empty value counts as unset).
+///
+/// [`Config::apply_env`] turns every cluster's multicast off when one is set; an adaptor that can
+/// create multicast objects checks this at call time, before any driver call, and refuses while
+/// the list is not empty.
+///
+/// # Errors
+///
+/// `FERROCX_MULTICAST` set to a value that is neither a switch (`0`, `off`, `false`, `no`) nor
+/// "as configured" (`1`, `on`, `true`, `yes`, `auto`). A caller about to create a multicast
+/// object treats that as off.
+pub fn multicast_kill_switches(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<String>, ConfigError> {
+    let get = |var: &str| {
+        lookup(var)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    let mut switches = Vec::new();
+    // NCCL owns this variable and its other values: only its "off" matters here.
+    if get(ENV_NCCL_NVLS_ENABLE).as_deref() == Some("0") {
+        switches.push(format!("{ENV_NCCL_NVLS_ENABLE}=0"));
+    }
+    if let Some(v) = get(ENV_MULTICAST) {
+        match v.to_ascii_lowercase().as_str() {
+            "0" | "off" | "false" | "no" => switches.push(format!("{ENV_MULTICAST}={v}")),
+            "1" | "on" | "true" | "yes" | "auto" => {}
+            _ => {
+                return Err(ConfigError::env(
+                    ENV_MULTICAST,
+                    format!("expected 0 (multicast off) or 1 (as configured), got \"{v}\""),
+                ))
+            }
+        }
+    }
+    Ok(switches)
 }
 
 /// Splits `FERROCX_PLUGIN_PATH` into (directories, plugin files), in order.
@@ -282,6 +307,22 @@ mod tests {
                 warnings[0]
             );
         }
+        Ok(())
+    }
+
+    #[test]
+    fn kill_switches_are_listed_nccl_first() -> Result<(), ConfigError> {
+        assert!(multicast_kill_switches(vars(&[]))?.is_empty());
+        assert!(multicast_kill_switches(vars(&[(ENV_NCCL_NVLS_ENABLE, "1")]))?.is_empty());
+        assert_eq!(
+            multicast_kill_switches(vars(&[
+                (ENV_MULTICAST, " off "),
+                (ENV_NCCL_NVLS_ENABLE, "0")
+            ]))?,
+            ["NCCL_NVLS_ENABLE=0", "FERROCX_MULTICAST=off"]
+        );
+        let e = multicast_kill_switches(vars(&[(ENV_MULTICAST, "maybe")])).err();
+        assert_eq!(e.as_ref().and_then(|e| e.env_var()), Some(ENV_MULTICAST));
         Ok(())
     }
 

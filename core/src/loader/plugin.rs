@@ -9,8 +9,9 @@ use abi_stable::library::{lib_header_from_path, RootModule, ROOT_MODULE_LOADER_N
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use crate::abi::{
-    AbiTable, CclAdaptorV1, CclWindowV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1,
-    DeviceVmmV1, PluginModuleRef, ABI_MAJOR, CCL_ROOT_PREFIX, DEVICE_ROOT_PREFIX,
+    AbiTable, CclAdaptorV1, CclWindowV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1,
+    DeviceMulticastV1, DeviceVmmV1, PluginModuleRef, ABI_MAJOR, CCL_ROOT_PREFIX,
+    DEVICE_ROOT_PREFIX,
 };
 
 use super::error::{LoadError, LoadErrorKind};
@@ -26,6 +27,8 @@ pub struct DeviceTables {
     pub flatmap: Option<Table<DeviceFlatMapV1>>,
     /// `ferrocx_device_multicast_v1`, if exported.
     pub multicast: Option<Table<DeviceMulticastV1>>,
+    /// `ferrocx_device_graph_v1`, if exported.
+    pub graph: Option<Table<DeviceGraphV1>>,
 }
 
 /// The CCL tables of one adaptor.
@@ -225,6 +228,7 @@ fn probe(lib: &Opened) -> Result<LoadedPlugin, LoadError> {
             vmm: group::<DeviceVmmV1>(lib, &mut notes),
             flatmap: group::<DeviceFlatMapV1>(lib, &mut notes),
             multicast: group::<DeviceMulticastV1>(lib, &mut notes),
+            graph: group::<DeviceGraphV1>(lib, &mut notes),
         })
     });
     let ccl = ccl_root.map(|root| {
@@ -291,6 +295,7 @@ fn check_root_module(lib: &Opened) -> Result<Checked, LoadError> {
         DeviceVmmV1::SYMBOL,
         DeviceFlatMapV1::SYMBOL,
         DeviceMulticastV1::SYMBOL,
+        DeviceGraphV1::SYMBOL,
         CclAdaptorV1::SYMBOL,
         CclWindowV1::SYMBOL,
     ] {

@@ -1,8 +1,13 @@
 //! `libferrocx_adaptor_cuda.so`: the CUDA adaptor exported under the ABI's symbols.
 //!
-//! Only the root device table is exported: the VMM, flat-map and multicast groups are absent.
+//! The root device table, the VMM, flat-map and multicast groups (multicast gated: see
+//! `ferrocx_adaptor_cuda::multicast`) and the graph group are exported.
 
 ferrocx_plugin_sdk::export_plugin! {
     name: "cuda",
     device: cuda::CudaDevice,
+    device_vmm: cuda::CudaDevice,
+    device_flatmap: cuda::CudaDevice,
+    device_multicast: cuda::CudaDevice,
+    device_graph: cuda::CudaDevice,
 }

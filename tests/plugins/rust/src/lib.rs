@@ -1,8 +1,10 @@
 //! A Rust adaptor plugin built through the SDK, loaded by the integration tests as a real `.so`.
 //!
 //! Its device keeps "device memory" in host allocations so calls through the table return real
-//! values; `set_device(666)` panics on purpose, to prove the boundary catches it. Its CCL is a
-//! single-rank communicator and exports `all_to_allv` as absent.
+//! values; `set_device(666)` panics on purpose, to prove the boundary catches it. Its streams run
+//! work at once, and its graph group records the async copies and memsets of a capturing stream
+//! and replays them at each launch. Its CCL is a single-rank communicator and exports
+//! `all_to_allv` as absent.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -14,6 +16,30 @@ use ferrocx_plugin_sdk::prelude::*;
 #[derive(Default)]
 pub struct TestDevice {
     allocs: Mutex<HashMap<u64, Vec<u8>>>,
+    graphs: Mutex<Graphs>,
+}
+
+/// Work a graph replays.
+#[derive(Clone, Copy, Debug)]
+enum Recorded {
+    Copy {
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: usize,
+    },
+    Set {
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+    },
+}
+
+/// The graph group's state: the stream being captured and what it recorded, and the graphs.
+#[derive(Default)]
+struct Graphs {
+    capturing: Option<(Stream, Vec<Recorded>)>,
+    made: HashMap<usize, Vec<Recorded>>,
+    next: usize,
 }
 
 /// The device number whose selection panics.
@@ -26,6 +52,30 @@ fn unsupported<T>(what: &str) -> Result<T> {
 }
 
 impl TestDevice {
+    fn graphs(&self) -> Result<std::sync::MutexGuard<'_, Graphs>> {
+        self.graphs
+            .lock()
+            .map_err(|_| Error::internal("lock poisoned"))
+    }
+
+    /// Records `work` when `stream` is capturing; otherwise runs it.
+    fn run_or_record(&self, stream: Stream, work: Recorded) -> Result<()> {
+        if let Some((s, recorded)) = self.graphs()?.capturing.as_mut() {
+            if *s == stream {
+                recorded.push(work);
+                return Ok(());
+            }
+        }
+        self.run(work)
+    }
+
+    fn run(&self, work: Recorded) -> Result<()> {
+        match work {
+            Recorded::Copy { dst, src, bytes } => self.mem_copy(dst, src, bytes),
+            Recorded::Set { dst, value, bytes } => self.mem_set(dst, value, bytes),
+        }
+    }
+
     fn with_buf<R>(
         &self,
         ptr: DevicePtr,
@@ -126,15 +176,15 @@ impl DeviceAdaptor for TestDevice {
         dst: DevicePtr,
         src: DevicePtr,
         bytes: usize,
-        _s: Stream,
+        s: Stream,
     ) -> Result<()> {
-        self.mem_copy(dst, src, bytes)
+        self.run_or_record(s, Recorded::Copy { dst, src, bytes })
     }
     fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()> {
         self.with_buf(dst, bytes, |d| d.fill(value))
     }
-    fn mem_set_async(&self, dst: DevicePtr, value: u8, bytes: usize, _s: Stream) -> Result<()> {
-        self.mem_set(dst, value, bytes)
+    fn mem_set_async(&self, dst: DevicePtr, value: u8, bytes: usize, s: Stream) -> Result<()> {
+        self.run_or_record(s, Recorded::Set { dst, value, bytes })
     }
     fn stream_create(&self, _flags: u32) -> Result<Stream> {
         unsupported("stream_create")
@@ -218,6 +268,49 @@ impl DeviceVmm for TestDevice {
     }
     fn vmm_release(&self, _h: VmmHandle) -> Result<()> {
         unsupported("vmm_release")
+    }
+}
+
+impl DeviceGraph for TestDevice {
+    fn graph_begin_capture(&self, s: Stream) -> Result<()> {
+        let mut g = self.graphs()?;
+        if g.capturing.is_some() {
+            return Err(Error::invalid_argument("a stream is already capturing"));
+        }
+        g.capturing = Some((s, Vec::new()));
+        Ok(())
+    }
+    fn graph_end_capture(&self, s: Stream) -> Result<GraphHandle> {
+        let mut g = self.graphs()?;
+        match g.capturing.take() {
+            Some((c, recorded)) if c == s => {
+                g.next += 1;
+                let id = g.next;
+                g.made.insert(id, recorded);
+                Ok(GraphHandle(id as *mut c_void))
+            }
+            other => {
+                g.capturing = other;
+                Err(Error::invalid_argument("the stream is not capturing"))
+            }
+        }
+    }
+    fn graph_launch(&self, graph: GraphHandle, _s: Stream) -> Result<()> {
+        let work = self
+            .graphs()?
+            .made
+            .get(&(graph.0 as usize))
+            .cloned()
+            .ok_or_else(|| Error::invalid_handle("not a graph of this device"))?;
+        // Streams complete synchronously here: the replay runs now, in order.
+        work.into_iter().try_for_each(|w| self.run(w))
+    }
+    fn graph_destroy(&self, graph: GraphHandle) -> Result<()> {
+        self.graphs()?
+            .made
+            .remove(&(graph.0 as usize))
+            .map(drop)
+            .ok_or_else(|| Error::invalid_handle("not a graph of this device"))
     }
 }
 
@@ -421,6 +514,7 @@ export_plugin! {
     name: "testrust",
     device: TestDevice,
     device_vmm: TestDevice,
+    device_graph: TestDevice,
     ccl: TestCcl,
     ccl_absent: ["all_to_allv"],
 }
