@@ -1,9 +1,11 @@
-//! [`NcclCcl`]: the SDK's [`CclAdaptor`] over libnccl.
+//! [`NcclCcl`]: the SDK's [`CclAdaptor`] and [`CclWindow`] over libnccl.
 //!
 //! Collectives map one to one onto NCCL's; gather, scatter, all-to-all and all-to-allv are
 //! grouped `ncclSend`/`ncclRecv` (as nccl-tests and PyTorch build them). Every call is enqueued
-//! on the stream and returns at once (NCCL's semantics).
+//! on the stream and returns at once (NCCL's semantics); with the watchdog on, an event recorded
+//! after it lets the watchdog see it complete (see `monitor`).
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,14 +13,16 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use ferrocx_plugin_sdk::prelude::*;
 
-use crate::conv;
+use crate::comm::{NcclComm, Teardown};
 use crate::library::{Api, Candidates};
-use crate::sys;
+use crate::watchdog::{self, Label, WATCHDOG_ENV, WATCHDOG_OPTION};
+use crate::{conv, monitor, sys};
 
 /// The NCCL CCL adaptor. One per process ([`CclAdaptor::instance`]).
 ///
-/// Options: `library` — the libnccl to load (else `FERROCX_NCCL_LIBRARY`, else `libnccl.so.2`,
-/// then `libnccl.so`).
+/// Options (`[cluster.options.nccl]`): `library` — the libnccl to load (else
+/// `FERROCX_NCCL_LIBRARY`, else `libnccl.so.2`, then `libnccl.so`); `watchdog` — `"on"` (the
+/// default) or `"off"` (`FERROCX_NCCL_WATCHDOG=0` turns it off whatever the file says).
 #[derive(Default)]
 pub struct NcclCcl {
     state: RwLock<State>,
@@ -32,23 +36,26 @@ struct State {
     api: Option<&'static Api>,
     /// Why the last `init` failed, for the `NOT_INITIALIZED` errors that follow.
     failure: Option<String>,
+    /// The watchdog setting from `init`'s options and the environment.
+    watchdog: bool,
 }
 
-/// One communicator: NCCL's handle and what ferrocx asked for.
-struct NcclComm {
-    raw: sys::ncclComm_t,
-    rank: i32,
-    nranks: i32,
-    /// Deadline for a wait on a peer (0: the core's default). Not enforced here: the core polls
-    /// `comm_get_async_error` and aborts; a watchdog of this adaptor's own comes later.
-    timeout_ms: u64,
+thread_local! {
+    /// Depth of the caller's `group_start` … `group_end` on this thread (NCCL's groups are
+    /// per thread too).
+    static GROUP_DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// Operations issued inside the caller's group: NCCL launches them at the outermost
+    /// `group_end`, where their events are recorded and their gates left.
+    static GROUPED: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
 }
 
-// SAFETY: an `ncclComm_t` may be used from any thread; serialising concurrent use of one
-// communicator is the caller's duty, as with NCCL itself.
-unsafe impl Send for NcclComm {}
-// SAFETY: as above; this struct is never mutated after creation.
-unsafe impl Sync for NcclComm {}
+/// An operation issued inside a group, waiting for its `group_end`.
+struct Deferred {
+    comm: Arc<NcclComm>,
+    stream: Stream,
+    /// `None` when the communicator is not watched.
+    label: Option<Label>,
+}
 
 /// Keeps NVLink SHARP (NVLS, multicast objects) off unless the operator set
 /// `NCCL_NVLS_ENABLE` themselves: multicast objects can put shared GPU hosts out of service.
@@ -66,6 +73,12 @@ fn keep_nvls_off() {
         }
         Some(_) => {}
     }
+}
+
+/// The watchdog setting of `options` (see [`NcclCcl`]), the environment included.
+fn watchdog_setting(options: &Options) -> Result<bool> {
+    let env = std::env::var(WATCHDOG_ENV).ok();
+    watchdog::enabled(options.get(WATCHDOG_OPTION), env.as_deref())
 }
 
 fn ptr(p: DevicePtr) -> *mut c_void {
@@ -92,6 +105,10 @@ fn in_place_unsupported(op: &str, rule: &str) -> Error {
     ))
 }
 
+fn unknown(id: u64) -> Error {
+    Error::invalid_handle(format!("unknown communicator handle {id:#x}"))
+}
+
 impl NcclCcl {
     fn api(&self) -> Result<&'static Api> {
         let st = self.state.read().unwrap_or_else(|p| p.into_inner());
@@ -116,20 +133,65 @@ impl NcclCcl {
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
             .cloned()
-            .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))?;
+            .ok_or_else(|| unknown(id))?;
         Ok((api, comm))
     }
 
-    fn take(&self, c: Comm) -> Result<(&'static Api, Arc<NcclComm>)> {
-        let api = self.api()?;
+    fn take(&self, c: Comm) -> Result<Arc<NcclComm>> {
+        self.api()?;
         let id = c.0 as usize as u64;
-        let comm = self
-            .comms
+        self.comms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id)
-            .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))?;
-        Ok((api, comm))
+            .ok_or_else(|| unknown(id))
+    }
+
+    /// Runs `f` on the communicator inside its gate (refused with the watchdog's error once it
+    /// broke the communicator).
+    fn call<T>(&self, c: Comm, f: impl FnOnce(&'static Api, &NcclComm) -> Result<T>) -> Result<T> {
+        let (api, comm) = self.comm(c)?;
+        comm.gate.enter()?;
+        let r = f(api, &comm).map_err(|e| comm.watchdog_error(e));
+        comm.gate.exit();
+        r
+    }
+
+    /// Runs `f`, which enqueues operation `op` on `stream`, inside the communicator's gate; then
+    /// (watchdog on) records its completion event, or defers that to the caller's `group_end`.
+    #[inline]
+    fn enqueue(
+        &self,
+        c: Comm,
+        op: &'static str,
+        stream: Stream,
+        f: impl FnOnce(&'static Api, &NcclComm) -> Result<()>,
+    ) -> Result<()> {
+        let (api, comm) = self.comm(c)?;
+        comm.gate.enter()?;
+        let r = f(api, &comm);
+        if let Err(e) = r {
+            let e = comm.watchdog_error(e);
+            comm.gate.exit();
+            return Err(e);
+        }
+        let label = comm.watch.as_ref().map(|w| Label::one(op, w.next_seq()));
+        if GROUP_DEPTH.with(Cell::get) > 0 {
+            // Launched at the group's end: the gate stays entered until then.
+            GROUPED.with(|g| {
+                g.borrow_mut().push(Deferred {
+                    comm,
+                    stream,
+                    label,
+                })
+            });
+        } else {
+            if let (Some(w), Some(label)) = (&comm.watch, label) {
+                w.record(stream, label);
+            }
+            comm.gate.exit();
+        }
+        r
     }
 
     /// The peer deadline `comm` was created with, in milliseconds (0: the core's default), or
@@ -138,12 +200,20 @@ impl NcclCcl {
         self.comm(comm).ok().map(|(_, c)| c.timeout_ms)
     }
 
+    /// Whether the watchdog watches `comm`, and how many of its operations it has not yet seen
+    /// complete; `None` for an unknown handle or an unwatched communicator.
+    pub fn watchdog_outstanding(&self, comm: Comm) -> Option<usize> {
+        let (_, c) = self.comm(comm).ok()?;
+        c.watch.as_ref().map(|w| w.outstanding())
+    }
+
     fn query(&self, c: Comm, op: &str, f: impl Fn(&Api) -> sys::CommQuery) -> Result<i32> {
-        let (api, comm) = self.comm(c)?;
-        let mut v = 0;
-        // SAFETY: a live communicator and a valid out-pointer.
-        api.check(op, unsafe { f(api)(comm.raw, &mut v) }, comm.raw)?;
-        Ok(v)
+        self.call(c, |api, comm| {
+            let mut v = 0;
+            // SAFETY: a live communicator and a valid out-pointer.
+            api.check(op, unsafe { f(api)(comm.raw, &mut v) }, comm.raw)?;
+            Ok(v)
+        })
     }
 
     /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd`; the group is closed on every path.
@@ -192,6 +262,33 @@ impl NcclCcl {
         let rc = unsafe { (api.ncclRecv)(ptr(buf), count, t, peer, comm.raw, stream.0) };
         api.check("ncclRecv", rc, comm.raw)
     }
+
+    /// Ends the caller's outermost group: records one event per communicator and stream the
+    /// group used (once NCCL launched it) and leaves their gates.
+    fn finish_group(launched: bool) {
+        let deferred = GROUPED.with(|g| std::mem::take(&mut *g.borrow_mut()));
+        let mut records: Vec<(&Arc<NcclComm>, Stream, Label)> = Vec::new();
+        for d in &deferred {
+            let Some(label) = d.label else { continue };
+            match records
+                .iter_mut()
+                .find(|(c, s, _)| Arc::ptr_eq(c, &d.comm) && *s == d.stream)
+            {
+                Some(r) => r.2 = r.2.and(label),
+                None => records.push((&d.comm, d.stream, label)),
+            }
+        }
+        if launched {
+            for (comm, stream, label) in records {
+                if let Some(w) = &comm.watch {
+                    w.record(stream, label);
+                }
+            }
+        }
+        for d in &deferred {
+            d.comm.gate.exit();
+        }
+    }
 }
 
 impl CclAdaptor for NcclCcl {
@@ -201,9 +298,11 @@ impl CclAdaptor for NcclCcl {
 
     /// Loads libnccl (see [`NcclCcl`] for where from) after making sure `NCCL_NVLS_ENABLE` is
     /// set (to `0` unless the environment already says otherwise). A second `init` after a
-    /// successful one keeps the library already loaded.
+    /// successful one keeps the library already loaded (and takes its `watchdog` setting).
     fn init(&self, options: &Options) -> Result<()> {
+        let watchdog = watchdog_setting(options)?;
         let mut st = self.state.write().unwrap_or_else(|p| p.into_inner());
+        st.watchdog = watchdog;
         if st.api.is_some() {
             return Ok(());
         }
@@ -254,7 +353,9 @@ impl CclAdaptor for NcclCcl {
 
     /// Creates the communicator with `ncclCommInitRank`. NCCL uses the calling thread's current
     /// CUDA device: the core calls the device adaptor's `set_device(init.device)` on this thread
-    /// first; a communicator that lands on another device is destroyed and refused.
+    /// first; a communicator that lands on another device is destroyed and refused. With the
+    /// watchdog on (and a CUDA driver to record events with), the communicator is watched with
+    /// `timeout_ms` (0: the core's default) as its deadline.
     fn comm_init_rank(&self, init: &CommInit<'_>) -> Result<Comm> {
         let api = self.api()?;
         if init.unique_id.len() != sys::NCCL_UNIQUE_ID_BYTES {
@@ -270,6 +371,15 @@ impl CclAdaptor for NcclCcl {
                 init.rank, init.nranks
             )));
         }
+        let watched = match init.options.get(WATCHDOG_OPTION) {
+            Some(_) => watchdog_setting(&init.options)?,
+            None => {
+                self.state
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .watchdog
+            }
+        };
         let mut id = sys::ncclUniqueId {
             internal: [0; sys::NCCL_UNIQUE_ID_BYTES],
         };
@@ -296,66 +406,77 @@ impl CclAdaptor for NcclCcl {
                 init.rank, init.device
             )));
         }
-        let id = self.next_comm.fetch_add(1, Ordering::Relaxed) + 1;
-        let comm = NcclComm {
+        let timeout = watchdog::timeout(init.timeout_ms);
+        let watch = if watched {
+            match monitor::prepare() {
+                // This thread's current context is the communicator's (NCCL just used it).
+                Ok(cuda) => Some(monitor::Watch::new(cuda, timeout)),
+                Err(e) => {
+                    tracing::warn!(
+                        rank = init.rank,
+                        "nccl: the watchdog cannot run ({}): a hung peer will hang this rank",
+                        e.message()
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let comm = Arc::new(NcclComm {
             raw,
             rank: init.rank,
             nranks: init.nranks,
             timeout_ms: init.timeout_ms,
-        };
+            api,
+            gate: Default::default(),
+            watch,
+        });
+        if comm.watch.is_some() {
+            monitor::watch(comm.clone());
+        }
+        let id = self.next_comm.fetch_add(1, Ordering::Relaxed) + 1;
         self.comms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Arc::new(comm));
+            .insert(id, comm.clone());
         tracing::debug!(
             rank = init.rank,
             nranks = init.nranks,
             device,
+            watchdog = comm.watch.is_some(),
+            timeout_ms = timeout.as_millis() as u64,
             "nccl: communicator created"
         );
         Ok(Comm(id as usize as *mut c_void))
     }
 
     fn comm_finalize(&self, c: Comm) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        // SAFETY: a live communicator.
-        api.check(
-            "ncclCommFinalize",
-            unsafe { (api.ncclCommFinalize)(comm.raw) },
-            comm.raw,
-        )
+        self.call(c, |api, comm| {
+            // SAFETY: a live communicator.
+            api.check(
+                "ncclCommFinalize",
+                unsafe { (api.ncclCommFinalize)(comm.raw) },
+                comm.raw,
+            )
+        })
     }
 
+    /// `ncclCommDestroy`; after the watchdog aborted the communicator, releases the handle only.
     fn comm_destroy(&self, c: Comm) -> Result<()> {
-        let (api, comm) = self.take(c)?;
-        // SAFETY: a live communicator, removed from the table so no later call reaches it.
-        api.check(
-            "ncclCommDestroy",
-            unsafe { (api.ncclCommDestroy)(comm.raw) },
-            std::ptr::null_mut(),
-        )
+        self.take(c)?.release(Teardown::Destroy)
     }
 
+    /// `ncclCommAbort`; after the watchdog aborted the communicator, releases the handle only.
     fn comm_abort(&self, c: Comm) -> Result<()> {
-        let (api, comm) = self.take(c)?;
-        // SAFETY: as in `comm_destroy`.
-        api.check(
-            "ncclCommAbort",
-            unsafe { (api.ncclCommAbort)(comm.raw) },
-            std::ptr::null_mut(),
-        )
+        self.take(c)?.release(Teardown::Abort)
     }
 
+    /// NCCL's asynchronous error; once the watchdog broke the communicator, the status of its
+    /// verdict (`TIMEOUT` for an operation that made no progress within the deadline, NCCL's
+    /// own for an asynchronous error, e.g. `PEER_FAILURE`).
     fn comm_async_error(&self, c: Comm) -> Result<Status> {
-        let (api, comm) = self.comm(c)?;
-        let mut rc = sys::NCCL_SUCCESS;
-        // SAFETY: a live communicator and a valid out-pointer.
-        let call = unsafe { (api.ncclCommGetAsyncError)(comm.raw, &mut rc) };
-        api.check("ncclCommGetAsyncError", call, comm.raw)?;
-        if let Err(e) = api.check("asynchronous error", rc, comm.raw) {
-            tracing::debug!(rank = comm.rank, error = %e, "nccl: communicator reports an error");
-        }
-        Ok(conv::status(rc))
+        self.comm(c)?.1.async_error()
     }
 
     fn comm_count(&self, c: Comm) -> Result<i32> {
@@ -380,13 +501,15 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let (t, o) = (conv::dtype(dtype, api.version)?, conv::op(op, api.version)?);
-        // SAFETY: buffers of `count` elements on the device until the operation completes on
-        // `stream` (the ABI's contract); NCCL supports send == recv.
-        let rc =
-            unsafe { (api.ncclAllReduce)(ptr(send), ptr(recv), count, t, o, comm.raw, stream.0) };
-        api.check("ncclAllReduce", rc, comm.raw)
+        self.enqueue(c, "all_reduce", stream, |api, comm| {
+            let (t, o) = (conv::dtype(dtype, api.version)?, conv::op(op, api.version)?);
+            // SAFETY: buffers of `count` elements on the device until the operation completes
+            // on `stream` (the ABI's contract); NCCL supports send == recv.
+            let rc = unsafe {
+                (api.ncclAllReduce)(ptr(send), ptr(recv), count, t, o, comm.raw, stream.0)
+            };
+            api.check("ncclAllReduce", rc, comm.raw)
+        })
     }
 
     fn all_gather(
@@ -398,19 +521,21 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let t = conv::dtype(dtype, api.version)?;
-        if send == recv && comm.rank != 0 {
-            return Err(in_place_unsupported(
-                "all_gather",
-                "send == recv + rank * send_count",
-            ));
-        }
-        // SAFETY: `send` holds `send_count` and `recv` `nranks * send_count` elements until the
-        // operation completes on `stream`.
-        let rc =
-            unsafe { (api.ncclAllGather)(ptr(send), ptr(recv), send_count, t, comm.raw, stream.0) };
-        api.check("ncclAllGather", rc, comm.raw)
+        self.enqueue(c, "all_gather", stream, |api, comm| {
+            let t = conv::dtype(dtype, api.version)?;
+            if send == recv && comm.rank != 0 {
+                return Err(in_place_unsupported(
+                    "all_gather",
+                    "send == recv + rank * send_count",
+                ));
+            }
+            // SAFETY: `send` holds `send_count` and `recv` `nranks * send_count` elements until
+            // the operation completes on `stream`.
+            let rc = unsafe {
+                (api.ncclAllGather)(ptr(send), ptr(recv), send_count, t, comm.raw, stream.0)
+            };
+            api.check("ncclAllGather", rc, comm.raw)
+        })
     }
 
     fn reduce_scatter(
@@ -423,20 +548,21 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let (t, o) = (conv::dtype(dtype, api.version)?, conv::op(op, api.version)?);
-        if send == recv && comm.rank != 0 {
-            return Err(in_place_unsupported(
-                "reduce_scatter",
-                "recv == send + rank * recv_count",
-            ));
-        }
-        // SAFETY: `send` holds `nranks * recv_count` and `recv` `recv_count` elements until the
-        // operation completes on `stream`.
-        let rc = unsafe {
-            (api.ncclReduceScatter)(ptr(send), ptr(recv), recv_count, t, o, comm.raw, stream.0)
-        };
-        api.check("ncclReduceScatter", rc, comm.raw)
+        self.enqueue(c, "reduce_scatter", stream, |api, comm| {
+            let (t, o) = (conv::dtype(dtype, api.version)?, conv::op(op, api.version)?);
+            if send == recv && comm.rank != 0 {
+                return Err(in_place_unsupported(
+                    "reduce_scatter",
+                    "recv == send + rank * recv_count",
+                ));
+            }
+            // SAFETY: `send` holds `nranks * recv_count` and `recv` `recv_count` elements until
+            // the operation completes on `stream`.
+            let rc = unsafe {
+                (api.ncclReduceScatter)(ptr(send), ptr(recv), recv_count, t, o, comm.raw, stream.0)
+            };
+            api.check("ncclReduceScatter", rc, comm.raw)
+        })
     }
 
     fn broadcast(
@@ -449,13 +575,14 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let t = conv::dtype(dtype, api.version)?;
-        // SAFETY: buffers of `count` elements until the operation completes on `stream`.
-        let rc = unsafe {
-            (api.ncclBroadcast)(ptr(send), ptr(recv), count, t, root, comm.raw, stream.0)
-        };
-        api.check("ncclBroadcast", rc, comm.raw)
+        self.enqueue(c, "broadcast", stream, |api, comm| {
+            let t = conv::dtype(dtype, api.version)?;
+            // SAFETY: buffers of `count` elements until the operation completes on `stream`.
+            let rc = unsafe {
+                (api.ncclBroadcast)(ptr(send), ptr(recv), count, t, root, comm.raw, stream.0)
+            };
+            api.check("ncclBroadcast", rc, comm.raw)
+        })
     }
 
     fn reduce(
@@ -469,13 +596,14 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let (t, o) = (conv::dtype(dtype, api.version)?, conv::op(op, api.version)?);
-        // SAFETY: buffers of `count` elements until the operation completes on `stream`.
-        let rc = unsafe {
-            (api.ncclReduce)(ptr(send), ptr(recv), count, t, o, root, comm.raw, stream.0)
-        };
-        api.check("ncclReduce", rc, comm.raw)
+        self.enqueue(c, "reduce", stream, |api, comm| {
+            let (t, o) = (conv::dtype(dtype, api.version)?, conv::op(op, api.version)?);
+            // SAFETY: buffers of `count` elements until the operation completes on `stream`.
+            let rc = unsafe {
+                (api.ncclReduce)(ptr(send), ptr(recv), count, t, o, root, comm.raw, stream.0)
+            };
+            api.check("ncclReduce", rc, comm.raw)
+        })
     }
 
     fn gather(
@@ -488,33 +616,34 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let t = conv::dtype(dtype, api.version)?;
-        let size = elem_size(dtype)?;
-        check_root(root, comm.nranks)?;
-        if comm.rank != root {
-            return Self::p2p_send(api, &comm, send, send_count, t, root, stream);
-        }
-        let own = at(recv, root as usize * send_count, size)?;
-        if send == recv && own != send {
-            return Err(in_place_unsupported(
-                "gather",
-                "send == recv + root * send_count",
-            ));
-        }
-        Self::grouped(api, "gather", &comm, || {
-            for r in 0..comm.nranks {
-                let block = at(recv, r as usize * send_count, size)?;
-                if r == root {
-                    if block != send {
-                        Self::p2p_send(api, &comm, send, send_count, t, r, stream)?;
-                        Self::p2p_recv(api, &comm, block, send_count, t, r, stream)?;
-                    }
-                } else {
-                    Self::p2p_recv(api, &comm, block, send_count, t, r, stream)?;
-                }
+        self.enqueue(c, "gather", stream, |api, comm| {
+            let t = conv::dtype(dtype, api.version)?;
+            let size = elem_size(dtype)?;
+            check_root(root, comm.nranks)?;
+            if comm.rank != root {
+                return Self::p2p_send(api, comm, send, send_count, t, root, stream);
             }
-            Ok(())
+            let own = at(recv, root as usize * send_count, size)?;
+            if send == recv && own != send {
+                return Err(in_place_unsupported(
+                    "gather",
+                    "send == recv + root * send_count",
+                ));
+            }
+            Self::grouped(api, "gather", comm, || {
+                for r in 0..comm.nranks {
+                    let block = at(recv, r as usize * send_count, size)?;
+                    if r == root {
+                        if block != send {
+                            Self::p2p_send(api, comm, send, send_count, t, r, stream)?;
+                            Self::p2p_recv(api, comm, block, send_count, t, r, stream)?;
+                        }
+                    } else {
+                        Self::p2p_recv(api, comm, block, send_count, t, r, stream)?;
+                    }
+                }
+                Ok(())
+            })
         })
     }
 
@@ -528,33 +657,34 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let t = conv::dtype(dtype, api.version)?;
-        let size = elem_size(dtype)?;
-        check_root(root, comm.nranks)?;
-        if comm.rank != root {
-            return Self::p2p_recv(api, &comm, recv, recv_count, t, root, stream);
-        }
-        let own = at(send, root as usize * recv_count, size)?;
-        if send == recv && own != recv {
-            return Err(in_place_unsupported(
-                "scatter",
-                "recv == send + root * recv_count",
-            ));
-        }
-        Self::grouped(api, "scatter", &comm, || {
-            for r in 0..comm.nranks {
-                let block = at(send, r as usize * recv_count, size)?;
-                if r == root {
-                    if block != recv {
-                        Self::p2p_send(api, &comm, block, recv_count, t, r, stream)?;
-                        Self::p2p_recv(api, &comm, recv, recv_count, t, r, stream)?;
-                    }
-                } else {
-                    Self::p2p_send(api, &comm, block, recv_count, t, r, stream)?;
-                }
+        self.enqueue(c, "scatter", stream, |api, comm| {
+            let t = conv::dtype(dtype, api.version)?;
+            let size = elem_size(dtype)?;
+            check_root(root, comm.nranks)?;
+            if comm.rank != root {
+                return Self::p2p_recv(api, comm, recv, recv_count, t, root, stream);
             }
-            Ok(())
+            let own = at(send, root as usize * recv_count, size)?;
+            if send == recv && own != recv {
+                return Err(in_place_unsupported(
+                    "scatter",
+                    "recv == send + root * recv_count",
+                ));
+            }
+            Self::grouped(api, "scatter", comm, || {
+                for r in 0..comm.nranks {
+                    let block = at(send, r as usize * recv_count, size)?;
+                    if r == root {
+                        if block != recv {
+                            Self::p2p_send(api, comm, block, recv_count, t, r, stream)?;
+                            Self::p2p_recv(api, comm, recv, recv_count, t, r, stream)?;
+                        }
+                    } else {
+                        Self::p2p_send(api, comm, block, recv_count, t, r, stream)?;
+                    }
+                }
+                Ok(())
+            })
         })
     }
 
@@ -567,22 +697,23 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let t = conv::dtype(dtype, api.version)?;
-        let size = elem_size(dtype)?;
-        if send == recv {
-            return Err(in_place_unsupported(
-                "all_to_all",
-                "absent (use distinct buffers)",
-            ));
-        }
-        Self::grouped(api, "all_to_all", &comm, || {
-            for r in 0..comm.nranks {
-                let off = r as usize * count;
-                Self::p2p_send(api, &comm, at(send, off, size)?, count, t, r, stream)?;
-                Self::p2p_recv(api, &comm, at(recv, off, size)?, count, t, r, stream)?;
+        self.enqueue(c, "all_to_all", stream, |api, comm| {
+            let t = conv::dtype(dtype, api.version)?;
+            let size = elem_size(dtype)?;
+            if send == recv {
+                return Err(in_place_unsupported(
+                    "all_to_all",
+                    "absent (use distinct buffers)",
+                ));
             }
-            Ok(())
+            Self::grouped(api, "all_to_all", comm, || {
+                for r in 0..comm.nranks {
+                    let off = r as usize * count;
+                    Self::p2p_send(api, comm, at(send, off, size)?, count, t, r, stream)?;
+                    Self::p2p_recv(api, comm, at(recv, off, size)?, count, t, r, stream)?;
+                }
+                Ok(())
+            })
         })
     }
 
@@ -596,32 +727,33 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let t = conv::dtype(dtype, api.version)?;
-        let size = elem_size(dtype)?;
-        let n = comm.nranks as usize;
-        for (v, what) in [(&send_v, "send"), (&recv_v, "recv")] {
-            if v.counts.len() != n || v.displs.len() != n {
-                return Err(Error::invalid_argument(format!(
-                    "{what} counts/displacements must have {n} entries"
-                )));
+        self.enqueue(c, "all_to_allv", stream, |api, comm| {
+            let t = conv::dtype(dtype, api.version)?;
+            let size = elem_size(dtype)?;
+            let n = comm.nranks as usize;
+            for (v, what) in [(&send_v, "send"), (&recv_v, "recv")] {
+                if v.counts.len() != n || v.displs.len() != n {
+                    return Err(Error::invalid_argument(format!(
+                        "{what} counts/displacements must have {n} entries"
+                    )));
+                }
             }
-        }
-        if send == recv {
-            return Err(in_place_unsupported(
-                "all_to_allv",
-                "absent (use distinct buffers)",
-            ));
-        }
-        Self::grouped(api, "all_to_allv", &comm, || {
-            for r in 0..comm.nranks {
-                let i = r as usize;
-                let s = at(send, send_v.displs[i], size)?;
-                let d = at(recv, recv_v.displs[i], size)?;
-                Self::p2p_send(api, &comm, s, send_v.counts[i], t, r, stream)?;
-                Self::p2p_recv(api, &comm, d, recv_v.counts[i], t, r, stream)?;
+            if send == recv {
+                return Err(in_place_unsupported(
+                    "all_to_allv",
+                    "absent (use distinct buffers)",
+                ));
             }
-            Ok(())
+            Self::grouped(api, "all_to_allv", comm, || {
+                for r in 0..comm.nranks {
+                    let i = r as usize;
+                    let s = at(send, send_v.displs[i], size)?;
+                    let d = at(recv, recv_v.displs[i], size)?;
+                    Self::p2p_send(api, comm, s, send_v.counts[i], t, r, stream)?;
+                    Self::p2p_recv(api, comm, d, recv_v.counts[i], t, r, stream)?;
+                }
+                Ok(())
+            })
         })
     }
 
@@ -634,11 +766,12 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let t = conv::dtype(dtype, api.version)?;
-        // SAFETY: `buf` holds `count` elements until the operation completes on `stream`.
-        let rc = unsafe { (api.ncclSend)(ptr(buf), count, t, peer, comm.raw, stream.0) };
-        api.check("ncclSend", rc, comm.raw)
+        self.enqueue(c, "send", stream, |api, comm| {
+            let t = conv::dtype(dtype, api.version)?;
+            // SAFETY: `buf` holds `count` elements until the operation completes on `stream`.
+            let rc = unsafe { (api.ncclSend)(ptr(buf), count, t, peer, comm.raw, stream.0) };
+            api.check("ncclSend", rc, comm.raw)
+        })
     }
 
     fn recv(
@@ -650,11 +783,13 @@ impl CclAdaptor for NcclCcl {
         c: Comm,
         stream: Stream,
     ) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
-        let t = conv::dtype(dtype, api.version)?;
-        // SAFETY: `buf` has room for `count` elements until the operation completes on `stream`.
-        let rc = unsafe { (api.ncclRecv)(ptr(buf), count, t, peer, comm.raw, stream.0) };
-        api.check("ncclRecv", rc, comm.raw)
+        self.enqueue(c, "recv", stream, |api, comm| {
+            let t = conv::dtype(dtype, api.version)?;
+            // SAFETY: `buf` has room for `count` elements until the operation completes on
+            // `stream`.
+            let rc = unsafe { (api.ncclRecv)(ptr(buf), count, t, peer, comm.raw, stream.0) };
+            api.check("ncclRecv", rc, comm.raw)
+        })
     }
 
     fn group_start(&self) -> Result<()> {
@@ -664,17 +799,28 @@ impl CclAdaptor for NcclCcl {
             "ncclGroupStart",
             unsafe { (api.ncclGroupStart)() },
             std::ptr::null_mut(),
-        )
+        )?;
+        GROUP_DEPTH.with(|d| d.set(d.get() + 1));
+        Ok(())
     }
 
+    /// `ncclGroupEnd`; the outermost one records the group's events (one per communicator and
+    /// stream it used).
     fn group_end(&self) -> Result<()> {
         let api = self.api()?;
         // SAFETY: no arguments.
-        api.check(
-            "ncclGroupEnd",
-            unsafe { (api.ncclGroupEnd)() },
-            std::ptr::null_mut(),
-        )
+        let rc = unsafe { (api.ncclGroupEnd)() };
+        // NCCL closes the group even when it reports an error.
+        let depth = GROUP_DEPTH.with(|d| {
+            let n = d.get().saturating_sub(1);
+            d.set(n);
+            n
+        });
+        let ended = api.check("ncclGroupEnd", rc, std::ptr::null_mut());
+        if depth == 0 {
+            Self::finish_group(ended.is_ok());
+        }
+        ended
     }
 
     /// `ncclMemAlloc` on the calling thread's current device (NCCL >= 2.19).
@@ -698,32 +844,92 @@ impl CclAdaptor for NcclCcl {
         api.check("ncclMemFree", unsafe { f(ptr(p)) }, std::ptr::null_mut())
     }
 
+    /// `ncclCommRegister` (NCCL >= 2.19). A libnccl without it answers `UNSUPPORTED` before the
+    /// communicator is looked at, so a call with the null communicator tells whether it exists.
     fn mem_register(&self, c: Comm, buf: DevicePtr, bytes: usize) -> Result<RegHandle> {
-        let (api, comm) = self.comm(c)?;
+        let api = self.api()?;
         let f = api
             .ncclCommRegister
             .ok_or_else(|| api.lacks("ncclCommRegister"))?;
-        let mut h: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a live communicator, `bytes` of device memory at `buf`, a valid out-pointer.
-        api.check(
-            "ncclCommRegister",
-            unsafe { f(comm.raw, ptr(buf), bytes, &mut h) },
-            comm.raw,
-        )?;
-        Ok(RegHandle(h))
+        self.call(c, |api, comm| {
+            let mut h: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a live communicator, `bytes` of device memory at `buf`, a valid
+            // out-pointer.
+            api.check(
+                "ncclCommRegister",
+                unsafe { f(comm.raw, ptr(buf), bytes, &mut h) },
+                comm.raw,
+            )?;
+            Ok(RegHandle(h))
+        })
     }
 
     fn mem_deregister(&self, c: Comm, handle: RegHandle) -> Result<()> {
-        let (api, comm) = self.comm(c)?;
+        let api = self.api()?;
         let f = api
             .ncclCommDeregister
             .ok_or_else(|| api.lacks("ncclCommDeregister"))?;
-        // SAFETY: a live communicator and a handle from its `ncclCommRegister`.
-        api.check(
-            "ncclCommDeregister",
-            unsafe { f(comm.raw, handle.0) },
-            comm.raw,
-        )
+        self.call(c, |api, comm| {
+            // SAFETY: a live communicator and a handle from its `ncclCommRegister`.
+            api.check(
+                "ncclCommDeregister",
+                unsafe { f(comm.raw, handle.0) },
+                comm.raw,
+            )
+        })
+    }
+}
+
+/// The window group over `ncclCommWindowRegister` (NCCL >= 2.27). The group is exported by
+/// every build; a libnccl without the symbols answers `UNSUPPORTED` naming the missing symbol
+/// and the release that has it, before the communicator is looked at.
+impl CclWindow for NcclCcl {
+    /// `ncclCommWindowRegister` of `bytes` at `buf`, collective. `flags` are NCCL's window flags,
+    /// passed through (ferrocx's `WindowFlags` vendor bits: 0 for NCCL's default,
+    /// `COLL_SYMMETRIC` = 1 = `NCCL_WIN_COLL_SYMMETRIC`, which lets NCCL use its symmetric
+    /// kernels when every rank uses the same offsets). NCCL takes window buffers only from
+    /// `ncclMemAlloc` (this adaptor's `mem_alloc`) or CUDA VMM allocations, and registers nothing
+    /// where the ranks cannot map each other: that answers `UNSUPPORTED`.
+    fn window_register(
+        &self,
+        c: Comm,
+        buf: DevicePtr,
+        bytes: usize,
+        flags: u32,
+    ) -> Result<WindowHandle> {
+        let api = self.api()?;
+        let f = api
+            .ncclCommWindowRegister
+            .ok_or_else(|| api.lacks("ncclCommWindowRegister"))?;
+        self.call(c, |api, comm| {
+            let win_flags = i32::try_from(flags).map_err(|_| {
+                Error::invalid_argument(format!("window flags {flags:#x} are not NCCL's"))
+            })?;
+            let mut w: *mut c_void = std::ptr::null_mut();
+            // SAFETY: a live communicator, `bytes` of device memory at `buf`, a valid
+            // out-pointer.
+            let rc = unsafe { f(comm.raw, ptr(buf), bytes, &mut w, win_flags) };
+            api.check("ncclCommWindowRegister", rc, comm.raw)?;
+            if w.is_null() {
+                return Err(Error::unsupported(format!(
+                    "ncclCommWindowRegister registered no window for {bytes} bytes at {:#x}: NCCL needs memory from ncclMemAlloc or CUDA VMM allocations, and ranks that can map each other's memory",
+                    buf.0
+                )));
+            }
+            Ok(WindowHandle(w))
+        })
+    }
+
+    fn window_deregister(&self, c: Comm, window: WindowHandle) -> Result<()> {
+        let api = self.api()?;
+        let f = api
+            .ncclCommWindowDeregister
+            .ok_or_else(|| api.lacks("ncclCommWindowDeregister"))?;
+        self.call(c, |api, comm| {
+            // SAFETY: a live communicator and a window of its `ncclCommWindowRegister`.
+            let rc = unsafe { f(comm.raw, window.0) };
+            api.check("ncclCommWindowDeregister", rc, comm.raw)
+        })
     }
 }
 

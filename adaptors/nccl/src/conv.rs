@@ -5,7 +5,7 @@ use ferrocx_plugin_sdk::prelude::*;
 use crate::sys;
 
 /// NCCL's data type for `t`, or `UNSUPPORTED` (bf16 needs NCCL >= 2.10).
-pub(crate) fn dtype(t: DataType, version: i32) -> Result<sys::ncclDataType_t> {
+pub fn dtype(t: DataType, version: i32) -> Result<sys::ncclDataType_t> {
     Ok(match t {
         DataType::I8 => sys::NCCL_INT8,
         DataType::U8 => sys::NCCL_UINT8,
@@ -27,7 +27,7 @@ pub(crate) fn dtype(t: DataType, version: i32) -> Result<sys::ncclDataType_t> {
 }
 
 /// NCCL's reduction op for `op`, or `UNSUPPORTED` (avg needs NCCL >= 2.10).
-pub(crate) fn op(op: ReduceOp, version: i32) -> Result<sys::ncclRedOp_t> {
+pub fn op(op: ReduceOp, version: i32) -> Result<sys::ncclRedOp_t> {
     Ok(match op {
         ReduceOp::SUM => sys::NCCL_SUM,
         ReduceOp::PROD => sys::NCCL_PROD,

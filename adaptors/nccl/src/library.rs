@@ -17,7 +17,7 @@ pub const DEFAULT_LIBRARIES: [&str; 2] = ["libnccl.so.2", "libnccl.so"];
 
 /// Where the library to load comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Candidates {
+pub enum Candidates {
     /// Named explicitly (the `library` option or [`LIBRARY_ENV`]): that file only, no fallback,
     /// so a misspelt path is an error rather than a silently different NCCL.
     Explicit { source: &'static str, path: String },
@@ -27,7 +27,7 @@ pub(crate) enum Candidates {
 
 impl Candidates {
     /// The candidates from the adaptor's options and the environment.
-    pub(crate) fn from(options: &Options) -> Self {
+    pub fn from(options: &Options) -> Self {
         if let Some(p) = options.get("library").filter(|p| !p.is_empty()) {
             return Candidates::Explicit {
                 source: "option `library`",
@@ -56,7 +56,7 @@ impl Candidates {
 
 /// libnccl's entry points: the required ones resolved, the optional ones probed.
 #[allow(non_snake_case)]
-pub(crate) struct Api {
+pub struct Api {
     /// Path (or file name) the library was opened from.
     pub path: String,
     /// `ncclGetVersion`'s code.
@@ -85,13 +85,24 @@ pub(crate) struct Api {
     pub ncclMemFree: Option<sys::MemFree>,
     pub ncclCommRegister: Option<sys::CommRegister>,
     pub ncclCommDeregister: Option<sys::CommDeregister>,
-    /// Probed for `ferrocx info`; the window group is not exported yet.
+    /// Behind the window group's `window_register` (NCCL >= 2.27).
     pub ncclCommWindowRegister: Option<sys::CommWindowRegister>,
-    /// Probed with `ncclCommWindowRegister`.
+    /// Behind the window group's `window_deregister`.
     pub ncclCommWindowDeregister: Option<sys::CommWindowDeregister>,
-    /// Probed for the non-blocking init a watchdog will use; not called yet.
+    /// Probed and reported; not called (communicators are created with `ncclCommInitRank`).
     pub ncclCommInitRankConfig: Option<sys::CommInitRankConfig>,
 }
+
+/// The optional symbols, with the NCCL release that introduced each.
+pub(crate) const OPTIONAL: [(&str, &str); 7] = [
+    ("ncclMemAlloc", "2.19"),
+    ("ncclMemFree", "2.19"),
+    ("ncclCommRegister", "2.19"),
+    ("ncclCommDeregister", "2.19"),
+    ("ncclCommWindowRegister", "2.27"),
+    ("ncclCommWindowDeregister", "2.27"),
+    ("ncclCommInitRankConfig", "2.14"),
+];
 
 /// Looks up `name` in `lib` as a function pointer of type `T`.
 ///
@@ -128,7 +139,7 @@ fn open(candidates: &Candidates) -> Result<(&'static Library, String)> {
 impl Api {
     /// Opens libnccl from `candidates` and resolves its entry points.
     #[allow(non_snake_case)] // the bindings carry NCCL's names
-    pub(crate) fn load(candidates: &Candidates) -> Result<Api> {
+    pub fn load(candidates: &Candidates) -> Result<Api> {
         let (lib, path) = open(candidates)?;
         let mut missing = Vec::new();
         macro_rules! required {
@@ -268,30 +279,42 @@ impl Api {
             ncclCommWindowDeregister: optional!(ncclCommWindowDeregister),
             ncclCommInitRankConfig: optional!(ncclCommInitRankConfig),
         };
+        let (found, missing): (Vec<_>, Vec<_>) = api.optional().into_iter().partition(|s| s.1);
+        let names = |v: Vec<(&str, bool)>| v.iter().map(|s| s.0).collect::<Vec<_>>().join(", ");
         tracing::debug!(
             path = %api.path,
             version = %api.version_string(),
-            ncclMemAlloc = api.ncclMemAlloc.is_some(),
-            ncclMemFree = api.ncclMemFree.is_some(),
-            ncclCommRegister = api.ncclCommRegister.is_some(),
-            ncclCommDeregister = api.ncclCommDeregister.is_some(),
-            ncclCommWindowRegister = api.ncclCommWindowRegister.is_some(),
-            ncclCommWindowDeregister = api.ncclCommWindowDeregister.is_some(),
-            ncclCommInitRankConfig = api.ncclCommInitRankConfig.is_some(),
+            found = %names(found),
+            missing = %names(missing),
             "nccl: loaded libnccl, optional symbols probed"
         );
         Ok(api)
     }
 
+    /// Each optional symbol of [`OPTIONAL`] and whether this libnccl has it.
+    pub(crate) fn optional(&self) -> Vec<(&'static str, bool)> {
+        let has = [
+            self.ncclMemAlloc.is_some(),
+            self.ncclMemFree.is_some(),
+            self.ncclCommRegister.is_some(),
+            self.ncclCommDeregister.is_some(),
+            self.ncclCommWindowRegister.is_some(),
+            self.ncclCommWindowDeregister.is_some(),
+            self.ncclCommInitRankConfig.is_some(),
+        ];
+        OPTIONAL.iter().zip(has).map(|(s, h)| (s.0, h)).collect()
+    }
+
     /// `X.Y.Z` of the loaded library.
-    pub(crate) fn version_string(&self) -> String {
+    pub fn version_string(&self) -> String {
         let (major, minor, patch) = crate::conv::decode_version(self.version);
         format!("{major}.{minor}.{patch}")
     }
 
-    /// The error for an optional symbol this libnccl lacks.
+    /// The error for an optional symbol this libnccl lacks: "libnccl 2.26.5 lacks
+    /// ncclCommWindowRegister (needs 2.27)".
     pub(crate) fn lacks(&self, symbol: &str) -> Error {
-        Error::unsupported(format!("libnccl {} has no {symbol}", self.version_string()))
+        Error::unsupported(lacks_message(&self.version_string(), symbol))
     }
 
     /// `Ok` for `ncclSuccess`, else the error with NCCL's own words for it.
@@ -321,6 +344,14 @@ impl Api {
     }
 }
 
+/// The words of [`Api::lacks`].
+pub(crate) fn lacks_message(version: &str, symbol: &str) -> String {
+    match OPTIONAL.iter().find(|s| s.0 == symbol) {
+        Some((_, since)) => format!("libnccl {version} lacks {symbol} (needs {since})"),
+        None => format!("libnccl {version} lacks {symbol}"),
+    }
+}
+
 /// A C string from NCCL, or `""` for null.
 ///
 /// # Safety
@@ -331,4 +362,25 @@ unsafe fn text(p: *const c_char) -> String {
     }
     // SAFETY: non-null and NUL-terminated by the caller's contract.
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_symbol_names_the_release_that_has_it() {
+        assert_eq!(
+            lacks_message("2.26.5", "ncclCommWindowRegister"),
+            "libnccl 2.26.5 lacks ncclCommWindowRegister (needs 2.27)"
+        );
+        assert_eq!(
+            lacks_message("2.18.1", "ncclMemAlloc"),
+            "libnccl 2.18.1 lacks ncclMemAlloc (needs 2.19)"
+        );
+        assert_eq!(
+            lacks_message("2.18.1", "ncclOther"),
+            "libnccl 2.18.1 lacks ncclOther"
+        );
+    }
 }

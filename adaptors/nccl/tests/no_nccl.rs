@@ -7,10 +7,12 @@
 use std::ffi::CStr;
 use std::path::PathBuf;
 
-use ferrocx::abi::{Comm, DataType, DevicePtr, KeyValue, ReduceOp, RegHandle, Status, Stream};
+use ferrocx::abi::{
+    Comm, DataType, DevicePtr, KeyValue, ReduceOp, RegHandle, Status, Stream, WindowHandle,
+};
 use ferrocx::registry::Registry;
 use ferrocx_adaptor_nccl::NcclCcl;
-use ferrocx_plugin_sdk::{CclAdaptor, CommInit, Options, VCounts};
+use ferrocx_plugin_sdk::{CclAdaptor, CclWindow, CommInit, Options, VCounts};
 
 const MISSING: &str = "/nonexistent/libnccl.so.2";
 
@@ -125,6 +127,11 @@ fn every_entry_is_not_initialized() {
             "mem_deregister",
             status(ccl.mem_deregister(c, RegHandle::NULL)),
         ),
+        ("window_register", status(ccl.window_register(c, p, 64, 0))),
+        (
+            "window_deregister",
+            status(ccl.window_deregister(c, WindowHandle::NULL)),
+        ),
     ];
     for (entry, st) in results {
         assert_eq!(st, Status::NOT_INITIALIZED, "{entry}");
@@ -160,11 +167,13 @@ fn plugin_loads_in_an_empty_registry() {
     assert_eq!(e.name, "nccl");
     assert_eq!(
         e.groups(),
-        ["ferrocx_ccl_adaptor_v1"],
-        "no device, no window group"
+        ["ferrocx_ccl_adaptor_v1", "ferrocx_ccl_window_v1"],
+        "no device; the window group whatever libnccl turns out to be"
     );
     let tables = e.ccl.as_ref().expect("ccl tables");
     assert!(tables.root.absent().is_empty(), "every entry exported");
+    let window = tables.window.as_ref().expect("window group");
+    assert!(window.absent().is_empty(), "both window entries exported");
 
     let root = tables.root.get();
     let init = root.init.expect("init entry");

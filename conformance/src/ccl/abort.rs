@@ -1,13 +1,16 @@
 //! Abort, last and on its own communicator: rank 0 joins the communicator and aborts it while
 //! the other ranks are blocked in an all-reduce it never joins. They must get an error within
-//! the timeout, not hang.
+//! the timeout, not hang: from the all-reduce or the stream's synchronize, or (NCCL's way: a
+//! watchdog aborts the communicator, its kernels exit and the stream drains) from
+//! `comm_get_async_error` after a synchronize that succeeded.
 
 use std::time::{Duration, Instant};
 
-use ferrocx::abi::{DataType, ReduceOp};
+use ferrocx::abi::{Comm, DataType, ReduceOp, Status};
 use ferrocx::adaptor::AdaptorError;
 
 use super::{Ctx, Planned, UniqueIds};
+use crate::boundary::CclApi;
 use crate::boundary::{fail, is_panic, skip, Stop, Verdict};
 use crate::buffer::DevBuf;
 use crate::report::Outcome;
@@ -55,12 +58,16 @@ fn abort(ctx: &Ctx<'_>, ids: &UniqueIds) -> Verdict {
         )
         .and_then(|()| ctx.dev.seen(ctx.dev.dev.stream_synchronize(ctx.s)));
     let took = start.elapsed();
-    // This rank's handle is released too (its result says nothing about the check).
-    let _ = api.seen(api.ccl.comm_abort(c));
-    match r {
-        Ok(()) => Err(fail(
-            "the all-reduce completed although rank 0 never joined it and aborted",
-        )),
+    let verdict = match r {
+        // The synchronize succeeded: the communicator must report the failure.
+        Ok(()) => match async_failure(api, c) {
+            Ok(Some(status)) => in_time(ctx, status, took),
+            Ok(None) => Err(fail(
+                "the all-reduce completed, and comm_get_async_error reports no error, although \
+                 rank 0 never joined it and aborted",
+            )),
+            Err(e) => Err(e.into()),
+        },
         Err(AdaptorError::Failed {
             op,
             status,
@@ -68,17 +75,37 @@ fn abort(ctx: &Ctx<'_>, ids: &UniqueIds) -> Verdict {
             ..
         }) => {
             if is_panic(status, &message) {
-                return Err(fail(format!("{op} panicked: {message}")));
+                Err(fail(format!("{op} panicked: {message}")))
+            } else {
+                in_time(ctx, status, took)
             }
-            if took > ctx.timeout + GRACE {
-                return Err(fail(format!(
-                    "the error ({status}) came after {} ms, past the {} ms timeout",
-                    took.as_millis(),
-                    ctx.timeout.as_millis()
-                )));
-            }
-            Ok(())
         }
         Err(e) => Err(e.into()),
+    };
+    // This rank's handle is released too (its result says nothing about the check).
+    let _ = api.seen(api.ccl.comm_abort(c));
+    verdict
+}
+
+/// After a synchronize that succeeded: the communicator's asynchronous error, if it reports one
+/// (`None` for `SUCCESS`, `NOT_READY` or an absent `comm_get_async_error`). A failing call of
+/// the entry itself is an error of its own, not the expected one.
+fn async_failure(api: &CclApi, c: Comm) -> Result<Option<Status>, AdaptorError> {
+    if api.root().comm_get_async_error.is_none() {
+        return Ok(None);
     }
+    let status = api.seen(api.ccl.comm_async_error(c))?;
+    Ok((status != Status::SUCCESS && status != Status::NOT_READY).then_some(status))
+}
+
+/// Passes when the expected error (`status`) came within the timeout and its grace.
+fn in_time(ctx: &Ctx<'_>, status: Status, took: Duration) -> Verdict {
+    if took > ctx.timeout + GRACE {
+        return Err(fail(format!(
+            "the error ({status}) came after {} ms, past the {} ms timeout",
+            took.as_millis(),
+            ctx.timeout.as_millis()
+        )));
+    }
+    Ok(())
 }

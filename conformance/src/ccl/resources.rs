@@ -61,19 +61,51 @@ fn register(ctx: &Ctx<'_>) -> Verdict {
     Ok(())
 }
 
+/// The window check's buffer: the CCL's own memory when it has an allocator (NCCL registers
+/// windows only over `ncclMemAlloc` or VMM memory), else device memory.
+enum WindowBuf<'a> {
+    Ccl(&'a Ctx<'a>, DevicePtr),
+    Device(DevBuf<'a>),
+}
+
+impl WindowBuf<'_> {
+    fn ptr(&self) -> DevicePtr {
+        match self {
+            WindowBuf::Ccl(_, p) => *p,
+            WindowBuf::Device(b) => b.ptr(),
+        }
+    }
+}
+
+impl Drop for WindowBuf<'_> {
+    fn drop(&mut self) {
+        if let WindowBuf::Ccl(ctx, p) = self {
+            let api = ctx.ccl;
+            let _ = raw_call!(api, api.root(), mem_free(*p));
+        }
+    }
+}
+
 fn window(ctx: &Ctx<'_>) -> Verdict {
+    const BYTES: usize = 1 << 16;
     let api = ctx.ccl;
     let Some(t) = api.ccl.tables().window.as_ref() else {
         return Err(Stop(Outcome::absent(CclWindowV1::SYMBOL)));
     };
     ctx.usable()?;
-    let b = DevBuf::device(ctx.dev, 1 << 16)?;
+    let mut p = DevicePtr::NULL;
+    let b = match api.root().mem_alloc {
+        Some(_) if raw_call!(api, api.root(), mem_alloc(BYTES, &mut p)).is_ok() => {
+            WindowBuf::Ccl(ctx, p)
+        }
+        _ => WindowBuf::Device(DevBuf::device(ctx.dev, BYTES)?),
+    };
     let mut w = WindowHandle::NULL;
     // Collective: every rank registers, then every rank deregisters.
     optional(raw_call!(
         api,
         t.get(),
-        window_register(ctx.comm, b.ptr(), 1 << 16, 0, &mut w)
+        window_register(ctx.comm, b.ptr(), BYTES, 0, &mut w)
     ))?;
     raw_call!(api, t.get(), window_deregister(ctx.comm, w))?;
     Ok(())

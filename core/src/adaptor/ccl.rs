@@ -30,7 +30,7 @@ impl Ccl {
         &self.tables
     }
 
-    fn check(&self, op: &'static str, status: Status) -> Result<(), AdaptorError> {
+    pub(crate) fn check(&self, op: &'static str, status: Status) -> Result<(), AdaptorError> {
         if status.is_success() {
             return Ok(());
         }
@@ -42,7 +42,7 @@ impl Ccl {
         })
     }
 
-    fn entry<T>(&self, op: &'static str, f: Option<T>) -> Result<T, AdaptorError> {
+    pub(crate) fn entry<T>(&self, op: &'static str, f: Option<T>) -> Result<T, AdaptorError> {
         f.ok_or_else(|| AdaptorError::Unsupported {
             adaptor: self.name().to_string(),
             op,
@@ -382,5 +382,66 @@ impl Ccl {
     /// Ends a group and issues its operations.
     pub fn group_end(&self) -> Result<(), AdaptorError> {
         ccl_call!(self, group_end())
+    }
+}
+
+/// Whether an entry whose support depends on the vendor library the CCL's `init` loaded (NCCL's
+/// window registration needs `ncclCommWindowRegister`, 2.27) works with that library.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuntimeSupport {
+    /// The entry is absent from the table.
+    Absent,
+    /// Present and not refused.
+    Supported,
+    /// Present, but the loaded library lacks what it needs: the adaptor's reason.
+    Unsupported(String),
+}
+
+impl Ccl {
+    /// Probes `window_register` and `mem_register` after `init`: each present entry is called
+    /// with the null communicator, which the ABI requires an adaptor to refuse before any use;
+    /// `UNSUPPORTED` carries the adaptor's reason (e.g. the missing symbol), any other refusal
+    /// means the entry works with the loaded library. Returns `(entry, support)` pairs.
+    pub fn runtime_support(&self) -> Vec<(&'static str, RuntimeSupport)> {
+        use crate::abi::{RegHandle, WindowHandle};
+        let judge = |entry: &'static str, st: Status| {
+            if st == Status::UNSUPPORTED {
+                let m = last_error(self.tables.root.get().get_last_error);
+                let why = m
+                    .strip_prefix(&format!("{entry}: "))
+                    .unwrap_or(&m)
+                    .to_string();
+                RuntimeSupport::Unsupported(why)
+            } else {
+                RuntimeSupport::Supported
+            }
+        };
+        let window = match self
+            .tables
+            .window
+            .as_ref()
+            .and_then(|w| w.get().window_register)
+        {
+            Some(f) => {
+                let mut w = WindowHandle::NULL;
+                // SAFETY: the null communicator (refused before any use), no buffer, a valid
+                // out-pointer.
+                judge("window_register", unsafe {
+                    f(Comm::NULL, DevicePtr::NULL, 0, 0, &mut w)
+                })
+            }
+            None => RuntimeSupport::Absent,
+        };
+        let register = match self.tables.root.get().mem_register {
+            Some(f) => {
+                let mut h = RegHandle::NULL;
+                // SAFETY: as above.
+                judge("mem_register", unsafe {
+                    f(Comm::NULL, DevicePtr::NULL, 0, &mut h)
+                })
+            }
+            None => RuntimeSupport::Absent,
+        };
+        vec![("window_register", window), ("mem_register", register)]
     }
 }

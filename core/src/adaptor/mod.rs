@@ -6,6 +6,6 @@ mod device;
 mod error;
 mod options;
 
-pub use ccl::Ccl;
-pub use device::{Device, Properties};
+pub use ccl::{Ccl, RuntimeSupport};
+pub use device::{Device, DeviceGraph, Graph, Properties};
 pub use error::AdaptorError;

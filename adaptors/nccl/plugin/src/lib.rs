@@ -1,9 +1,8 @@
-//! `libferrocx_adaptor_nccl.so`: the NCCL adaptor exported under the ABI's symbols.
-//!
-//! No window group yet (`ferrocx_ccl_window_v1` is not exported): windows fall back to the
-//! sym-heap.
+//! `libferrocx_adaptor_nccl.so`: the NCCL adaptor exported under the ABI's symbols, the window
+//! group included (its entries answer `UNSUPPORTED` where libnccl is older than 2.27).
 
 ferrocx_plugin_sdk::export_plugin! {
     name: "nccl",
     ccl: nccl::NcclCcl,
+    ccl_window: nccl::NcclCcl,
 }
