@@ -25,11 +25,20 @@ pub(crate) fn clusters_json(
             "ccl": c.ccl,
             "fallback": c.fallback.to_string(),
             "multicast": c.multicast.to_string(),
+            "window": c.window.to_string(),
             "options": c.options,
         });
         match registry.select(config, i) {
-            Ok(_) => {
+            Ok(sel) => {
                 v["selected"] = json!(true);
+                let plan =
+                    ferrocx::window::plan(c, &sel.device, &sel.ccl, |k| std::env::var(k).ok());
+                v["windows"] = json!({
+                    "backing": plan.backing.to_string(),
+                    "reason": plan.reason,
+                    "multicast": plan.multicast.allowed,
+                    "multicast_reason": plan.multicast.reason,
+                });
                 uses.push((c.device.clone(), format!("cluster {:?} (device)", c.name)));
                 uses.push((c.ccl.clone(), format!("cluster {:?} (ccl)", c.name)));
             }
@@ -64,6 +73,10 @@ pub fn run(
     as_json: bool,
 ) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let config = crate::load_config(config_path)?;
+    // Multicast kill-switches as the user's environment sets them, read before any adaptor
+    // runs (the NCCL adaptor's `init` sets NCCL_NVLS_ENABLE=0 when it is unset).
+    let switches = ferrocx::config::multicast_kill_switches(|k| std::env::var(k).ok())
+        .unwrap_or_else(|e| vec![e.to_string()]);
     let registry = Registry::discover(&config.runtime);
     let (clusters, uses) = clusters_json(&config, &registry);
     let adaptors: Vec<Value> = registry
@@ -74,11 +87,19 @@ pub fn run(
             if let (Value::Object(m), Value::Object(p)) = (&mut v, probe(e)) {
                 m.extend(p);
             }
+            if v["ccl_probe"]["available"] == true {
+                if let Some(r) = ccl_runtime(e) {
+                    v["ccl_runtime"] = r;
+                }
+            }
             v["selected_by"] = json!(uses
                 .iter()
                 .filter(|(name, _)| *name == e.name)
                 .map(|(_, who)| who.clone())
                 .collect::<Vec<_>>());
+            if let Some(m) = multicast_status(&v, &switches, &config) {
+                v["multicast"] = m;
+            }
             v
         })
         .collect();
@@ -101,6 +122,71 @@ pub fn run(
         print!("{}", render(&report));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a device adaptor may create multicast objects here, by the first reason that
+/// applies: a kill-switch in the environment (`disabled by NCCL_NVLS_ENABLE=0`, then
+/// `FERROCX_MULTICAST=0`), the device (`not supported by the device`: no multicast group, the
+/// device unavailable, or no multicast capability), the config (`config off`: every cluster that
+/// selects the device says "off"). `None` for an adaptor without a device.
+fn multicast_status(
+    a: &Value,
+    switches: &[String],
+    config: &ferrocx::config::Config,
+) -> Option<Value> {
+    use ferrocx::abi::{AbiTable, DeviceMulticastV1};
+    use ferrocx::config::MulticastMode;
+    if a["kinds"]["device"] != true {
+        return None;
+    }
+    let status = |allowed: bool, why: &str| Some(json!({ "allowed": allowed, "status": why }));
+    if let Some(switch) = switches.first() {
+        return status(false, &format!("disabled by {switch}"));
+    }
+    let has = |v: &Value, what: &str| v.as_array().is_some_and(|l| l.iter().any(|x| x == what));
+    if !has(&a["groups"], DeviceMulticastV1::SYMBOL) {
+        return status(false, "not supported by the device (no multicast group)");
+    }
+    let probe = &a["device_probe"];
+    if probe["available"] != true {
+        return status(false, "not supported by the device (unavailable)");
+    }
+    if !has(&probe["info"]["device0"]["capabilities"], "multicast") {
+        return status(false, "not supported by the device");
+    }
+    let name = a["name"].as_str().unwrap_or_default();
+    let mut modes: Vec<String> = Vec::new();
+    for c in config.clusters.iter().filter(|c| c.device == name) {
+        if c.multicast != MulticastMode::Off && !modes.contains(&c.multicast.to_string()) {
+            modes.push(c.multicast.to_string());
+        }
+    }
+    if config.clusters.iter().all(|c| c.device != name) {
+        return status(false, "supported; no cluster selects this device");
+    }
+    if modes.is_empty() {
+        return status(false, "config off");
+    }
+    status(true, &format!("allowed (config {})", modes.join(", ")))
+}
+
+/// What a CCL supports with the vendor library its `init` loaded, for the entries whose support
+/// depends on it (NCCL's window registration needs `ncclCommWindowRegister`, 2.27): each present
+/// one is called with the null communicator, which every adaptor refuses before using it, and
+/// `UNSUPPORTED` carries the adaptor's reason (the missing symbol). `None` when it has none.
+fn ccl_runtime(e: &ferrocx::registry::AdaptorEntry) -> Option<Value> {
+    use ferrocx::adaptor::RuntimeSupport;
+    let ccl = e.ccl()?;
+    let mut out = serde_json::Map::new();
+    for (entry, support) in ccl.runtime_support() {
+        let v = match support {
+            RuntimeSupport::Absent => continue,
+            RuntimeSupport::Supported => json!({ "supported": true }),
+            RuntimeSupport::Unsupported(why) => json!({ "supported": false, "reason": why }),
+        };
+        out.insert(entry.to_string(), v);
+    }
+    (!out.is_empty()).then_some(Value::Object(out))
 }
 
 fn render(r: &Value) -> String {
@@ -130,6 +216,19 @@ fn render(r: &Value) -> String {
     }
     for a in &adaptors {
         adaptor_text(a, &mut out);
+        if let Some(Value::Object(r)) = a.get("ccl_runtime") {
+            let said: Vec<String> = r
+                .iter()
+                .map(|(entry, v)| match v["reason"].as_str() {
+                    Some(why) => format!("{entry} unsupported ({why})"),
+                    None => format!("{entry} supported"),
+                })
+                .collect();
+            let _ = writeln!(out, "    ccl at run time: {}", said.join("; "));
+        }
+        if let Some(m) = a.get("multicast") {
+            let _ = writeln!(out, "    multicast: {}", s(&m["status"]));
+        }
     }
     let rejected = r["rejected"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(out, "\nrejected ({}):", rejected.len());
@@ -162,6 +261,20 @@ fn render(r: &Value) -> String {
         );
         if c["selected"].as_bool() != Some(true) {
             let _ = writeln!(out, "    not selectable: {}", s(&c["error"]));
+        } else {
+            let w = &c["windows"];
+            let _ = writeln!(
+                out,
+                "    windows: {} ({}); multicast {} ({})",
+                s(&w["backing"]),
+                s(&w["reason"]),
+                if w["multicast"].as_bool() == Some(true) {
+                    "allowed"
+                } else {
+                    "off"
+                },
+                s(&w["multicast_reason"])
+            );
         }
     }
     out

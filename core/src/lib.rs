@@ -31,6 +31,8 @@ pub mod config;
 pub mod loader;
 #[cfg(feature = "runtime")]
 pub mod registry;
+#[cfg(feature = "runtime")]
+pub mod window;
 
 #[cfg(feature = "runtime")]
 #[doc(hidden)]

@@ -12,7 +12,10 @@ use toml::Spanned;
 
 use super::error::{ConfigError, ConfigErrorKind, ErrorOrigin};
 use super::position::{KeyPositions, Pos};
-use super::{ClusterConfig, Config, ConfigOrigin, Fallback, MulticastMode, RankSet, RuntimeConfig};
+use super::{
+    ClusterConfig, Config, ConfigOrigin, Fallback, MulticastMode, RankSet, RuntimeConfig,
+    SmallMessage, WindowMode,
+};
 
 /// The whole file.
 #[derive(Deserialize)]
@@ -45,6 +48,10 @@ struct RawCluster {
     ccl: Option<Spanned<String>>,
     fallback: Option<Spanned<Fallback>>,
     multicast: Option<Spanned<MulticastMode>>,
+    window: Option<Spanned<WindowMode>>,
+    small_message: Option<Spanned<SmallMessage>>,
+    window_one_shot_max: Option<Spanned<u64>>,
+    window_two_shot_max: Option<Spanned<u64>>,
     options: Option<BTreeMap<String, Spanned<RawOptions>>>,
 }
 
@@ -370,6 +377,22 @@ impl Builder<'_> {
         if let Some(multicast) = raw.multicast {
             positions.set("multicast", self.pos(&multicast));
             cluster.multicast = multicast.into_inner();
+        }
+        if let Some(window) = raw.window {
+            positions.set("window", self.pos(&window));
+            cluster.window = window.into_inner();
+        }
+        if let Some(small) = raw.small_message {
+            positions.set("small_message", self.pos(&small));
+            cluster.small_message = small.into_inner();
+        }
+        if let Some(max) = raw.window_one_shot_max {
+            positions.set("window_one_shot_max", self.pos(&max));
+            cluster.window_one_shot_max = Some(max.into_inner());
+        }
+        if let Some(max) = raw.window_two_shot_max {
+            positions.set("window_two_shot_max", self.pos(&max));
+            cluster.window_two_shot_max = Some(max.into_inner());
         }
         for (adaptor, table) in raw.options.into_iter().flatten() {
             let table_key = format!("options.{}", join_key(None, &adaptor));

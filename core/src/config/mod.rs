@@ -49,7 +49,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub use env::{
-    ENV_CONFIG, ENV_LOG, ENV_MULTICAST, ENV_NCCL_NVLS_ENABLE, ENV_PLUGIN_PATH, ENV_TIMEOUT_MS,
+    multicast_kill_switches, ENV_CONFIG, ENV_LOG, ENV_MULTICAST, ENV_NCCL_NVLS_ENABLE,
+    ENV_PLUGIN_PATH, ENV_TIMEOUT_MS,
 };
 pub use error::{ConfigError, ConfigErrorKind, ErrorOrigin};
 pub use ranks::{ParseRankSetError, RankSet};
@@ -191,6 +192,63 @@ impl fmt::Display for MulticastMode {
     }
 }
 
+/// What backs a cluster's windows (`window = ...`); see `ferrocx::window`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+pub enum WindowMode {
+    /// The CCL's own window group where it has one, else the symmetric heap (`"auto"`, the
+    /// default; `fallback = "none"` forbids the heap).
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// Always the CCL's window group; registering fails where the CCL has none (`"vendor"`).
+    #[serde(rename = "vendor")]
+    Vendor,
+    /// Always the symmetric heap, even where the CCL has a window group (`"symheap"`).
+    #[serde(rename = "symheap")]
+    SymHeap,
+    /// Per-peer pointers from IPC handles, never a flat range (`"ipc"`).
+    #[serde(rename = "ipc")]
+    Ipc,
+}
+
+impl fmt::Display for WindowMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WindowMode::Auto => "auto",
+            WindowMode::Vendor => "vendor",
+            WindowMode::SymHeap => "symheap",
+            WindowMode::Ipc => "ipc",
+        })
+    }
+}
+
+/// Where a cluster's small all-reduces go (`small_message = ...`): the window algorithms of
+/// `ferrocx-kernels` (one-shot / two-shot all-reduce over a scratch window) or the CCL. Above
+/// the crossover (`window_two_shot_max`) every all-reduce goes to the CCL, unless the CCL has
+/// none (then the window ring takes it, with `fallback = "symheap"`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmallMessage {
+    /// The window algorithms where they were measured faster than the device's CCL (the
+    /// default), else the CCL.
+    #[default]
+    Auto,
+    /// Always the window algorithms below the crossover.
+    Window,
+    /// Always the CCL.
+    Ccl,
+}
+
+impl fmt::Display for SmallMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SmallMessage::Auto => "auto",
+            SmallMessage::Window => "window",
+            SmallMessage::Ccl => "ccl",
+        })
+    }
+}
+
 /// One `[[cluster]]`: a set of ranks and the adaptors they use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterConfig {
@@ -206,13 +264,23 @@ pub struct ClusterConfig {
     pub fallback: Fallback,
     /// Whether multicast objects may be created.
     pub multicast: MulticastMode,
+    /// What backs windows.
+    pub window: WindowMode,
+    /// Where small all-reduces go.
+    pub small_message: SmallMessage,
+    /// Bytes up to which a window all-reduce is one-shot (`None`: the measured default of the
+    /// device and world size).
+    pub window_one_shot_max: Option<u64>,
+    /// Bytes up to which a window all-reduce is two-shot, and the crossover of
+    /// `small_message` (`None`: the measured default).
+    pub window_two_shot_max: Option<u64>,
     /// Options per adaptor name (the cluster's device or CCL), values as strings.
     pub options: BTreeMap<String, BTreeMap<String, String>>,
     positions: KeyPositions,
 }
 
 impl ClusterConfig {
-    /// A cluster with the default fallback and multicast mode and no options.
+    /// A cluster with the default fallback, multicast and window modes and no options.
     pub fn new(
         name: impl Into<String>,
         ranks: RankSet,
@@ -226,6 +294,10 @@ impl ClusterConfig {
             ccl: ccl.into(),
             fallback: Fallback::default(),
             multicast: MulticastMode::default(),
+            window: WindowMode::default(),
+            small_message: SmallMessage::default(),
+            window_one_shot_max: None,
+            window_two_shot_max: None,
             options: BTreeMap::new(),
             positions: KeyPositions::default(),
         }
@@ -409,5 +481,92 @@ ccl = "host"
         assert_eq!(Fallback::Disabled.to_string(), "none");
         assert_eq!(MulticastMode::Auto.to_string(), "auto");
         assert_eq!(MulticastMode::On.to_string(), "on");
+        assert_eq!(WindowMode::SymHeap.to_string(), "symheap");
+        assert_eq!(WindowMode::Ipc.to_string(), "ipc");
+    }
+
+    #[test]
+    fn small_message_keys_are_parsed_and_checked() -> Result<(), ConfigError> {
+        let base = "[[cluster]]\nname = \"a\"\ndevice = \"host\"\nccl = \"host\"\n";
+        let c = Config::parse(base, Path::new("s.toml"))?;
+        let a = &c.clusters[0];
+        assert_eq!(
+            (
+                a.small_message,
+                a.window_one_shot_max,
+                a.window_two_shot_max
+            ),
+            (SmallMessage::Auto, None, None)
+        );
+        let text = format!(
+            "{base}small_message = \"window\"\nwindow_one_shot_max = 4096\nwindow_two_shot_max = 262144\n"
+        );
+        let c = Config::parse(&text, Path::new("s.toml"))?;
+        let a = &c.clusters[0];
+        assert_eq!(
+            (
+                a.small_message,
+                a.window_one_shot_max,
+                a.window_two_shot_max
+            ),
+            (SmallMessage::Window, Some(4096), Some(262144))
+        );
+        assert_eq!(a.line_of("window_two_shot_max"), Some(7));
+        assert_eq!(SmallMessage::Ccl.to_string(), "ccl");
+        let e = Config::parse(
+            &format!("{base}small_message = \"nccl\"\n"),
+            Path::new("s.toml"),
+        )
+        .expect_err("an unknown mode");
+        assert_eq!(
+            (e.line(), e.key()),
+            (Some(5), Some("cluster[0].small_message"))
+        );
+        let e = Config::parse(
+            &format!("{base}window_one_shot_max = 9000\nwindow_two_shot_max = 8192\n"),
+            Path::new("s.toml"),
+        )
+        .expect_err("one-shot above two-shot");
+        assert_eq!(
+            (e.kind(), e.line(), e.key()),
+            (
+                ConfigErrorKind::InvalidValue,
+                Some(5),
+                Some("cluster[0].window_one_shot_max")
+            )
+        );
+        assert!(e.message().contains("9000 bytes is above"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn window_key_is_parsed_and_checked() -> Result<(), ConfigError> {
+        let base = "[[cluster]]\nname = \"a\"\ndevice = \"host\"\nccl = \"host\"\n";
+        assert_eq!(
+            Config::parse(base, Path::new("w.toml"))?.clusters[0].window,
+            WindowMode::Auto
+        );
+        for (text, mode) in [
+            ("auto", WindowMode::Auto),
+            ("vendor", WindowMode::Vendor),
+            ("symheap", WindowMode::SymHeap),
+            ("ipc", WindowMode::Ipc),
+        ] {
+            let c = Config::parse(&format!("{base}window = \"{text}\"\n"), Path::new("w.toml"))?;
+            assert_eq!(c.clusters[0].window, mode);
+            assert_eq!(c.clusters[0].line_of("window"), Some(5));
+        }
+        let e = Config::parse(&format!("{base}window = \"flat\"\n"), Path::new("w.toml"))
+            .expect_err("an unknown window mode");
+        assert_eq!(
+            (e.kind(), e.line(), e.key()),
+            (
+                ConfigErrorKind::InvalidValue,
+                Some(5),
+                Some("cluster[0].window")
+            )
+        );
+        assert!(e.message().contains("symheap"), "{e}");
+        Ok(())
     }
 }

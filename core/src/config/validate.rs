@@ -81,6 +81,19 @@ impl Config {
                 format!("cluster `{name}` has no ranks"),
             ));
         }
+        if let (Some(one), Some(two)) = (cluster.window_one_shot_max, cluster.window_two_shot_max) {
+            if one > two {
+                return Err(self.cluster_error(
+                    index,
+                    "window_one_shot_max",
+                    InvalidValue,
+                    format!(
+                        "{one} bytes is above window_two_shot_max ({two} bytes): one-shot runs \
+                         below two-shot, which runs below the crossover"
+                    ),
+                ));
+            }
+        }
         for adaptor in cluster.options.keys() {
             if adaptor != &cluster.device && adaptor != &cluster.ccl {
                 return Err(self.cluster_error(

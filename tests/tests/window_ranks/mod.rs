@@ -1,0 +1,332 @@
+//! Runs the ranks of a window test as real processes: the test executable re-runs itself once
+//! per rank (`--exact <test>`), with torchrun's variables, a job store hosted by the parent, a
+//! config file of the test's own and a job id of its own (so what a job leaves in `/dev/shm` can
+//! be checked exactly, and concurrent tests never share names).
+
+#![allow(dead_code)]
+
+pub mod all_reduce;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrocx::abi::DevicePtr;
+use ferrocx::bootstrap::StoreServer;
+use ferrocx::comm::Communicator;
+
+/// Set in a rank: the test it runs.
+const ROLE: &str = "FERROCX_WINDOW_TEST";
+const TOKEN: &str = "window-test-token";
+/// How long a job may take before its ranks are killed.
+const LIMIT: Duration = Duration::from_secs(240);
+
+/// This process's rank, when it is a rank of `test`.
+pub fn rank_of(test: &str) -> Option<usize> {
+    if std::env::var(ROLE).ok()? != test {
+        return None;
+    }
+    std::env::var("RANK").ok()?.parse().ok()
+}
+
+/// The communicator of a rank, from the environment the parent set.
+pub fn communicator() -> Communicator {
+    ferrocx_adaptor_host::link();
+    Communicator::from_env().unwrap_or_else(|e| panic!("communicator: {e}"))
+}
+
+/// What a rank printed and how it ended.
+pub struct Finished {
+    pub rank: usize,
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Finished {
+    /// What follows `prefix` on each line this rank printed with it (libtest may have put
+    /// `test <name> ... ` before the first).
+    pub fn lines(&self, prefix: &str) -> Vec<String> {
+        self.stdout
+            .lines()
+            .filter_map(|l| l.find(prefix).map(|at| l[at + prefix.len()..].to_string()))
+            .collect()
+    }
+}
+
+/// A job of `world` ranks running test `test`.
+pub struct Job {
+    test: String,
+    world: usize,
+    multicast: String,
+    window: String,
+    env: Vec<(usize, String, String)>,
+    /// More `key = value` lines of the cluster (TOML values, written as given).
+    keys: Vec<(String, String)>,
+    /// The cluster's device and CCL adaptors.
+    adaptors: (String, String),
+}
+
+impl Job {
+    /// `world` ranks of `test`, multicast `off` and window `auto` unless changed.
+    pub fn new(test: &str, world: usize) -> Job {
+        Job {
+            test: test.to_string(),
+            world,
+            multicast: "off".into(),
+            window: "auto".into(),
+            env: Vec::new(),
+            keys: Vec::new(),
+            adaptors: ("host".into(), "host".into()),
+        }
+    }
+
+    /// The cluster's device and CCL adaptors (`host` and `host` unless changed).
+    pub fn adaptors(mut self, device: &str, ccl: &str) -> Job {
+        self.adaptors = (device.into(), ccl.into());
+        self
+    }
+
+    /// Adds `key = value` to the cluster (`value` is TOML: `"\"window\""`, `4096`).
+    pub fn cluster_key(mut self, key: &str, value: &str) -> Job {
+        self.keys.push((key.into(), value.into()));
+        self
+    }
+
+    /// The cluster's `multicast` key.
+    pub fn multicast(mut self, mode: &str) -> Job {
+        self.multicast = mode.into();
+        self
+    }
+
+    /// The cluster's `window` key.
+    pub fn window(mut self, mode: &str) -> Job {
+        self.window = mode.into();
+        self
+    }
+
+    /// Sets `var` for `rank` only.
+    pub fn env_of(mut self, rank: usize, var: &str, value: &str) -> Job {
+        self.env.push((rank, var.into(), value.into()));
+        self
+    }
+
+    /// Sets `var` for every rank.
+    pub fn env(mut self, var: &str, value: &str) -> Job {
+        for r in 0..self.world {
+            self.env.push((r, var.into(), value.into()));
+        }
+        self
+    }
+
+    /// Runs the ranks; asserts that each exited 0 after printing `RANK OK`, and that the job
+    /// left no shared-memory segment. Returns what each printed.
+    pub fn run(self) -> Vec<Finished> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("windows.toml");
+        let keys: String = self
+            .keys
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}\n"))
+            .collect();
+        std::fs::write(
+            &config,
+            format!(
+                "[runtime]\ntimeout_ms = 30000\n\n[[cluster]]\nname = \"local\"\ndevice = \"{}\"\n\
+                 ccl = \"{}\"\nmulticast = \"{}\"\nwindow = \"{}\"\n{keys}",
+                self.adaptors.0, self.adaptors.1, self.multicast, self.window
+            ),
+        )
+        .expect("write the config");
+        let server = StoreServer::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), TOKEN.into())
+            .expect("host the store");
+        let short: String = self
+            .test
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(24)
+            .collect();
+        let job = format!("wt{}{short}", std::process::id());
+        let _cleanup = JobCleanup(job.clone());
+        let children: Vec<_> = (0..self.world)
+            .map(|rank| {
+                let mut c = Command::new(std::env::current_exe().expect("current_exe"));
+                c.args(["--exact", &self.test, "--nocapture", "--test-threads=1"])
+                    .env(ROLE, &self.test)
+                    .env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", self.world.to_string())
+                    .env("LOCAL_RANK", rank.to_string())
+                    .env("LOCAL_WORLD_SIZE", self.world.to_string())
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", server.local_addr().port().to_string())
+                    .env("FERROCX_STORE_HOSTED", "1")
+                    .env("FERROCX_JOB_ID", &job)
+                    .env("FERROCX_JOB_TOKEN", TOKEN)
+                    .env("FERROCX_CONFIG", &config)
+                    .env_remove("FERROCX_MULTICAST")
+                    .env_remove("NCCL_NVLS_ENABLE")
+                    .env_remove("FERROCX_TIMEOUT_MS")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                for (_, k, v) in self.env.iter().filter(|(r, _, _)| *r == rank) {
+                    c.env(k, v);
+                }
+                c.spawn().expect("spawn a rank")
+            })
+            .collect();
+        let finished = wait(children);
+        let failed: Vec<String> = finished
+            .iter()
+            .filter(|f| f.code != Some(0) || !f.stdout.contains("RANK OK"))
+            .map(|f| {
+                format!(
+                    "--- rank {} exited {:?}\n--- stdout\n{}\n--- stderr\n{}",
+                    f.rank, f.code, f.stdout, f.stderr
+                )
+            })
+            .collect();
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
+        assert_eq!(
+            segments_of_job(&job),
+            Vec::<String>::new(),
+            "the job left shared memory behind"
+        );
+        finished
+    }
+}
+
+/// Waits for every rank, killing the ones still running after [`LIMIT`].
+fn wait(children: Vec<std::process::Child>) -> Vec<Finished> {
+    let deadline = Instant::now() + LIMIT;
+    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (rank, child) in children.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let out = child.wait_with_output().expect("wait for a rank");
+            let _ = tx.send((rank, out));
+        });
+    }
+    drop(tx);
+    let mut done: Vec<Option<Finished>> = pids.iter().map(|_| None).collect();
+    let mut killed = false;
+    while done.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok((rank, out)) => {
+                let note = if killed {
+                    "(killed after the time limit)\n"
+                } else {
+                    ""
+                };
+                done[rank] = Some(Finished {
+                    rank,
+                    code: out.status.code(),
+                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                    stderr: format!("{note}{}", String::from_utf8_lossy(&out.stderr)),
+                });
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !killed => {
+                killed = true;
+                for (rank, pid) in pids.iter().enumerate() {
+                    if done[rank].is_none() {
+                        // Our child, not reaped yet (its waiter has not reported), so the pid
+                        // is still ours.
+                        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                    }
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    done.into_iter()
+        .enumerate()
+        .map(|(rank, f)| {
+            f.unwrap_or(Finished {
+                rank,
+                code: None,
+                stdout: String::new(),
+                stderr: "(never reported)".into(),
+            })
+        })
+        .collect()
+}
+
+/// The job's shared-memory segments in `/dev/shm`.
+pub fn segments_of_job(job: &str) -> Vec<String> {
+    let prefix = format!("ferrocx-{job}-");
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Unlinks the job's segments when dropped, so a failing test leaves nothing behind.
+struct JobCleanup(String);
+
+impl Drop for JobCleanup {
+    fn drop(&mut self) {
+        for name in segments_of_job(&self.0) {
+            let _ = std::fs::remove_file(PathBuf::from("/dev/shm").join(name));
+        }
+    }
+}
+
+/// What a process holds: open descriptors, mappings, and the segments it made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub fds: usize,
+    pub maps: usize,
+    pub segments: Vec<String>,
+}
+
+/// This process's [`Usage`].
+pub fn usage() -> Usage {
+    let job = std::env::var("FERROCX_JOB_ID").expect("a rank has a job id");
+    Usage {
+        fds: std::fs::read_dir("/proc/self/fd")
+            .expect("/proc/self/fd")
+            .count(),
+        maps: std::fs::read_to_string("/proc/self/maps")
+            .expect("/proc/self/maps")
+            .lines()
+            .count(),
+        // This process's own: `ferrocx-<job>-<pid>-<seq>`.
+        segments: segments_of_job(&job)
+            .into_iter()
+            .filter(|n| n.starts_with(&format!("ferrocx-{job}-{}-", std::process::id())))
+            .collect(),
+    }
+}
+
+/// The device address of host memory (the host device's addresses are the process's).
+pub fn host_ptr<T>(v: &[T]) -> DevicePtr {
+    DevicePtr(v.as_ptr() as u64)
+}
+
+/// Writes `data` at `dst` of the communicator's device.
+pub fn upload(comm: &Communicator, dst: DevicePtr, data: &[u64]) {
+    comm.device()
+        .mem_copy(dst, host_ptr(data), std::mem::size_of_val(data))
+        .expect("upload");
+}
+
+/// Reads `n` words at `src` of the communicator's device.
+pub fn download(comm: &Communicator, src: DevicePtr, n: usize) -> Vec<u64> {
+    let out = vec![0u64; n];
+    comm.device()
+        .mem_copy(host_ptr(&out), src, n * 8)
+        .expect("download");
+    out
+}
+
+/// The word rank `rank` writes at index `i` of window `w` (distinct across all three).
+pub fn pattern(w: u64, rank: usize, i: usize) -> u64 {
+    (w << 48) ^ ((rank as u64 + 1) << 32) ^ (i as u64).wrapping_mul(0x9e37_79b9)
+}
