@@ -1,0 +1,145 @@
+// ferrocx window all-reduce: one-shot, two-shot and one ring round, for every element type and
+// reduction, as `extern "C"` kernels named fx_<algo>_<type>_<op> (fx_one_shot_bf16_sum).
+//
+// Every launch has the same grid on every rank (the host derives it from the message size),
+// and reads its round from the rank's device-side counter (see fx_begin),
+// and block b of a rank only ever synchronises with block b of its peers, through signal pad b:
+// each algorithm splits its work so that block b reads from a peer only what that peer's block
+// b wrote. A round uses the parity `epoch % 2` of the chunk slots, so no kernel waits at its
+// end for peers to finish reading (see the Rust `layout` module for why that is safe).
+
+#include "ferrocx_common.cuh"
+
+// Every rank's scratch window at this round's parity, and the mask of those that are peers'.
+__device__ __forceinline__ u32 fx_parities(const FxArgs& a, const FxRound& r, u64* out) {
+    for (u32 q = 0; q < a.world; q++) out[q] = a.peers[q] + r.parity;
+    return ((1u << a.world) - 1u) & ~(1u << a.rank);
+}
+
+// One-shot: block b copies its part of the input into this rank's parity, signals every peer's
+// block b, waits for theirs, and reduces its part over every rank (in rank order, so every
+// rank computes the same bits) into the output.
+template <class E, class O>
+__device__ void fx_one_shot(const FxArgs& a, const FxRound& r) {
+    const u64 g = 16 / sizeof(typename E::T);
+    u64 lo, hi;
+    fx_part(a.count, gridDim.x, blockIdx.x, g, &lo, &hi);
+    u64 mine = a.peers[a.rank] + r.parity;
+    fx_copy<E>(mine, a.send, lo, hi, a.vec, false);
+    if (!fx_signal_all_and_wait(a, r.epoch, FX_ARRIVE, r.epoch)) return;
+    u64 srcs[FX_MAX_RANKS];
+    u32 peer_mask = fx_parities(a, r, srcs);
+    fx_reduce<E, O>(a.recv, 0, srcs, a.world, peer_mask, lo, hi, a.vec);
+}
+
+// Two-shot: share s of the message (part s over the ranks) is reduced by rank s. Block b
+// handles sub-part b of every share: it copies them in, signals, reduces sub-part b of this
+// rank's share over every rank into the output and back into this rank's parity, signals, and
+// copies sub-part b of every other share from its owner into the output.
+template <class E, class O>
+__device__ void fx_two_shot(const FxArgs& a, const FxRound& r) {
+    const u64 g = 16 / sizeof(typename E::T);
+    u64 mine = a.peers[a.rank] + r.parity;
+    for (u32 s = 0; s < a.world; s++) {
+        u64 slo, shi, blo, bhi;
+        fx_part(a.count, a.world, s, g, &slo, &shi);
+        fx_part(shi - slo, gridDim.x, blockIdx.x, g, &blo, &bhi);
+        fx_copy<E>(mine, a.send, slo + blo, slo + bhi, a.vec, false);
+    }
+    if (!fx_signal_all_and_wait(a, r.epoch, FX_ARRIVE, r.epoch)) return;
+    {
+        u64 slo, shi, blo, bhi;
+        fx_part(a.count, a.world, a.rank, g, &slo, &shi);
+        fx_part(shi - slo, gridDim.x, blockIdx.x, g, &blo, &bhi);
+        u64 srcs[FX_MAX_RANKS];
+        u32 peer_mask = fx_parities(a, r, srcs);
+        // Each element has one thread: reading this rank's parity and writing it back is safe.
+        fx_reduce<E, O>(a.recv, mine, srcs, a.world, peer_mask, slo + blo, slo + bhi, a.vec);
+    }
+    if (!fx_signal_all_and_wait(a, r.epoch, FX_REDUCED, r.epoch)) return;
+    for (u32 s = 0; s < a.world; s++) {
+        if (s == a.rank) continue;
+        u64 slo, shi, blo, bhi;
+        fx_part(a.count, a.world, s, g, &slo, &shi);
+        fx_part(shi - slo, gridDim.x, blockIdx.x, g, &blo, &bhi);
+        fx_copy<E>(a.recv, a.peers[s] + r.parity, slo + blo, slo + bhi, a.vec, true);
+    }
+}
+
+// One ring round over `count` elements. Piece j is part j over the ranks, kept in chunk slot j
+// (its element i at slot + (i - piece_lo) * size). At step s rank r takes piece p = r - s:
+// its input, plus (s > 0) the left neighbour's partial from step s - 1, into its own slot p,
+// then signals its right neighbour (or, at the last step, everyone). After the last step rank
+// r holds piece r + 1 reduced over every rank; the all-gather reads piece j from rank j - 1.
+// Block b handles sub-part b of every piece, signalling through pad b.
+template <class E, class O>
+__device__ void fx_ring(const FxArgs& a, const FxRound& r) {
+    typedef typename E::T T;
+    const u64 g = 16 / sizeof(T);
+    const u32 P = a.world, me = a.rank;
+    const u32 left = (me + P - 1) % P, right = (me + 1) % P;
+    __shared__ int failed;
+    if (threadIdx.x == 0) failed = 0;
+    for (u32 step = 0; step < P; step++) {
+        u32 p = (me + P - step) % P;
+        u64 plo, phi, blo, bhi;
+        fx_part(a.count, P, p, g, &plo, &phi);
+        fx_part(phi - plo, gridDim.x, blockIdx.x, g, &blo, &bhi);
+        // Element-indexed bases of this rank's and the left neighbour's slot p.
+        u64 mine = a.peers[me] + r.parity + p * a.chunk - plo * sizeof(T);
+        u64 theirs = a.peers[left] + r.parity + p * a.chunk - plo * sizeof(T);
+        __syncthreads();
+        if (step == 0) {
+            fx_copy<E>(mine, a.send, plo + blo, plo + bhi, a.vec, false);
+        } else {
+            if (threadIdx.x == 0 && !fx_wait(a, r.epoch, left, FX_RING, r.epoch * P + step - 1)) failed = 1;
+            __syncthreads();
+            if (failed) return;
+            u64 srcs[2] = {a.send, theirs};
+            fx_reduce<E, O>(mine, 0, srcs, 2, 2u, plo + blo, plo + bhi, a.vec);
+        }
+        __syncthreads();
+        u64 value = r.epoch * P + step;
+        if (step + 1 < P) {
+            if (threadIdx.x == 0) fx_store_release(fx_slot(a, right, FX_RING, me), value);
+        } else if (threadIdx.x < P && threadIdx.x != me) {
+            fx_store_release(fx_slot(a, threadIdx.x, FX_RING, me), value);
+        }
+    }
+    // Every rank owns one reduced piece; wait for all of them at once.
+    if (threadIdx.x < P && threadIdx.x != me &&
+        !fx_wait(a, r.epoch, threadIdx.x, FX_RING, r.epoch * P + P - 1))
+        failed = 1;
+    __syncthreads();
+    if (failed) return;
+    for (u32 j = 0; j < P; j++) {
+        u32 owner = (j + P - 1) % P;
+        u64 plo, phi, blo, bhi;
+        fx_part(a.count, P, j, g, &plo, &phi);
+        fx_part(phi - plo, gridDim.x, blockIdx.x, g, &blo, &bhi);
+        u64 slot = a.peers[owner] + r.parity + j * a.chunk - plo * sizeof(T);
+        fx_copy<E>(a.recv, slot, plo + blo, plo + bhi, a.vec, owner != me);
+    }
+}
+
+#define FX_KERNEL(ALGO, TYPE, OP, E, O) \
+    extern "C" __global__ void __launch_bounds__(FX_THREADS) fx_##ALGO##_##TYPE##_##OP(FxArgs a) { \
+        FxRound r = fx_begin(a); \
+        fx_##ALGO<E, O>(a, r); \
+        fx_end(a, r); \
+    }
+
+#define FX_OPS(ALGO, TYPE, E) \
+    FX_KERNEL(ALGO, TYPE, sum, E, Sum) \
+    FX_KERNEL(ALGO, TYPE, min, E, Min) \
+    FX_KERNEL(ALGO, TYPE, max, E, Max)
+
+#define FX_TYPES(ALGO) \
+    FX_OPS(ALGO, f32, F32) \
+    FX_OPS(ALGO, bf16, BF16) \
+    FX_OPS(ALGO, f16, F16) \
+    FX_OPS(ALGO, i32, I32)
+
+FX_TYPES(one_shot)
+FX_TYPES(two_shot)
+FX_TYPES(ring)

@@ -1,0 +1,510 @@
+//! The CUDA backend: `cuda/*.cu` compiled by NVRTC for the device's architecture at first use
+//! (and cached on disk), loaded with `cuModuleLoadData`, launched with `cuLaunchKernel` on the
+//! communicator's stream.
+//!
+//! How the kernels reach CUDA: a kernel launch is not part of the device ABI, so this backend
+//! runs only where the device adaptor is ferrocx's own `cuda` (built in or its plugin), whose
+//! handles are CUDA's own values: a `Stream` is the `CUstream`, a `DevicePtr` the
+//! `CUdeviceptr`, and `set_device` makes the device's primary context current. The backend
+//! opens the same `libcuda.so.1` (the driver is one per process) and launches on those values.
+//! Everything else — memory, the scratch window, the failure record — goes through the device
+//! table. A vendor's own device adaptor would need a launch entry in the ABI instead.
+
+mod cache;
+mod driver;
+mod nvrtc;
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+
+use ferrocx::abi::{DevicePtr, MemKind};
+use ferrocx::adaptor::Device;
+use ferrocx::window::collectives::{AllReduceCall, CollectiveError, WindowAlgo};
+
+use crate::element::{Elem, Op};
+use crate::layout::{Layout, Signal, MAX_BLOCKS, SIGNAL_STRIDE};
+
+pub use cache::ENV_KERNEL_CACHE;
+pub use nvrtc::ENV_NVRTC_LIBRARY;
+
+/// The most ranks a launch addresses (its peer table is part of the arguments).
+pub const MAX_RANKS: usize = 16;
+/// Threads per block (`FX_THREADS` in the sources).
+const THREADS: u32 = 512;
+/// Blocks of a one-shot or two-shot launch at most.
+const MAX_SMALL_BLOCKS: usize = 24;
+
+/// The sources, embedded.
+pub const COMMON_CUH: &str = include_str!("../../cuda/common.cuh");
+/// The kernels, embedded.
+pub const ALL_REDUCE_CU: &str = include_str!("../../cuda/all_reduce.cu");
+/// The name `all_reduce.cu` includes `common.cuh` by.
+const COMMON_NAME: &str = "ferrocx_common.cuh";
+
+/// The launch arguments (`FxArgs` in the sources, which checks the size at compile time).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Args {
+    peers: [u64; MAX_RANKS],
+    send: u64,
+    recv: u64,
+    count: u64,
+    counter: u64,
+    parity_bytes: u64,
+    chunk: u64,
+    signals: u64,
+    timeout_ns: u64,
+    status: u64,
+    rank: u32,
+    world: u32,
+    signal_stride: u32,
+    max_blocks: u32,
+    vec: u32,
+    algo: u32,
+}
+
+/// The source NVRTC compiles: the constants the host defines, then the kernels.
+pub fn source() -> String {
+    format!(
+        "#define FX_MAX_RANKS {MAX_RANKS}\n#define FX_ARGS_SIZE {}\n{ALL_REDUCE_CU}",
+        std::mem::size_of::<Args>()
+    )
+}
+
+/// The NVRTC options for `sm_<arch>`.
+pub fn options(arch: u32) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture=sm_{arch}"),
+        "--std=c++17".into(),
+        "-lineinfo".into(),
+    ]
+}
+
+/// Every kernel's name, with what it runs.
+pub fn kernel_names() -> Vec<(String, WindowAlgo, Elem, Op)> {
+    let mut v = Vec::new();
+    for algo in WindowAlgo::ALL {
+        for elem in Elem::ALL {
+            for op in Op::ALL {
+                let a = algo.name().replace('-', "_");
+                v.push((
+                    format!("fx_{a}_{}_{}", elem.name(), op.name()),
+                    algo,
+                    elem,
+                    op,
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// `true` when the driver and NVRTC can be opened here.
+pub fn available() -> bool {
+    driver::load().is_ok() && nvrtc::load().is_ok()
+}
+
+/// NVRTC's path and `(major, minor)` version, or why it cannot be opened (compiling needs no
+/// GPU and no driver).
+pub fn nvrtc_version() -> Result<(String, (i32, i32)), String> {
+    nvrtc::load().map(|n| (n.path.clone(), n.version()))
+}
+
+fn unavailable(e: String) -> CollectiveError {
+    CollectiveError::Unavailable(e)
+}
+
+/// The cache directory the environment names (see the `cache` module): `FERROCX_KERNEL_CACHE`,
+/// else `$XDG_CACHE_HOME/ferrocx/kernels`, else `$HOME/.cache/ferrocx/kernels`.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    cache::dir(|k| std::env::var(k).ok())
+}
+
+/// Compiles the kernels for `sm_<arch>`, or reads them from the cache directory `dir` (none:
+/// always compile): the CUBIN, and whether it came from the cache. A compile error carries
+/// NVRTC's log.
+pub fn compile(arch: u32, dir: Option<&std::path::Path>) -> Result<(Vec<u8>, bool), String> {
+    let nv = nvrtc::load()?;
+    let src = source();
+    let opts = options(arch);
+    let (major, minor) = nv.version();
+    let version = format!("nvrtc {major}.{minor}");
+    let key = cache::hash(&[
+        src.as_bytes(),
+        COMMON_CUH.as_bytes(),
+        opts.join(" ").as_bytes(),
+        version.as_bytes(),
+    ]);
+    let name = cache::file_name(key, arch);
+    if let Some(bytes) = dir.and_then(|d| cache::read(d, &name)) {
+        return Ok((bytes, true));
+    }
+    let start = std::time::Instant::now();
+    let cubin = nv
+        .compile("all_reduce.cu", &src, &[(COMMON_NAME, COMMON_CUH)], &opts)
+        .map_err(|e| {
+            format!(
+                "compiling the window kernels for sm_{arch} with {} ({version}): {e}",
+                nv.path
+            )
+        })?;
+    tracing::info!(
+        arch,
+        ms = start.elapsed().as_millis() as u64,
+        "compiled the window kernels with {}",
+        nv.path
+    );
+    if let Some(d) = dir {
+        if let Err(e) = cache::write(d, &name, &cubin) {
+            tracing::warn!("could not cache the window kernels in {}: {e}", d.display());
+        }
+    }
+    Ok((cubin, false))
+}
+
+/// The kernels, loaded in the context of the device the caller works on.
+pub(crate) struct Module {
+    ctx: driver::Handle,
+    module: driver::Handle,
+    functions: HashMap<(WindowAlgo, Elem, Op), driver::Handle>,
+}
+
+// SAFETY: driver handles, usable from any thread (the context is made current before use).
+unsafe impl Send for Module {}
+// SAFETY: as above; the map is read-only after loading.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Compiles (or reads from the cache) and loads the kernels for `sm_<arch>` into the
+    /// primary context of the device `device` works on for this thread.
+    pub(crate) fn load(device: &Device, arch: u32) -> Result<Module, CollectiveError> {
+        let drv = driver::load().map_err(unavailable)?;
+        device
+            .get_device()
+            .and_then(|d| device.set_device(d))
+            .map_err(|e| unavailable(e.to_string()))?;
+        let mut ctx: driver::Handle = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        drv.check("cuCtxGetCurrent", unsafe {
+            (drv.ctx_get_current)(&mut ctx)
+        })
+        .map_err(unavailable)?;
+        if ctx.is_null() {
+            return Err(unavailable(
+                "no CUDA context is current on this thread".into(),
+            ));
+        }
+        let (cubin, cached) = compile(arch, cache_dir().as_deref()).map_err(unavailable)?;
+        let mut module: driver::Handle = std::ptr::null_mut();
+        // SAFETY: a complete CUBIN image (NVRTC's output or a whole cached file; the driver
+        // validates it) and a valid out-pointer, in the current context.
+        let r = unsafe { (drv.module_load_data)(&mut module, cubin.as_ptr().cast()) };
+        drv.check("cuModuleLoadData", r).map_err(|e| {
+            unavailable(format!(
+                "{e} (the kernels for sm_{arch}, {})",
+                if cached {
+                    "from the cache"
+                } else {
+                    "just compiled"
+                }
+            ))
+        })?;
+        let mut loaded = Module {
+            ctx,
+            module,
+            functions: HashMap::new(),
+        };
+        for (name, algo, elem, op) in kernel_names() {
+            let c = CString::new(name.as_str()).map_err(|_| unavailable(name.clone()))?;
+            let mut f: driver::Handle = std::ptr::null_mut();
+            // SAFETY: a loaded module, a NUL-terminated name, a valid out-pointer.
+            let r = unsafe { (drv.module_get_function)(&mut f, loaded.module, c.as_ptr()) };
+            drv.check(&format!("cuModuleGetFunction({name})"), r)
+                .map_err(unavailable)?;
+            loaded.functions.insert((algo, elem, op), f);
+        }
+        Ok(loaded)
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if let Ok(drv) = driver::load() {
+            // SAFETY: a module this value loaded, unloaded once, after the communicator's
+            // stream (the only one its kernels ran on) was synchronized.
+            let _ = unsafe { (drv.module_unload)(self.module) };
+        }
+    }
+}
+
+/// The CUDA backend of one communicator.
+pub(crate) struct Cuda {
+    module: Module,
+    device: Device,
+    base: Args,
+    layout: Layout,
+    /// A u64 in pinned host memory where a kernel records the first failure.
+    status: DevicePtr,
+    /// Device memory `{u64 epoch; u32 done}`: the round the next launch runs, which the
+    /// launches advance themselves (so a captured graph runs new rounds when replayed).
+    counter: DevicePtr,
+}
+
+// SAFETY: `Args` holds plain addresses; the module is Send + Sync; the status word is read
+// with volatile loads only.
+unsafe impl Send for Cuda {}
+// SAFETY: as above.
+unsafe impl Sync for Cuda {}
+
+impl Cuda {
+    /// The backend over scratch windows at `peers` (this GPU's addresses of every rank's).
+    pub(crate) fn new(
+        device: &Device,
+        module: Module,
+        layout: Layout,
+        rank: usize,
+        peers: Vec<u64>,
+        timeout: std::time::Duration,
+    ) -> Result<Cuda, CollectiveError> {
+        if peers.len() > MAX_RANKS {
+            return Err(unavailable(format!(
+                "the CUDA window kernels address at most {MAX_RANKS} ranks, not {}",
+                peers.len()
+            )));
+        }
+        let adaptor = |e: ferrocx::adaptor::AdaptorError| unavailable(e.to_string());
+        let status = device.mem_alloc(64, MemKind::PINNED).map_err(adaptor)?;
+        let counter = match device.mem_alloc(64, MemKind::DEVICE) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = device.mem_free(status, MemKind::PINNED);
+                return Err(adaptor(e));
+            }
+        };
+        // Rounds start at 1 (signal slots start at 0); no block has finished the first yet.
+        let first = [1u64, 0];
+        let ready = device
+            .mem_set(status, 0, 64)
+            .and_then(|()| device.mem_copy(counter, DevicePtr(first.as_ptr() as u64), 16));
+        if let Err(e) = ready {
+            let _ = device.mem_free(status, MemKind::PINNED);
+            let _ = device.mem_free(counter, MemKind::DEVICE);
+            return Err(adaptor(e));
+        }
+        let mut base = Args {
+            counter: counter.0,
+            parity_bytes: layout.parity_bytes() as u64,
+            chunk: layout.chunk() as u64,
+            signals: layout.signals_offset() as u64,
+            timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            status: status.0,
+            rank: rank as u32,
+            world: peers.len() as u32,
+            signal_stride: SIGNAL_STRIDE as u32,
+            max_blocks: MAX_BLOCKS as u32,
+            ..Args::default()
+        };
+        base.peers[..peers.len()].copy_from_slice(&peers);
+        Ok(Cuda {
+            module,
+            device: device.clone(),
+            base,
+            layout,
+            status,
+            counter,
+        })
+    }
+
+    /// Launches `algo` on the call's stream (a ring: one launch per round). The launches take
+    /// their rounds from the device-side counter.
+    pub(crate) fn launch(
+        &self,
+        call: &AllReduceCall,
+        algo: WindowAlgo,
+        elem: Elem,
+        op: Op,
+    ) -> Result<(), CollectiveError> {
+        let drv = driver::load().map_err(unavailable)?;
+        let fail = |message: String| CollectiveError::Failed { algo, message };
+        let f = *self
+            .module
+            .functions
+            .get(&(algo, elem, op))
+            .ok_or_else(|| fail(format!("no kernel for {elem:?} {op:?}")))?;
+        self.make_current(drv).map_err(fail)?;
+        let es = elem.size();
+        let world = self.layout.world();
+        let mut args = self.base;
+        args.vec = u32::from((call.send.0 | call.recv.0) % 16 == 0);
+        args.algo = match algo {
+            WindowAlgo::OneShot => 0,
+            WindowAlgo::TwoShot => 1,
+            WindowAlgo::Ring => 2,
+        };
+        let rounds: Vec<(usize, usize)> = match algo {
+            WindowAlgo::Ring => {
+                let round = self.layout.parity_bytes() / es;
+                (0..call.count)
+                    .step_by(round)
+                    .map(|done| (done, round.min(call.count - done)))
+                    .collect()
+            }
+            _ => vec![(0, call.count)],
+        };
+        for (done, n) in rounds {
+            args.send = call.send.0 + (done * es) as u64;
+            args.recv = call.recv.0 + (done * es) as u64;
+            args.count = n as u64;
+            let work = match algo {
+                WindowAlgo::OneShot => n * es,
+                WindowAlgo::TwoShot | WindowAlgo::Ring => (n * es).div_ceil(world),
+            };
+            let cap = match algo {
+                WindowAlgo::Ring => MAX_BLOCKS,
+                _ => MAX_SMALL_BLOCKS,
+            };
+            let blocks = work
+                .div_ceil(THREADS as usize * 16)
+                .clamp(1, cap.min(MAX_BLOCKS)) as u32;
+            let mut params = [(&mut args as *mut Args).cast::<c_void>()];
+            // SAFETY: a function of the loaded module whose single parameter is `FxArgs`
+            // (the same layout as `Args`, checked by the compile); `params` points at it for
+            // the call (the driver copies it); the stream is the communicator's CUstream; the
+            // module's context is current.
+            let r = unsafe {
+                (drv.launch_kernel)(
+                    f,
+                    blocks,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    0,
+                    call.stream.0,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            drv.check("cuLaunchKernel", r).map_err(fail)?;
+        }
+        Ok(())
+    }
+
+    fn make_current(&self, drv: &driver::Driver) -> Result<(), String> {
+        let mut ctx: driver::Handle = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        drv.check("cuCtxGetCurrent", unsafe {
+            (drv.ctx_get_current)(&mut ctx)
+        })?;
+        if ctx != self.module.ctx {
+            // SAFETY: the primary context the module was loaded in, still retained by the
+            // device adaptor.
+            drv.check("cuCtxSetCurrent", unsafe {
+                (drv.ctx_set_current)(self.module.ctx)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The first failure a kernel recorded, if one.
+    pub(crate) fn check(&self) -> Result<(), CollectiveError> {
+        // SAFETY: 64 bytes of pinned host memory this backend allocated (host-addressable at
+        // the same address), 8-byte aligned; kernels write the word whole.
+        let word = unsafe { std::ptr::read_volatile(self.status.0 as *const u64) };
+        if word & 1 == 0 {
+            return Ok(());
+        }
+        Err(decode_failure(
+            word,
+            std::time::Duration::from_nanos(self.base.timeout_ns),
+        ))
+    }
+}
+
+/// The error a kernel's failure record `word` describes.
+pub(crate) fn decode_failure(word: u64, waited: std::time::Duration) -> CollectiveError {
+    let algo = match (word >> 4) & 0xf {
+        0 => WindowAlgo::OneShot,
+        1 => WindowAlgo::TwoShot,
+        _ => WindowAlgo::Ring,
+    };
+    let what = match (word >> 8) & 0xff {
+        k if k == Signal::Arrive as u64 => "its input".to_string(),
+        k if k == Signal::Reduced as u64 => "its reduced share".to_string(),
+        _ => "its ring step".to_string(),
+    };
+    CollectiveError::PeerTimeout {
+        algo,
+        peer: ((word >> 16) & 0xffff) as usize,
+        what,
+        epoch: word >> 32,
+        waited,
+    }
+}
+
+impl Drop for Cuda {
+    fn drop(&mut self) {
+        let _ = self.device.mem_free(self.status, MemKind::PINNED);
+        let _ = self.device.mem_free(self.counter, MemKind::DEVICE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arguments_have_the_layout_the_sources_expect() {
+        assert_eq!(std::mem::size_of::<Args>(), 224);
+        assert_eq!(std::mem::offset_of!(Args, send), 8 * MAX_RANKS);
+        assert_eq!(std::mem::offset_of!(Args, rank), 8 * MAX_RANKS + 9 * 8);
+        let src = source();
+        assert!(src.starts_with("#define FX_MAX_RANKS 16\n#define FX_ARGS_SIZE 224\n"));
+        assert!(src.contains("#include \"ferrocx_common.cuh\""));
+        assert!(COMMON_CUH.contains("static_assert(sizeof(FxArgs) == FX_ARGS_SIZE"));
+    }
+
+    #[test]
+    fn every_kernel_is_instantiated_in_the_source() {
+        let names = kernel_names();
+        assert_eq!(names.len(), 36);
+        // The sources instantiate them through FX_TYPES(algo) x FX_OPS(type) macros.
+        for algo in ["one_shot", "two_shot", "ring"] {
+            assert!(
+                ALL_REDUCE_CU.contains(&format!("FX_TYPES({algo})")),
+                "{algo}"
+            );
+        }
+        for (ty, e) in [
+            ("f32", "F32"),
+            ("bf16", "BF16"),
+            ("f16", "F16"),
+            ("i32", "I32"),
+        ] {
+            assert!(
+                ALL_REDUCE_CU.contains(&format!("FX_OPS(ALGO, {ty}, {e})")),
+                "{ty}"
+            );
+        }
+        assert!(names.iter().any(|(n, ..)| n == "fx_two_shot_bf16_max"));
+    }
+
+    #[test]
+    fn failure_records_decode() {
+        let word = 1 | (1 << 4) | ((Signal::Reduced as u64) << 8) | (3 << 16) | (77 << 32);
+        match decode_failure(word, std::time::Duration::from_secs(1)) {
+            CollectiveError::PeerTimeout {
+                algo,
+                peer,
+                epoch,
+                what,
+                ..
+            } => {
+                assert_eq!((algo, peer, epoch), (WindowAlgo::TwoShot, 3, 77));
+                assert_eq!(what, "its reduced share");
+            }
+            other => panic!("{other}"),
+        }
+    }
+}

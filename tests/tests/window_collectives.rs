@@ -1,0 +1,236 @@
+//! Window collectives on the host backend, across real processes (the test executable re-run
+//! once per rank, see `window_ranks`): one-shot, two-shot and ring all-reduce for every type
+//! and op on 2, 3 and 4 ranks against references computed here from the inputs of every rank
+//! (counter-based random data, so every rank can compute every rank's input without storing
+//! it), sizes from 1 element to 64 MiB; 1000 calls back to back in one window with rank-skewed
+//! delays, each result checked; a dead peer named within the timeout; routing by the cluster's
+//! `small_message` keys.
+
+mod window_ranks;
+
+use std::time::{Duration, Instant};
+
+use ferrocx::abi::{DataType, ReduceOp};
+use ferrocx::comm::{CommError, Communicator};
+use ferrocx::window::collectives::{CollectiveError, Route, WindowAlgo};
+use window_ranks::all_reduce::{
+    back_to_back, check, every_type_op_and_algorithm, input, large, run_case, same_digests, Buffers,
+};
+use window_ranks::{communicator, host_ptr, rank_of, Job};
+
+fn window_comm() -> Communicator {
+    ferrocx_kernels::link();
+    communicator()
+}
+
+/// The host backend's chunk slot.
+const CHUNK: usize = ferrocx_kernels::select::HOST_CHUNK;
+
+#[test]
+fn all_types_ops_algos_2_ranks() {
+    const T: &str = "all_types_ops_algos_2_ranks";
+    match rank_of(T) {
+        Some(_) => every_type_op_and_algorithm(&window_comm(), T, CHUNK),
+        None => same_digests(&Job::new(T, 2).run()),
+    }
+}
+
+#[test]
+fn all_types_ops_algos_3_ranks() {
+    const T: &str = "all_types_ops_algos_3_ranks";
+    match rank_of(T) {
+        Some(_) => every_type_op_and_algorithm(&window_comm(), T, CHUNK),
+        None => same_digests(&Job::new(T, 3).run()),
+    }
+}
+
+#[test]
+fn all_types_ops_algos_4_ranks() {
+    const T: &str = "all_types_ops_algos_4_ranks";
+    match rank_of(T) {
+        Some(_) => every_type_op_and_algorithm(&window_comm(), T, CHUNK),
+        None => same_digests(&Job::new(T, 4).run()),
+    }
+}
+
+#[test]
+fn sixty_four_mib_on_2_ranks() {
+    const T: &str = "sixty_four_mib_on_2_ranks";
+    match rank_of(T) {
+        Some(_) => large(&window_comm(), T, CHUNK),
+        None => same_digests(&Job::new(T, 2).run()),
+    }
+}
+
+#[test]
+fn sixty_four_mib_on_4_ranks() {
+    const T: &str = "sixty_four_mib_on_4_ranks";
+    match rank_of(T) {
+        Some(_) => large(&window_comm(), T, CHUNK),
+        None => same_digests(&Job::new(T, 4).run()),
+    }
+}
+
+#[test]
+fn calls_1000_back_to_back_2_ranks() {
+    const T: &str = "calls_1000_back_to_back_2_ranks";
+    match rank_of(T) {
+        Some(_) => back_to_back(&window_comm(), T),
+        None => drop(Job::new(T, 2).run()),
+    }
+}
+
+#[test]
+fn calls_1000_back_to_back_4_ranks() {
+    const T: &str = "calls_1000_back_to_back_4_ranks";
+    match rank_of(T) {
+        Some(_) => back_to_back(&window_comm(), T),
+        None => drop(Job::new(T, 4).run()),
+    }
+}
+
+/// Rank 2 leaves after one call; ranks 0 and 1 call again, and fail within the timeout (1.5 s)
+/// naming rank 2; every later call fails with that error.
+#[test]
+fn a_dead_peer_is_named_within_the_timeout() {
+    const T: &str = "a_dead_peer_is_named_within_the_timeout";
+    let Some(me) = rank_of(T) else {
+        let out = Job::new(T, 3).env("FERROCX_TIMEOUT_MS", "1500").run();
+        for f in &out[..2] {
+            assert_eq!(f.lines("FAILED ").len(), 1, "{}", f.stdout);
+        }
+        return;
+    };
+    let comm = window_comm();
+    let bufs = Buffers::new(&comm, 4096);
+    run_case(
+        &comm,
+        &bufs,
+        7,
+        100,
+        DataType::F32,
+        ReduceOp::SUM,
+        Some(WindowAlgo::OneShot),
+        false,
+        CHUNK,
+    );
+    comm.barrier().expect("barrier");
+    if me == 2 {
+        println!("RANK OK");
+        return;
+    }
+    let start = Instant::now();
+    comm.all_reduce_window(
+        bufs.send,
+        bufs.recv,
+        100,
+        DataType::F32,
+        ReduceOp::SUM,
+        Some(WindowAlgo::TwoShot),
+    )
+    .expect("enqueued");
+    let e = comm.synchronize().expect_err("rank 2 is gone");
+    let waited = start.elapsed();
+    match &e {
+        CommError::Collective(CollectiveError::PeerTimeout {
+            algo, peer, what, ..
+        }) => {
+            assert_eq!(
+                (*algo, *peer, what.as_str()),
+                (WindowAlgo::TwoShot, 2, "its input")
+            );
+        }
+        other => panic!("expected a peer timeout, got {other}"),
+    }
+    let text = e.to_string();
+    assert!(text.contains("rank 2 did not signal its input"), "{text}");
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_millis(6000),
+        "failed after {waited:?}"
+    );
+    // The window's rounds are out of step now: every later call fails at once, naming why.
+    let again = comm
+        .all_reduce_window(
+            bufs.send,
+            bufs.recv,
+            100,
+            DataType::F32,
+            ReduceOp::SUM,
+            None,
+        )
+        .expect_err("poisoned");
+    assert!(
+        matches!(&again, CommError::Collective(CollectiveError::Poisoned(inner)) if inner.to_string() == e.to_string()),
+        "{again}"
+    );
+    println!("FAILED rank {me} after {waited:?}: {text}");
+    println!("RANK OK");
+}
+
+/// `small_message = "window"` with thresholds: small all-reduces go to one-shot and two-shot,
+/// larger ones and unsupported ops to the CCL, and all of them are right.
+#[test]
+fn small_messages_follow_the_cluster_keys() {
+    const T: &str = "small_messages_follow_the_cluster_keys";
+    let Some(_) = rank_of(T) else {
+        drop(
+            Job::new(T, 3)
+                .cluster_key("small_message", "\"window\"")
+                .cluster_key("window_one_shot_max", "256")
+                .cluster_key("window_two_shot_max", "8192")
+                .run(),
+        );
+        // The default on the host device (measured there) keeps the CCL.
+        drop(Job::new(T, 2).run());
+        return;
+    };
+    let comm = window_comm();
+    let configured = std::fs::read_to_string(std::env::var("FERROCX_CONFIG").expect("config"))
+        .expect("config")
+        .contains("small_message");
+    let route = |count, dtype| comm.all_reduce_route(count, dtype, ReduceOp::SUM);
+    if configured {
+        assert_eq!(route(64, DataType::F32), Route::Window(WindowAlgo::OneShot));
+        assert_eq!(route(65, DataType::F32), Route::Window(WindowAlgo::TwoShot));
+        assert_eq!(
+            route(4096, DataType::BF16),
+            Route::Window(WindowAlgo::TwoShot)
+        );
+        assert_eq!(route(2049, DataType::F32), Route::Ccl);
+        assert_eq!(
+            route(8, DataType::F64),
+            Route::Ccl,
+            "a type the window does not run"
+        );
+        assert_eq!(
+            comm.all_reduce_route(8, DataType::F32, ReduceOp::PROD),
+            Route::Ccl
+        );
+    } else {
+        assert_eq!(route(8, DataType::F32), Route::Ccl);
+    }
+    let bufs = Buffers::new(&comm, 64 << 10);
+    let dev = comm.device();
+    for (case, count) in [(201u64, 1usize), (202, 64), (203, 1000), (204, 9000)] {
+        let mine = input(case, comm.rank(), count, DataType::F32);
+        dev.mem_copy(bufs.send, host_ptr(&mine), count * 4)
+            .expect("upload");
+        comm.all_reduce(bufs.send, bufs.recv, count, DataType::F32, ReduceOp::MAX)
+            .expect("all_reduce");
+        comm.synchronize().expect("synchronize");
+        let got = vec![0u8; count * 4];
+        dev.mem_copy(host_ptr(&got), bufs.recv, count * 4)
+            .expect("download");
+        check(
+            &got,
+            0..count,
+            case,
+            comm.world(),
+            count,
+            DataType::F32,
+            ReduceOp::MAX,
+            WindowAlgo::OneShot,
+        );
+    }
+    println!("RANK OK");
+}
