@@ -8,9 +8,11 @@ out=gpu-bundle
 rm -rf "$out" && mkdir -p "$out/tests"
 cargo build --release -q -p ferrocx-cli --features cuda
 cp target/release/ferrocx "$out/"
-# Test executables: cargo prints their paths as JSON; keep the GPU ones.
-cargo test --release -q -p ferrocx-adaptor-cuda --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
+# Test executables: cargo prints their paths as JSON; keep the GPU-side crates' ones, named
+# <crate>-<test> (e.g. cuda-gpu, nccl-gpu).
+for crate in cuda nccl; do
+  cargo test --release -q -p "ferrocx-adaptor-$crate" --no-run --message-format=json 2>/dev/null \
+    | python3 -c '
 import json, sys
 for line in sys.stdin:
     try:
@@ -19,7 +21,27 @@ for line in sys.stdin:
         continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])
-' | while read -r name exe; do cp "$exe" "$out/tests/$name"; done
-cp -r configs scripts/gpu-run.sh "$out/"
-strip "$out/ferrocx" "$out"/tests/* 2>/dev/null || true
+' | while read -r name exe; do cp "$exe" "$out/tests/$crate-$name"; done
+done
+# The window collectives' GPU test (finds the plugins in ../plugins).
+cargo test --release -q -p ferrocx-tests --test window_collectives_gpu --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "window_collectives_gpu":
+        print(m["executable"])
+' | while read -r exe; do cp "$exe" "$out/tests/window_collectives_gpu"; done
+# The drop-in plugins (loaded with dlopen by programs that do not link the adaptors) and the
+# window example, which links only the host adaptor and finds CUDA and NCCL as plugins.
+mkdir -p "$out/plugins"
+cargo build --release -q -p ferrocx-adaptor-cuda-plugin -p ferrocx-adaptor-nccl-plugin
+cp target/release/libferrocx_adaptor_cuda.so target/release/libferrocx_adaptor_nccl.so "$out/plugins/"
+cargo build --release -q -p ferrocx-cli --example window
+cp target/release/examples/window "$out/"
+cp -r configs scripts/gpu-run.sh scripts/torch-allreduce.py "$out/"
+strip "$out/ferrocx" "$out/window" "$out"/tests/* "$out"/plugins/* 2>/dev/null || true
 du -sh "$out"

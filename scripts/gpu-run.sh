@@ -1,22 +1,105 @@
 #!/usr/bin/env bash
 # Runs the GPU workflow on a GPU machine from the folder scripts/gpu-bundle.sh made (no Rust
-# toolchain needed there): adaptor info, the CUDA adaptor's GPU tests, and the all-reduce
-# benchmark on the NCCL backend with one process per GPU. Multicast stays off everywhere.
+# toolchain needed there): adaptor info, the adaptors' GPU tests, the conformance kit on the CUDA
+# and NCCL adaptors, and the all-reduce benchmark on the NCCL backend against NCCL called
+# directly and against PyTorch, back-to-back and as CUDA graphs, one process per GPU.
+# Multicast stays off everywhere (shared hosts: a multicast object can take every GPU out).
+#
+#   ./gpu-run.sh [stage...]      stages: info tests kit windows bench wbench torch (default: all)
+#
+# Each stage's full output also goes to $OUT/<stage>.log when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")"
-export NCCL_NVLS_ENABLE=0 FERROCX_MULTICAST=0
+export NCCL_NVLS_ENABLE=0 FERROCX_MULTICAST=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-echo "== GPUs: $ngpu"
-nvidia-smi -L
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(info tests kit windows bench wbench torch)
+# Rank counts the bench and PyTorch run: 2 and every GPU.
+counts=$(printf '%s\n' 2 "$ngpu" | sort -un)
+bench_args=(--op all_reduce -b 8 -e 256M -f 4)
+log_dir=${OUT:-}
 status=0
-echo "== ferrocx info"
-./ferrocx info --config configs/nccl.toml || status=1
-for t in tests/*; do
-  echo "== $t"
-  "$t" --test-threads=1 || status=1
+
+# Runs "$@" as one step of stage $stage, teeing into the stage's log; a failure marks the run.
+step() {
+  echo "== $*"
+  if [ -n "$log_dir" ]; then
+    { echo "== $*"; "$@"; } 2>&1 | tee -a "$log_dir/$stage.log"
+    rc=${PIPESTATUS[0]}
+  else
+    "$@"
+    rc=$?
+  fi
+  if [ "$rc" -ne 0 ]; then
+    echo "!! failed (exit $rc): $*"
+    status=1
+  fi
+}
+
+for stage in "${stages[@]}"; do
+  case $stage in
+    info)
+      step nvidia-smi -L
+      step nvidia-smi topo -m
+      step ./ferrocx info --config configs/nccl.toml
+      ;;
+    tests)
+      for t in tests/*; do
+        case $t in
+          *fake_runtime | *no_nccl) ;; # a stand-in libcuda; the .so beside the binary: no-GPU checks
+          *) step "$t" --test-threads=1 ;;
+        esac
+      done
+      ;;
+    kit)
+      step ./ferrocx conformance --adaptor cuda --ranks 1
+      if [ "$ngpu" -ge 2 ]; then
+        step ./ferrocx conformance --adaptor nccl --device cuda --ranks "$ngpu"
+      fi
+      ;;
+    windows)
+      # The window example through each backing: the symmetric heap over CUDA VMM, NCCL's own
+      # window registration, and per-peer IPC. It links only the host adaptor and loads CUDA
+      # and NCCL from plugins/ with dlopen.
+      if [ "$ngpu" -ge 2 ]; then
+        for mode in symheap vendor ipc; do
+          sed "s/^fallback = .*/&\nwindow = \"$mode\"/" configs/nccl.toml >"configs/window-$mode.toml"
+          step env FERROCX_CONFIG="configs/window-$mode.toml" FERROCX_PLUGIN_PATH="$PWD/plugins" \
+            ./ferrocx launch -n "$ngpu" -- ./window
+        done
+      fi
+      ;;
+    bench)
+      for n in $counts; do
+        [ "$n" -ge 2 ] || continue
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 9 "${bench_args[@]}"
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 9 --graph "${bench_args[@]}"
+        # The watchdog's share of the small-message cost: the same run without it.
+        step env FERROCX_NCCL_WATCHDOG=0 ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 9 --op all_reduce -b 8 -e 64K -f 8
+      done
+      ;;
+    wbench)
+      # The window all-reduce (one-shot / two-shot / ring by size) against NCCL called directly.
+      for n in $counts; do
+        [ "$n" -ge 2 ] || continue
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --op all_reduce -b 8 -e 64M -f 4
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --graph --op all_reduce -b 8 -e 64M -f 4
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo ring --op all_reduce -b 64M -e 64M
+      done
+      ;;
+    torch)
+      if python3 -c 'import torch' 2>/dev/null; then
+        for n in $counts; do
+          [ "$n" -ge 2 ] || continue
+          step python3 -m torch.distributed.run --standalone --nproc-per-node "$n" torch-allreduce.py -b 8 -e 256M -f 4
+          step python3 -m torch.distributed.run --standalone --nproc-per-node "$n" torch-allreduce.py -b 8 -e 256M -f 4 --graph
+        done
+      fi
+      ;;
+    *)
+      echo "unknown stage $stage (info tests kit windows bench wbench torch)"
+      status=2
+      ;;
+  esac
 done
-if [ "$ngpu" -ge 2 ]; then
-  echo "== ferrocx bench (nccl, $ngpu ranks)"
-  ./ferrocx bench --config configs/nccl.toml -n "$ngpu" --op all_reduce -b 8 -e 256M -f 4 || status=1
-fi
 exit $status
