@@ -19,7 +19,7 @@ use std::time::Duration;
 /// First bytes of a request.
 const MAGIC: [u8; 4] = *b"FXW1";
 /// Most descriptors one answer carries.
-pub(crate) const MAX_FDS: usize = 4;
+pub const MAX_FDS: usize = 4;
 /// Longest abstract name (`sun_path` less its leading NUL).
 const MAX_NAME: usize = 107;
 /// Longest job id kept verbatim in a name; longer ones are cut and given a hash.
@@ -94,8 +94,9 @@ fn check_peer(sock: &UnixStream, pid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Sends `payload` (non-empty) with `fds` attached.
-fn send_fds(sock: &UnixStream, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
+/// Sends `payload` (non-empty) with `fds` attached (`SCM_RIGHTS`); the descriptors stay open
+/// here, the receiver gets its own.
+pub fn send_fds(sock: &UnixStream, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: payload.as_ptr() as *mut c_void,
         iov_len: payload.len(),
@@ -139,7 +140,7 @@ fn send_fds(sock: &UnixStream, payload: &[u8], fds: &[RawFd]) -> io::Result<()> 
 
 /// Receives one message of at most `payload.len()` bytes and at most [`MAX_FDS`] descriptors:
 /// the bytes received and the descriptors, which are this process's from here on.
-fn recv_fds(sock: &UnixStream, payload: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+pub fn recv_fds(sock: &UnixStream, payload: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut iov = libc::iovec {
         iov_base: payload.as_mut_ptr() as *mut c_void,
         iov_len: payload.len(),

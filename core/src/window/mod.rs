@@ -61,7 +61,7 @@
 
 mod agree;
 pub mod collectives;
-mod fdpass;
+pub mod fdpass;
 mod heap;
 mod policy;
 mod resources;

@@ -151,16 +151,7 @@ impl Vmm {
     pub(crate) fn export_fd(&self) -> Result<OwnedFd, AdaptorError> {
         let mut fd = -1;
         dev_call!(&self.dev, vmm, vmm_export_fd(self.handle, &mut fd))?;
-        if fd < 0 {
-            return Err(AdaptorError::Failed {
-                adaptor: self.dev.name().to_string(),
-                op: "vmm_export_fd",
-                status: crate::abi::Status::INTERNAL_ERROR,
-                message: format!("returned success with descriptor {fd}"),
-            });
-        }
-        // SAFETY: the entry hands the caller a new descriptor it owns (the ABI's contract).
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        owned_fd(&self.dev, "vmm_export_fd", fd)
     }
 }
 
@@ -300,16 +291,7 @@ impl McObject {
     pub(crate) fn export_fd(&self) -> Result<OwnedFd, AdaptorError> {
         let mut fd = -1;
         dev_call!(&self.dev, multicast, mc_export_fd(self.handle, &mut fd))?;
-        if fd < 0 {
-            return Err(AdaptorError::Failed {
-                adaptor: self.dev.name().to_string(),
-                op: "mc_export_fd",
-                status: crate::abi::Status::INTERNAL_ERROR,
-                message: format!("returned success with descriptor {fd}"),
-            });
-        }
-        // SAFETY: the entry hands the caller a new descriptor it owns (the ABI's contract).
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        owned_fd(&self.dev, "mc_export_fd", fd)
     }
 
     /// Adds this process's `device` to the object.
@@ -526,4 +508,19 @@ impl VendorWindow {
         let status = unsafe { f(self.comm, self.handle) };
         self.ccl.check("window_deregister", status)
     }
+}
+
+/// The descriptor an export entry of `dev` returned with success, owned from here on; a
+/// negative one is the adaptor's internal error.
+fn owned_fd(dev: &Device, op: &'static str, fd: i32) -> Result<OwnedFd, AdaptorError> {
+    if fd < 0 {
+        return Err(AdaptorError::Failed {
+            adaptor: dev.name().to_string(),
+            op,
+            status: crate::abi::Status::INTERNAL_ERROR,
+            message: format!("returned success with descriptor {fd}"),
+        });
+    }
+    // SAFETY: the entry hands the caller a new descriptor it owns (the ABI's contract).
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
