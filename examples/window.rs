@@ -7,9 +7,11 @@
 //! FERROCX_CONFIG=configs/local.toml ./target/release/ferrocx launch -n 4 -- ./target/release/examples/window
 //! ```
 //!
-//! `FERROCX_LOG=debug` shows which backing each window got and why.
+//! `FERROCX_LOG=debug` shows which backing each window got and why. With `--plain` the buffer is
+//! ordinary device memory instead of the heap's: it cannot be mapped into a flat range, so the
+//! window is reached through the device's IPC handles.
 
-use ferrocx::abi::DevicePtr;
+use ferrocx::abi::{DevicePtr, MemKind};
 use ferrocx::comm::Communicator;
 use ferrocx::window::WindowFlags;
 
@@ -33,8 +35,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let words = 1 << 16;
-    let buf = comm.alloc_symmetric(words * 8)?;
-    let win = comm.register_window(buf.ptr(), buf.size(), WindowFlags::NONE)?;
+    let plain = std::env::args().any(|a| a == "--plain");
+    // Keeps the heap buffer alive while its window is in use.
+    let mut heap = None;
+    let (ptr, size) = if plain {
+        (comm.device().mem_alloc(words * 8, MemKind::DEVICE)?, words * 8)
+    } else {
+        let buf = heap.insert(comm.alloc_symmetric(words * 8)?);
+        (buf.ptr(), buf.size())
+    };
+    let win = comm.register_window(ptr, size, WindowFlags::NONE)?;
     println!(
         "rank {rank}: {} window of {} bytes (local {:#x}, flat base {}, stride {}, multicast {})",
         win.kind(),
@@ -57,6 +67,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("rank {rank}: the CCL holds this window; peers are not addressable from here");
         comm.barrier()?;
         comm.deregister_window(win)?;
+        if plain {
+            comm.device().mem_free(ptr, MemKind::DEVICE)?;
+        }
         return Ok(());
     }
     let mut checked = Vec::new();
@@ -80,5 +93,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     comm.barrier()?;
     comm.deregister_window(win)?;
+    if plain {
+        comm.device().mem_free(ptr, MemKind::DEVICE)?;
+    }
+    drop(heap);
     Ok(())
 }

@@ -67,6 +67,9 @@ for stage in "${stages[@]}"; do
           step env FERROCX_CONFIG="configs/window-$mode.toml" FERROCX_PLUGIN_PATH="$PWD/plugins" \
             ./ferrocx launch -n "$ngpu" -- ./window
         done
+        # Ordinary device memory (no VMM export): the window goes through CUDA IPC handles.
+        step env FERROCX_CONFIG=configs/window-symheap.toml FERROCX_PLUGIN_PATH="$PWD/plugins" \
+          ./ferrocx launch -n "$ngpu" -- ./window --plain
       fi
       ;;
     bench)
