@@ -39,7 +39,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Keeps the heap buffer alive while its window is in use.
     let mut heap = None;
     let (ptr, size) = if plain {
-        (comm.device().mem_alloc(words * 8, MemKind::DEVICE)?, words * 8)
+        (
+            comm.device().mem_alloc(words * 8, MemKind::DEVICE)?,
+            words * 8,
+        )
     } else {
         let buf = heap.insert(comm.alloc_symmetric(words * 8)?);
         (buf.ptr(), buf.size())
