@@ -5,8 +5,9 @@
 // and reads its round from the rank's device-side counter (see fx_begin),
 // and block b of a rank only ever synchronises with block b of its peers, through signal pad b:
 // each algorithm splits its work so that block b reads from a peer only what that peer's block
-// b wrote. A round uses the parity `epoch % 2` of the chunk slots, so no kernel waits at its
-// end for peers to finish reading (see the Rust `layout` module for why that is safe).
+// b wrote (the LL one-shot needs no pads: each line carries its own flag). A round uses the
+// parity `epoch % 2` of the chunk slots (and of the LL region), so no kernel waits at its end
+// for peers to finish reading (see the Rust `layout` module for why that is safe).
 
 #include "ferrocx_common.cuh"
 
@@ -16,53 +17,144 @@ __device__ __forceinline__ u32 fx_parities(const FxArgs& a, const FxRound& r, u6
     return ((1u << a.world) - 1u) & ~(1u << a.rank);
 }
 
-// One-shot: block b copies its part of the input into this rank's parity, signals every peer's
-// block b, waits for theirs, and reduces its part over every rank (in rank order, so every
-// rank computes the same bits) into the output.
+// One-shot. Up to FX_LL_SLOT / 2 bytes: LL lines (fx_one_shot_ll). Else, when the message
+// fits a chunk slot, block b pushes its part of
+// the input straight into slot `rank` of every peer's parity (remote stores are posted: no
+// round trip), signals every peer's block b, waits for theirs, and reduces its part over every
+// rank (in rank order, so every rank computes the same bits) from its own window's slots and
+// its own input into the output. A larger message (up to a parity) is copied into this rank's
+// parity and read from the peers' windows instead.
+template <class E, class O>
+__device__ void fx_one_shot_ll(const FxArgs& a, const FxRound& r);
+
 template <class E, class O>
 __device__ void fx_one_shot(const FxArgs& a, const FxRound& r) {
-    const u64 g = 16 / sizeof(typename E::T);
+    typedef typename E::T T;
+    const u64 g = 16 / sizeof(T);
+    if (a.count * sizeof(T) * 2 <= FX_LL_SLOT) {
+        fx_one_shot_ll<E, O>(a, r);
+        return;
+    }
     u64 lo, hi;
     fx_part(a.count, gridDim.x, blockIdx.x, g, &lo, &hi);
-    u64 mine = a.peers[a.rank] + r.parity;
-    fx_copy<E>(mine, a.send, lo, hi, a.vec, false);
-    if (!fx_signal_all_and_wait(a, r.epoch, FX_ARRIVE, r.epoch)) return;
     u64 srcs[FX_MAX_RANKS];
-    u32 peer_mask = fx_parities(a, r, srcs);
+    u32 peer_mask;
+    if (a.count * sizeof(T) <= a.chunk) {
+        u64 dsts[FX_MAX_RANKS];
+        for (u32 q = 0; q < a.world; q++) {
+            dsts[q] = a.peers[q] + r.parity + (u64)a.rank * a.chunk;
+            srcs[q] = a.peers[a.rank] + r.parity + (u64)q * a.chunk;
+        }
+        srcs[a.rank] = a.send;
+        peer_mask = ((1u << a.world) - 1u) & ~(1u << a.rank);
+        fx_push<E>(dsts, peer_mask, a.world, a.send, lo, hi, a.vec);
+        if (!fx_signal_all_and_wait(a, r.epoch, FX_ARRIVE, r.epoch)) return;
+        // The peers' slots are this GPU's memory written over NVLink: read around L1 too.
+    } else {
+        u64 mine = a.peers[a.rank] + r.parity;
+        fx_copy<E>(mine, a.send, lo, hi, a.vec, false);
+        if (!fx_signal_all_and_wait(a, r.epoch, FX_ARRIVE, r.epoch)) return;
+        peer_mask = fx_parities(a, r, srcs);
+    }
     fx_reduce<E, O>(a.recv, 0, srcs, a.world, peer_mask, lo, hi, a.vec);
 }
 
-// Two-shot: share s of the message (part s over the ranks) is reduced by rank s. Block b
-// handles sub-part b of every share: it copies them in, signals, reduces sub-part b of this
-// rank's share over every rank into the output and back into this rank's parity, signals, and
-// copies sub-part b of every other share from its owner into the output.
+// One-shot over LL lines (messages up to FX_LL_SLOT / 2 bytes): line k carries elements
+// [k * K, k * K + K) (8 bytes). The thread of line k pushes this rank's line into slot `rank` of
+// every peer's LL region (this round's parity), then waits for each peer's line k in its own
+// region and reduces in rank order (this rank's own from its input). No block-wide step: each
+// line is independent, so any grid works, and no fence or signal slot is involved.
+template <class E, class O>
+__device__ void fx_one_shot_ll(const FxArgs& a, const FxRound& r) {
+    typedef typename E::T T;
+    typedef typename E::A A;
+    const u32 K = 8 / sizeof(T);
+    union Line {
+        u32 w[2];
+        T e[8 / sizeof(T)];
+    };
+    const u64 lines = (a.count + K - 1) / K;
+    const u32 flag = (u32)r.epoch;
+    const u64 region = a.ll + (r.epoch & 1ull) * (u64)a.world * FX_LL_SLOT;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const T* send = (const T*)a.send;
+    T* recv = (T*)a.recv;
+    for (u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x; k < lines; k += stride) {
+        const u64 first = k * K;
+        Line mine;
+        mine.w[0] = 0;
+        mine.w[1] = 0;
+#pragma unroll
+        for (u32 e = 0; e < K; e++)
+            if (first + e < a.count) mine.e[e] = send[first + e];
+        for (u32 q = 0; q < a.world; q++) {
+            if (q == a.rank) continue;
+            fx_ll_store(a.peers[q] + region + (u64)a.rank * FX_LL_SLOT + k * 16, mine.w[0],
+                        mine.w[1], flag);
+        }
+        A acc[8 / sizeof(T)];
+        for (u32 s = 0; s < a.world; s++) {
+            Line v;
+            if (s == a.rank) {
+                v = mine;
+            } else if (!fx_ll_wait(a, r.epoch, s,
+                                   a.peers[a.rank] + region + (u64)s * FX_LL_SLOT + k * 16, flag,
+                                   v.w)) {
+                return;
+            }
+#pragma unroll
+            for (u32 e = 0; e < K; e++) {
+                A x = E::load(v.e[e]);
+                acc[e] = s == 0 ? x : O::apply(acc[e], x);
+            }
+        }
+#pragma unroll
+        for (u32 e = 0; e < K; e++)
+            if (first + e < a.count) recv[first + e] = E::store(acc[e]);
+    }
+}
+
+// Two-shot: share s of the message (part s over the ranks) is reduced by rank s, in slot t of
+// rank s's parity where rank t pushes it (share s's element i at slot + (i - share_lo) * size).
+// Block b handles sub-part b of every share: it pushes sub-part b of every other rank's share
+// into that rank's window, signals; reduces sub-part b of this rank's share over every rank (its
+// own input read in place) into the output and into its own slot, signals; and copies sub-part
+// b of every other share from its owner's slot into the output. A share never exceeds a slot:
+// the message fits a parity.
 template <class E, class O>
 __device__ void fx_two_shot(const FxArgs& a, const FxRound& r) {
-    const u64 g = 16 / sizeof(typename E::T);
-    u64 mine = a.peers[a.rank] + r.parity;
+    typedef typename E::T T;
+    const u64 g = 16 / sizeof(T);
+    const u32 me = a.rank;
     for (u32 s = 0; s < a.world; s++) {
+        if (s == me) continue;
         u64 slo, shi, blo, bhi;
         fx_part(a.count, a.world, s, g, &slo, &shi);
         fx_part(shi - slo, gridDim.x, blockIdx.x, g, &blo, &bhi);
-        fx_copy<E>(mine, a.send, slo + blo, slo + bhi, a.vec, false);
+        u64 dst = a.peers[s] + r.parity + (u64)me * a.chunk - slo * sizeof(T);
+        fx_push<E>(&dst, 1u, 1, a.send, slo + blo, slo + bhi, a.vec);
     }
     if (!fx_signal_all_and_wait(a, r.epoch, FX_ARRIVE, r.epoch)) return;
     {
         u64 slo, shi, blo, bhi;
-        fx_part(a.count, a.world, a.rank, g, &slo, &shi);
+        fx_part(a.count, a.world, me, g, &slo, &shi);
         fx_part(shi - slo, gridDim.x, blockIdx.x, g, &blo, &bhi);
         u64 srcs[FX_MAX_RANKS];
-        u32 peer_mask = fx_parities(a, r, srcs);
-        // Each element has one thread: reading this rank's parity and writing it back is safe.
-        fx_reduce<E, O>(a.recv, mine, srcs, a.world, peer_mask, slo + blo, slo + bhi, a.vec);
+        for (u32 t = 0; t < a.world; t++)
+            srcs[t] = a.peers[me] + r.parity + (u64)t * a.chunk - slo * sizeof(T);
+        u64 result = srcs[me];
+        srcs[me] = a.send;
+        u32 written = ((1u << a.world) - 1u) & ~(1u << me);
+        fx_reduce<E, O>(a.recv, result, srcs, a.world, written, slo + blo, slo + bhi, a.vec);
     }
     if (!fx_signal_all_and_wait(a, r.epoch, FX_REDUCED, r.epoch)) return;
     for (u32 s = 0; s < a.world; s++) {
-        if (s == a.rank) continue;
+        if (s == me) continue;
         u64 slo, shi, blo, bhi;
         fx_part(a.count, a.world, s, g, &slo, &shi);
         fx_part(shi - slo, gridDim.x, blockIdx.x, g, &blo, &bhi);
-        fx_copy<E>(a.recv, a.peers[s] + r.parity, slo + blo, slo + bhi, a.vec, true);
+        u64 slot = a.peers[s] + r.parity + (u64)s * a.chunk - slo * sizeof(T);
+        fx_copy<E>(a.recv, slot, slo + blo, slo + bhi, a.vec, true);
     }
 }
 

@@ -34,6 +34,7 @@ struct FxArgs {
     u64 signals;              // offset of the signal slots
     u64 timeout_ns;           // the communicator's timeout
     u64 status;               // a u64 in pinned host memory: the first failure, packed
+    u64 ll;                   // offset of the LL region (two parities of world FX_LL_SLOT slots)
     u32 rank;
     u32 world;
     u32 signal_stride;        // bytes between signal slots
@@ -68,6 +69,11 @@ __device__ __forceinline__ FxRound fx_begin(const FxArgs& a) {
 __device__ __forceinline__ void fx_end(const FxArgs& a, const FxRound& r) {
     __syncthreads();
     if (threadIdx.x == 0) {
+        // One block: it is the last to finish, no count needed.
+        if (gridDim.x == 1) {
+            *(volatile u64*)a.counter = r.epoch + 1;
+            return;
+        }
         unsigned int* done = (unsigned int*)(a.counter + 8);
         __threadfence();
         if (atomicAdd(done, 1u) == gridDim.x - 1) {
@@ -315,5 +321,64 @@ __device__ void fx_reduce(u64 dst, u64 dst2, const u64* srcs, u32 nsrc, u32 peer
         T out = E::store(acc);
         *(T*)(dst + at) = out;
         if (dst2) *(T*)(dst2 + at) = out;
+    }
+}
+
+// Block-wide push: src[lo, hi) into dsts[q][lo, hi) for every q with bit q of `mask` set (each
+// pack is loaded once and stored to every destination; a destination is usually another
+// rank's memory, so the stores are posted and overlap).
+template <class E>
+__device__ void fx_push(const u64* dsts, u32 mask, u32 ndst, u64 src, u64 lo, u64 hi, bool vec) {
+    typedef typename E::T T;
+    const u64 N = 16 / sizeof(T);
+    u64 i = lo;
+    if (vec) {
+        u64 packs = (hi - lo) / N;
+        for (u64 k = threadIdx.x; k < packs; k += blockDim.x) {
+            u64 at = (lo + k * N) * sizeof(T);
+            uint4 v = *(const uint4*)(src + at);
+            for (u32 q = 0; q < ndst; q++)
+                if ((mask >> q) & 1) *(uint4*)(dsts[q] + at) = v;
+        }
+        i = lo + packs * N;
+    }
+    for (u64 j = i + threadIdx.x; j < hi; j += blockDim.x) {
+        T v = *(const T*)(src + j * sizeof(T));
+        for (u32 q = 0; q < ndst; q++)
+            if ((mask >> q) & 1) *(T*)(dsts[q] + j * sizeof(T)) = v;
+    }
+}
+
+// ---- LL lines -----------------------------------------------------------------------------
+// 16 bytes {data0, flag, data1, flag}, stored and loaded whole: a reader that sees both flags
+// equal to the round's sees the round's 8 data bytes, with no fence or signal in between.
+
+__device__ __forceinline__ void fx_ll_store(u64 addr, u32 d0, u32 d1, u32 flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(d0),
+                 "r"(flag), "r"(d1), "r"(flag)
+                 : "memory");
+}
+
+// Waits for the line at `addr` to carry `flag`; its data in d[0], d[1]. False at the deadline
+// (recorded as `src` not arriving in round `epoch`).
+__device__ bool fx_ll_wait(const FxArgs& a, u64 epoch, u32 src, u64 addr, u32 flag, u32* d) {
+    u64 start = 0;
+    u32 polls = 0;
+    for (;;) {
+        uint4 v;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(addr)
+                     : "memory");
+        if (v.y == flag && v.w == flag) {
+            d[0] = v.x;
+            d[1] = v.z;
+            return true;
+        }
+        if (++polls == 64) start = fx_now_ns();
+        if (polls > 64 && (polls & 63) == 0 && fx_now_ns() - start > a.timeout_ns) {
+            fx_fail(a, epoch, src, FX_ARRIVE);
+            return false;
+        }
     }
 }

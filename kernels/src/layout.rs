@@ -4,8 +4,8 @@
 //! Each rank's scratch window is
 //!
 //! ```text
-//! [ parity 0: world chunk slots ][ parity 1: world chunk slots ][ signal slots ]
-//!   slot j at j * chunk            world * chunk + j * chunk        signals_offset()
+//! [ parity 0: world chunk slots ][ parity 1: world chunk slots ][ signal slots ][ LL region ]
+//!   slot j at j * chunk            world * chunk + j * chunk        signals_offset() ll_offset()
 //! ```
 //!
 //! A round of the window algorithms has an epoch (1, 2, 3, … from one counter per window
@@ -29,7 +29,7 @@
 pub const SIGNAL_STRIDE: usize = 64;
 /// Signal pads per kind: one per CUDA thread block of a launch (the host uses pad 0). A launch
 /// never has more blocks.
-pub const MAX_BLOCKS: usize = 32;
+pub const MAX_BLOCKS: usize = 128;
 /// Chunk slots start at multiples of this many bytes (vector loads, cache lines).
 pub const CHUNK_ALIGN: usize = 256;
 /// Shares and ring pieces start at multiples of this many bytes from their buffer's start, so
@@ -37,6 +37,13 @@ pub const CHUNK_ALIGN: usize = 256;
 pub const GRANULE_BYTES: usize = 16;
 /// The scratch size is a multiple of this.
 pub const PAGE: usize = 4096;
+/// The largest message (bytes) the CUDA one-shot sends as LL lines: 16-byte lines of 8 data
+/// bytes and the round's flag twice, stored whole, so that a reader needs no separate signal
+/// (and the writer no fence). The lines live in their own region (see [`Layout::ll_offset`]),
+/// which holds nothing else, so a flag word can never be stale data of another algorithm.
+pub const LL_MAX_BYTES: usize = 256 << 10;
+/// Bytes of one LL slot: [`LL_MAX_BYTES`] of data as lines.
+pub const LL_SLOT: usize = 2 * LL_MAX_BYTES;
 
 /// What a signal slot says.
 #[repr(u32)]
@@ -121,11 +128,17 @@ impl Layout {
             + ((kind as usize * MAX_BLOCKS + block) * self.world + src) * SIGNAL_STRIDE
     }
 
-    /// Bytes of each rank's scratch window: both parities and the signal slots, rounded up to
-    /// [`PAGE`].
-    pub fn scratch_bytes(&self) -> usize {
+    /// Offset of the LL region (after the signal slots): two parities of `world` slots of
+    /// [`LL_SLOT`] bytes, slot `src` holding what rank `src` pushed (CUDA one-shot only).
+    pub fn ll_offset(&self) -> usize {
         let signals = SIGNAL_KINDS * MAX_BLOCKS * self.world * SIGNAL_STRIDE;
-        (self.signals_offset() + signals).div_ceil(PAGE) * PAGE
+        (self.signals_offset() + signals).div_ceil(CHUNK_ALIGN) * CHUNK_ALIGN
+    }
+
+    /// Bytes of each rank's scratch window: both parities, the signal slots and the LL region,
+    /// rounded up to [`PAGE`].
+    pub fn scratch_bytes(&self) -> usize {
+        (self.ll_offset() + 2 * self.world * LL_SLOT).div_ceil(PAGE) * PAGE
     }
 }
 
@@ -163,7 +176,8 @@ mod tests {
                 assert_eq!(l.parity_offset(2), 0);
                 assert_eq!(l.slot_offset(3, world - 1) + l.chunk(), l.signals_offset());
                 let last = l.signal_offset(Signal::Ring, MAX_BLOCKS - 1, world - 1);
-                assert!(last + SIGNAL_STRIDE <= l.scratch_bytes());
+                assert!(last + SIGNAL_STRIDE <= l.ll_offset());
+                assert!(l.ll_offset() + 2 * world * LL_SLOT <= l.scratch_bytes());
                 assert_eq!(l.scratch_bytes() % PAGE, 0);
                 let mut seen = std::collections::BTreeSet::new();
                 for kind in [Signal::Arrive, Signal::Reduced, Signal::Ring] {

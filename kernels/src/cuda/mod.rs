@@ -22,7 +22,7 @@ use ferrocx::adaptor::Device;
 use ferrocx::window::collectives::{AllReduceCall, CollectiveError, WindowAlgo};
 
 use crate::element::{Elem, Op};
-use crate::layout::{Layout, Signal, MAX_BLOCKS, SIGNAL_STRIDE};
+use crate::layout::{Layout, Signal, LL_MAX_BYTES, LL_SLOT, MAX_BLOCKS, SIGNAL_STRIDE};
 
 pub use cache::ENV_KERNEL_CACHE;
 pub use nvrtc::ENV_NVRTC_LIBRARY;
@@ -31,8 +31,9 @@ pub use nvrtc::ENV_NVRTC_LIBRARY;
 pub const MAX_RANKS: usize = 16;
 /// Threads per block (`FX_THREADS` in the sources).
 const THREADS: u32 = 512;
-/// Blocks of a one-shot or two-shot launch at most.
-const MAX_SMALL_BLOCKS: usize = 24;
+/// Bytes each thread of a launch moves (one 16-byte vector per thread and block) before a
+/// launch gets another block, up to [`MAX_BLOCKS`].
+const BYTES_PER_THREAD: usize = 16;
 
 /// The sources, embedded.
 pub const COMMON_CUH: &str = include_str!("../../cuda/common.cuh");
@@ -55,6 +56,7 @@ pub(crate) struct Args {
     signals: u64,
     timeout_ns: u64,
     status: u64,
+    ll: u64,
     rank: u32,
     world: u32,
     signal_stride: u32,
@@ -66,7 +68,7 @@ pub(crate) struct Args {
 /// The source NVRTC compiles: the constants the host defines, then the kernels.
 pub fn source() -> String {
     format!(
-        "#define FX_MAX_RANKS {MAX_RANKS}\n#define FX_ARGS_SIZE {}\n{ALL_REDUCE_CU}",
+        "#define FX_MAX_RANKS {MAX_RANKS}\n#define FX_ARGS_SIZE {}\n#define FX_LL_SLOT {LL_SLOT}\n{ALL_REDUCE_CU}",
         std::mem::size_of::<Args>()
     )
 }
@@ -298,6 +300,7 @@ impl Cuda {
             signals: layout.signals_offset() as u64,
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
             status: status.0,
+            ll: layout.ll_offset() as u64,
             rank: rank as u32,
             world: peers.len() as u32,
             signal_stride: SIGNAL_STRIDE as u32,
@@ -359,13 +362,15 @@ impl Cuda {
                 WindowAlgo::OneShot => n * es,
                 WindowAlgo::TwoShot | WindowAlgo::Ring => (n * es).div_ceil(world),
             };
-            let cap = match algo {
-                WindowAlgo::Ring => MAX_BLOCKS,
-                _ => MAX_SMALL_BLOCKS,
+            // LL lines carry 8 bytes each, one line per thread (a thread with two lines would
+            // wait out two round trips).
+            let per_thread = match algo {
+                WindowAlgo::OneShot if n * es <= LL_MAX_BYTES => 8,
+                _ => BYTES_PER_THREAD,
             };
             let blocks = work
-                .div_ceil(THREADS as usize * 16)
-                .clamp(1, cap.min(MAX_BLOCKS)) as u32;
+                .div_ceil(THREADS as usize * per_thread)
+                .clamp(1, MAX_BLOCKS) as u32;
             let mut params = [(&mut args as *mut Args).cast::<c_void>()];
             // SAFETY: a function of the loaded module whose single parameter is `FxArgs`
             // (the same layout as `Args`, checked by the compile); `params` points at it for
@@ -456,11 +461,11 @@ mod tests {
 
     #[test]
     fn the_arguments_have_the_layout_the_sources_expect() {
-        assert_eq!(std::mem::size_of::<Args>(), 224);
+        assert_eq!(std::mem::size_of::<Args>(), 232);
         assert_eq!(std::mem::offset_of!(Args, send), 8 * MAX_RANKS);
-        assert_eq!(std::mem::offset_of!(Args, rank), 8 * MAX_RANKS + 9 * 8);
+        assert_eq!(std::mem::offset_of!(Args, rank), 8 * MAX_RANKS + 10 * 8);
         let src = source();
-        assert!(src.starts_with("#define FX_MAX_RANKS 16\n#define FX_ARGS_SIZE 224\n"));
+        assert!(src.starts_with("#define FX_MAX_RANKS 16\n#define FX_ARGS_SIZE 232\n"));
         assert!(src.contains("#include \"ferrocx_common.cuh\""));
         assert!(COMMON_CUH.contains("static_assert(sizeof(FxArgs) == FX_ARGS_SIZE"));
     }
