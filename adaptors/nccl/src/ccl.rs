@@ -75,6 +75,21 @@ fn keep_nvls_off() {
     }
 }
 
+/// With the watchdog on, has NCCL connect its peers inside `ncclCommInitRank` rather than at a
+/// communicator's first collective (`NCCL_RUNTIME_CONNECT=0`, unless the operator set it): a
+/// peer that fails after init then hangs kernels, which the watchdog aborts once no call is
+/// inside NCCL, instead of a host call waiting inside NCCL for the connection, which only an
+/// abort underneath it releases (and NCCL may free what that call still uses).
+fn connect_at_init() {
+    if std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
+        // As in `keep_nvls_off`: before NCCL is loaded.
+        std::env::set_var("NCCL_RUNTIME_CONNECT", "0");
+        tracing::debug!(
+            "nccl: NCCL_RUNTIME_CONNECT unset, set to 0 (connect at init, watchdog on)"
+        );
+    }
+}
+
 /// The watchdog setting of `options` (see [`NcclCcl`]), the environment included.
 fn watchdog_setting(options: &Options) -> Result<bool> {
     let env = std::env::var(WATCHDOG_ENV).ok();
@@ -307,6 +322,9 @@ impl CclAdaptor for NcclCcl {
             return Ok(());
         }
         keep_nvls_off();
+        if watchdog {
+            connect_at_init();
+        }
         match Api::load(&Candidates::from(options)) {
             Ok(api) => {
                 st.api = Some(Box::leak(Box::new(api)));

@@ -33,6 +33,9 @@ unsafe impl Send for NcclComm {}
 // SAFETY: as above.
 unsafe impl Sync for NcclComm {}
 
+/// How long the user's release waits for an abort the watchdog started.
+const ABORT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How the user ends a communicator.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Teardown {
@@ -49,6 +52,15 @@ impl NcclComm {
         match self.gate.release() {
             Phase::Live => {}
             found => {
+                // The watchdog's abort may still be running: the caller's next step (finalizing
+                // the device, exiting) must not pull CUDA away from under `ncclCommAbort`.
+                if !self.gate.wait_aborted(ABORT_WAIT) {
+                    tracing::warn!(
+                        rank = self.rank,
+                        "nccl: the watchdog's abort is still running after {} s",
+                        ABORT_WAIT.as_secs()
+                    );
+                }
                 tracing::debug!(
                     rank = self.rank,
                     phase = ?found,

@@ -38,10 +38,14 @@
 //!   the events (nothing links CUDA); without it the watchdog is off with a warning. Cost per
 //!   enqueued operation on the calling thread: one `cuStreamIsCapturing`, one `cuEventRecord`,
 //!   two short uncontended locks. Not watched: operations replayed from a CUDA graph, blocking
-//!   host calls by themselves (`comm_init_rank`, window registration) and a `comm_destroy` with
-//!   operations still pending (synchronize first). A call blocked inside NCCL when the watchdog
-//!   aborts (e.g. `comm_finalize` waiting for a hung operation) gets 2 s to leave, then the
-//!   abort goes ahead under it, as only NCCL's abort flag can release it.
+//!   host calls by themselves (`comm_init_rank`) and a `comm_destroy` with operations still
+//!   pending (synchronize first). With the watchdog on, NCCL connects peers at init
+//!   (`NCCL_RUNTIME_CONNECT=0` unless set), so a failed peer hangs kernels, which are aborted
+//!   with no call inside NCCL. A call that stays inside NCCL for longer than the timeout (e.g.
+//!   a window registration waiting for a peer) is aborted under it, the only way to release
+//!   it; NCCL may then free what that call still uses, so this last resort can crash the
+//!   process rather than hang it. A call blocked inside NCCL when an abort for another reason
+//!   starts gets 2 s to leave first.
 //!
 //! Linked into a program it is a built-in adaptor; `adaptors/nccl/plugin` builds the same code
 //! as `libferrocx_adaptor_nccl.so`.

@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use ferrocx_plugin_sdk::prelude::*;
@@ -285,6 +285,8 @@ pub(crate) struct Gate {
     broken: AtomicBool,
     failure: OnceLock<Error>,
     phase: Mutex<Phase>,
+    /// Signalled when the watchdog's abort finished.
+    settled: Condvar,
 }
 
 impl Default for Gate {
@@ -295,6 +297,7 @@ impl Default for Gate {
             broken: AtomicBool::new(false),
             failure: OnceLock::new(),
             phase: Mutex::new(Phase::Live),
+            settled: Condvar::new(),
         }
     }
 }
@@ -384,6 +387,18 @@ impl Gate {
     /// The watchdog's abort finished.
     pub(crate) fn aborted(&self) {
         *self.phase_lock() = Phase::Aborted;
+        self.settled.notify_all();
+    }
+
+    /// Waits, at most `wait`, until an abort the watchdog started has finished; `true` when none
+    /// is running.
+    pub(crate) fn wait_aborted(&self, wait: Duration) -> bool {
+        let phase = self.phase_lock();
+        let (phase, _) = self
+            .settled
+            .wait_timeout_while(phase, wait, |p| *p == Phase::Aborting)
+            .unwrap_or_else(|p| p.into_inner());
+        *phase != Phase::Aborting
     }
 
     /// Runs `f` while the communicator is live, with the phase held so that no teardown starts
@@ -716,6 +731,25 @@ mod tests {
         let d = g.inside_for(Instant::now() + ms(10)).unwrap();
         assert!(d < ms(500), "a new spell starts a fresh clock: {d:?}");
         g.exit();
+    }
+
+    #[test]
+    fn the_users_release_waits_for_the_watchdogs_abort() {
+        let g = std::sync::Arc::new(Gate::default());
+        assert!(g.fail(Error::new(Status::TIMEOUT, "stalled")));
+        assert!(!g.wait_aborted(ms(20)), "still aborting");
+        let aborter = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(ms(50));
+                g.aborted();
+            })
+        };
+        let start = Instant::now();
+        assert!(g.wait_aborted(ms(5000)), "the abort finished");
+        assert!(start.elapsed() >= ms(30), "waited for it");
+        aborter.join().unwrap();
+        assert!(Gate::default().wait_aborted(ms(0)), "nothing to wait for");
     }
 
     #[test]
