@@ -31,6 +31,9 @@ use crate::window::{
     self, SymHeap, SymHeapStep, SymmetricBuffer, Window, WindowError, WindowFlags, WindowPlan,
 };
 
+/// Communicators this process has made, in order: the n-th of every rank is the same one.
+static COMMUNICATORS: AtomicU64 = AtomicU64::new(0);
+
 /// Why a communicator could not be made or used.
 #[derive(Debug, thiserror::Error)]
 pub enum CommError {
@@ -149,11 +152,18 @@ impl Communicator {
                 .init_with(&options(cluster.options_for(&cluster.ccl)))?;
         }
         let (store, server) = Store::from_env(rank, job, timeout)?;
+        // Communicators are made collectively, in the same order on every rank, so the n-th of
+        // each process is the same communicator: its id travels under a key of its own (a new
+        // `Store` starts its rounds at 0, and would read an earlier communicator's id).
+        let uid_key = format!(
+            "ferrocx/unique_id/{}",
+            COMMUNICATORS.fetch_add(1, Ordering::Relaxed)
+        );
         let uid = if me == 0 {
             let id = sel.ccl.unique_id()?;
-            store.broadcast("ferrocx/unique_id", true, Some(&id))?
+            store.broadcast(&uid_key, true, Some(&id))?
         } else {
-            store.broadcast("ferrocx/unique_id", false, None)?
+            store.broadcast(&uid_key, false, None)?
         };
         let comm = sel.ccl.comm_init_rank(
             me as i32,

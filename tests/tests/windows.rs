@@ -614,3 +614,56 @@ fn plans_name_the_choice_and_the_reason() {
         "`on` cannot be honoured: a warning"
     );
 }
+
+/// One rank of [`two_communicators_are_distinct`]: two communicators made one after
+/// the other, each reducing its own values.
+fn two_communicators(rank: usize, world: usize) {
+    let first = communicator();
+    let second = communicator();
+    let n = 1027;
+    for (comm, scale) in [(&first, 1.0f32), (&second, 1000.0)] {
+        let dev = comm.device();
+        let buf = dev.mem_alloc(n * 4, MemKind::DEVICE).expect("buffer");
+        let mine: Vec<f32> = (0..n)
+            .map(|i| scale * (rank + 1) as f32 + i as f32)
+            .collect();
+        dev.mem_copy(buf, DevicePtr(mine.as_ptr() as u64), n * 4)
+            .expect("upload");
+        comm.all_reduce(buf, buf, n, DataType::F32, ReduceOp::SUM)
+            .expect("all_reduce");
+        comm.synchronize().expect("synchronize");
+        let got = vec![0f32; n];
+        dev.mem_copy(DevicePtr(got.as_ptr() as u64), buf, n * 4)
+            .expect("download");
+        let ranks_sum = (world * (world + 1) / 2) as f32;
+        for (i, v) in got.iter().enumerate() {
+            let want = scale * ranks_sum + (world * i) as f32;
+            assert_eq!(
+                *v, want,
+                "element {i} of the communicator scaled by {scale}"
+            );
+        }
+        dev.mem_free(buf, MemKind::DEVICE).expect("free");
+    }
+    println!("two communicators: ok");
+    println!("RANK OK");
+}
+
+#[test]
+fn two_communicators_are_distinct() {
+    const T: &str = "two_communicators_are_distinct";
+    match rank_of(T) {
+        Some(rank) => two_communicators(rank, 3),
+        None => {
+            let out = Job::new(T, 3).run();
+            for f in &out {
+                assert_eq!(
+                    f.lines("two communicators: "),
+                    vec!["ok"],
+                    "rank {}",
+                    f.rank
+                );
+            }
+        }
+    }
+}
