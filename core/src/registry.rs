@@ -346,7 +346,8 @@ impl Registry {
     }
 
     /// The device and CCL adaptors a cluster of `config` would use; an error names the file,
-    /// line and key of the cluster's `device` or `ccl`.
+    /// line and key of the cluster's `device` or `ccl`, or of `multicast = "on"` where the device
+    /// adaptor has no multicast group.
     pub fn select(
         &self,
         config: &Config,
@@ -379,9 +380,24 @@ impl Registry {
                 ),
             )
         })?;
+        let device_handle = device.device().expect("device() checked the table");
+        // `apply_env` has already turned `on` off where a kill-switch is set (with a warning).
+        if cluster.multicast == crate::config::MulticastMode::On
+            && device_handle.tables().multicast.is_none()
+        {
+            return Err(config.cluster_error(
+                index,
+                "multicast",
+                ConfigErrorKind::InvalidValue,
+                format!(
+                    "multicast = \"on\", but the device adaptor {:?} has no multicast group; say \"auto\" or \"off\"",
+                    cluster.device
+                ),
+            ));
+        }
         Ok(Selection {
             cluster: cluster.name.clone(),
-            device: device.device().expect("device() checked the table"),
+            device: device_handle,
             ccl: ccl.ccl().expect("ccl() checked the table"),
         })
     }

@@ -527,3 +527,37 @@ fn the_host_adaptor_works_as_a_drop_in_plugin() {
     dev.mem_free(recv, MemKind::DEVICE).expect("free");
     dev.stream_destroy(s).expect("stream");
 }
+
+#[test]
+fn multicast_on_with_a_device_without_the_group_is_an_error_at_selection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ferrocx.toml");
+    let text = |multicast: &str| {
+        format!(
+            "[[cluster]]\nname = \"t\"\ndevice = \"testrust\"\nccl = \"testrust\"\nmulticast = \"{multicast}\"\n"
+        )
+    };
+    let mut r = Registry::empty();
+    r.add_plugin(&rust_plugin()).expect("the Rust plugin loads");
+
+    std::fs::write(&path, text("on")).expect("write the config");
+    let config = ferrocx::config::Config::load(&path).expect("a valid file");
+    let err = r
+        .select(&config, 0)
+        .err()
+        .expect("the test plugin has no multicast group");
+    assert_eq!(
+        (err.kind(), err.line(), err.key()),
+        (
+            ferrocx::config::ConfigErrorKind::InvalidValue,
+            Some(5),
+            Some("cluster[0].multicast")
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("has no multicast group"), "{err}");
+
+    std::fs::write(&path, text("auto")).expect("write the config");
+    let config = ferrocx::config::Config::load(&path).expect("a valid file");
+    assert!(r.select(&config, 0).is_ok(), "auto selects it");
+}
