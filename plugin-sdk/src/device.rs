@@ -148,7 +148,9 @@ pub trait DeviceVmm: DeviceAdaptor {
     fn vmm_release(&self, handle: VmmHandle) -> Result<()>;
 }
 
-/// The flat-map group (`ferrocx_device_flatmap_v1`).
+/// The flat-map group (`ferrocx_device_flatmap_v1`). [`crate::flat::FlatReservations`] keeps the
+/// reservations and slots and checks every argument, so an implementation only calls the
+/// vendor's reserve, map, unmap and free.
 pub trait DeviceFlatMap: DeviceAdaptor {
     /// Reserves a virtual range.
     fn flat_reserve(&self, bytes: usize) -> Result<DevicePtr>;

@@ -35,8 +35,9 @@ mod boundary;
 mod ccl;
 mod device;
 mod error;
-mod options;
 #[doc(hidden)]
+pub mod flat;
+mod options;
 pub mod table;
 
 pub use ccl::{ccl_table, window_table, CclAdaptor, CclWindow, CommInit, VCounts};

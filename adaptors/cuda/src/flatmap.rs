@@ -13,49 +13,24 @@
 //! Every slot is checked against the reservations this adaptor made before the driver sees
 //! it: inside one, aligned to the granularity, not overlapping a mapped slot.
 
-use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use cudarc::driver::sys::{
     CUdeviceptr, CUmemAccessDesc, CUmemAccess_flags, CUmemLocation, CUmemLocationType,
 };
+use ferrocx_plugin_sdk::flat::FlatReservations;
 use ferrocx_plugin_sdk::prelude::*;
 
 use crate::device::State;
 use crate::vmm;
 use crate::CudaDevice;
 
-/// One reservation and its mapped slots.
-#[derive(Debug, Default)]
-pub(crate) struct Reservation {
-    /// Bytes reserved (a multiple of `granularity`).
-    size: usize,
-    /// The granularity the reservation was made with; slots are multiples of it.
-    granularity: usize,
-    /// Mapped slots: address → length.
-    slots: BTreeMap<u64, usize>,
-}
-
-impl Reservation {
-    /// The mapped slot overlapping `[addr, addr + len)`, if any.
-    fn overlapping(&self, addr: u64, len: usize) -> Option<(u64, usize)> {
-        let end = addr + len as u64;
-        let before = self
-            .slots
-            .range(..=addr)
-            .next_back()
-            .filter(|(&s, &l)| s + l as u64 > addr);
-        let after = self.slots.range(addr..end).next();
-        before.or(after).map(|(&s, &l)| (s, l))
-    }
-}
-
-/// The reservations of this adaptor, by base address.
+/// The reservations of this adaptor and their mapped slots.
 #[derive(Default)]
-pub(crate) struct Reservations(Mutex<BTreeMap<u64, Reservation>>);
+pub(crate) struct Reservations(Mutex<FlatReservations<()>>);
 
 impl Reservations {
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Reservation>> {
+    fn lock(&self) -> MutexGuard<'_, FlatReservations<()>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -63,51 +38,6 @@ impl Reservations {
     pub(crate) fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }
-}
-
-/// The reservation holding `base` and the address of slot `index` of `size` bytes, checked to
-/// lie aligned inside it.
-fn locate(
-    reg: &mut BTreeMap<u64, Reservation>,
-    base: DevicePtr,
-    index: usize,
-    size: usize,
-) -> Result<(&mut Reservation, u64)> {
-    let (&start, r) = reg
-        .range_mut(..=base.0)
-        .next_back()
-        .filter(|(&start, r)| base.0 < start + r.size as u64)
-        .ok_or_else(|| {
-            Error::invalid_handle(format!(
-                "{:#x} is not inside a flat reservation of this adaptor",
-                base.0
-            ))
-        })?;
-    let g = r.granularity;
-    if size == 0 || size % g != 0 {
-        return Err(Error::invalid_argument(format!(
-            "slot size {size} is not a non-zero multiple of the granularity ({g} bytes)"
-        )));
-    }
-    if (base.0 - start) % g as u64 != 0 {
-        return Err(Error::invalid_argument(format!(
-            "base {:#x} is not aligned to the granularity ({g} bytes)",
-            base.0
-        )));
-    }
-    let end = start + r.size as u64;
-    let addr = index
-        .checked_mul(size)
-        .and_then(|off| base.0.checked_add(off as u64))
-        .filter(|&a| a.checked_add(size as u64).is_some_and(|e| e <= end))
-        .ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "slot {index} of {size} bytes from {:#x} ends past the {}-byte reservation at \
-                 {start:#x}",
-                base.0, r.size
-            ))
-        })?;
-    Ok((r, addr))
 }
 
 /// Read/write access for device `ordinal`.
@@ -152,21 +82,21 @@ pub(crate) fn map_with_access(
 
 /// Unmaps every slot and frees every reservation still held (at `finalize`): the first error.
 pub(crate) fn release_all(st: &State) -> Result<()> {
-    let all = std::mem::take(&mut *st.flat.lock());
+    let all = st.flat.lock().take_all();
     let mut first = Ok(());
     let mut keep = |r: Result<()>| {
         if first.is_ok() {
             first = r;
         }
     };
-    for (base, r) in all {
-        for (&addr, &len) in &r.slots {
+    for r in all {
+        for (addr, len) in r.slots() {
             // SAFETY: a slot this adaptor mapped; the adaptor is being finalised.
             keep(st.check("cuMemUnmap", unsafe { (st.lib.cuMemUnmap)(addr, len) }));
         }
         // SAFETY: a reservation this adaptor made, its slots unmapped above.
         keep(st.check("cuMemAddressFree", unsafe {
-            (st.lib.cuMemAddressFree)(base, r.size)
+            (st.lib.cuMemAddressFree)(r.start(), r.size())
         }));
     }
     first
@@ -186,14 +116,7 @@ impl DeviceFlatMap for CudaDevice {
         st.check("cuMemAddressReserve", unsafe {
             (st.lib.cuMemAddressReserve)(&mut base, size, g, 0, 0)
         })?;
-        st.flat.lock().insert(
-            base,
-            Reservation {
-                size,
-                granularity: g,
-                slots: BTreeMap::new(),
-            },
-        );
+        st.flat.lock().insert(base, size, g, ());
         Ok(DevicePtr(base))
     }
 
@@ -202,13 +125,7 @@ impl DeviceFlatMap for CudaDevice {
         let ordinal = st.thread_ordinal()?;
         // Lock order: reservations, then VMM handles.
         let mut reg = st.flat.lock();
-        let (r, addr) = locate(&mut reg, base, index, size)?;
-        if let Some((s, l)) = r.overlapping(addr, size) {
-            return Err(Error::invalid_argument(format!(
-                "slot {index} ({size} bytes at {addr:#x}) overlaps the mapping of {l} bytes at \
-                 {s:#x}: unmap it first"
-            )));
-        }
+        let addr = reg.free_slot(base, index, size)?;
         let p = st.vmm.get(h)?;
         if size > p.size {
             return Err(Error::invalid_argument(format!(
@@ -217,136 +134,29 @@ impl DeviceFlatMap for CudaDevice {
             )));
         }
         map_with_access(&st, ordinal, addr, size, p.handle)?;
-        r.slots.insert(addr, size);
+        reg.mapped(addr, size);
         Ok(())
     }
 
     fn flat_unmap(&self, base: DevicePtr, index: usize, size: usize) -> Result<()> {
         let st = self.ready()?;
         let mut reg = st.flat.lock();
-        let (r, addr) = locate(&mut reg, base, index, size)?;
-        if r.slots.get(&addr) != Some(&size) {
-            return Err(Error::invalid_argument(format!(
-                "slot {index} ({size} bytes at {addr:#x}) is not mapped"
-            )));
-        }
+        let addr = reg.mapped_slot(base, index, size)?;
         // SAFETY: a slot this adaptor mapped; the caller is done with it (the ABI's contract).
         st.check("cuMemUnmap", unsafe { (st.lib.cuMemUnmap)(addr, size) })?;
-        r.slots.remove(&addr);
+        reg.unmapped(addr);
         Ok(())
     }
 
     fn flat_release(&self, base: DevicePtr, bytes: usize) -> Result<()> {
         let st = self.ready()?;
         let mut reg = st.flat.lock();
-        let r = reg.get(&base.0).ok_or_else(|| {
-            Error::invalid_handle(format!(
-                "{:#x} is not a flat reservation of this adaptor",
-                base.0
-            ))
-        })?;
-        if bytes == 0 || vmm::round_up(bytes, r.granularity)? != r.size {
-            return Err(Error::invalid_argument(format!(
-                "the reservation at {:#x} has {} bytes, not {bytes}",
-                base.0, r.size
-            )));
-        }
-        if !r.slots.is_empty() {
-            return Err(Error::invalid_argument(format!(
-                "the reservation at {:#x} still has {} mapped slot(s): unmap them first",
-                base.0,
-                r.slots.len()
-            )));
-        }
-        let size = r.size;
+        let size = reg.releasable(base, bytes, vmm::round_up)?.size();
         // SAFETY: a reservation of this adaptor with no slot mapped.
         st.check("cuMemAddressFree", unsafe {
             (st.lib.cuMemAddressFree)(base.0, size)
         })?;
-        reg.remove(&base.0);
+        reg.remove(base);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn one(base: u64, size: usize, g: usize) -> BTreeMap<u64, Reservation> {
-        let mut reg = BTreeMap::new();
-        reg.insert(
-            base,
-            Reservation {
-                size,
-                granularity: g,
-                slots: BTreeMap::new(),
-            },
-        );
-        reg
-    }
-
-    #[test]
-    fn slots_are_located_inside_their_reservation() {
-        let (g, base) = (1usize << 21, 1u64 << 40);
-        let mut reg = one(base, 4 * g, g);
-        let st = |r: Result<(&mut Reservation, u64)>| r.map(|(_, a)| a).unwrap_err().status();
-        assert_eq!(
-            locate(&mut reg, DevicePtr(base), 3, g).unwrap().1,
-            base + 3 * g as u64
-        );
-        // From an inner base too: slot 1 of 2g from base + g is [base + 3g, base + 5g): too far.
-        assert_eq!(
-            locate(&mut reg, DevicePtr(base + g as u64), 0, 2 * g)
-                .unwrap()
-                .1,
-            base + g as u64
-        );
-        assert_eq!(
-            st(locate(&mut reg, DevicePtr(base + g as u64), 1, 2 * g)),
-            Status::INVALID_ARGUMENT
-        );
-        assert_eq!(
-            st(locate(&mut reg, DevicePtr(base), 4, g)),
-            Status::INVALID_ARGUMENT
-        );
-        assert_eq!(
-            st(locate(&mut reg, DevicePtr(base), 0, g + 1)),
-            Status::INVALID_ARGUMENT
-        );
-        assert_eq!(
-            st(locate(&mut reg, DevicePtr(base), 0, 0)),
-            Status::INVALID_ARGUMENT
-        );
-        assert_eq!(
-            st(locate(&mut reg, DevicePtr(base + 1), 0, g)),
-            Status::INVALID_ARGUMENT
-        );
-        assert_eq!(
-            st(locate(&mut reg, DevicePtr(base), usize::MAX, g)),
-            Status::INVALID_ARGUMENT
-        );
-        assert_eq!(
-            st(locate(&mut reg, DevicePtr(base + 4 * g as u64), 0, g)),
-            Status::INVALID_HANDLE
-        );
-        assert_eq!(
-            st(locate(&mut reg, DevicePtr(8), 0, g)),
-            Status::INVALID_HANDLE
-        );
-    }
-
-    #[test]
-    fn overlapping_slots_are_found() {
-        let g = 4096usize;
-        let mut r = Reservation {
-            size: 8 * g,
-            granularity: g,
-            slots: BTreeMap::new(),
-        };
-        r.slots.insert(2 * g as u64, 2 * g);
-        assert_eq!(r.overlapping(0, 2 * g), None);
-        assert_eq!(r.overlapping(4 * g as u64, g), None);
-        assert_eq!(r.overlapping(3 * g as u64, g), Some((2 * g as u64, 2 * g)));
-        assert_eq!(r.overlapping(g as u64, 2 * g), Some((2 * g as u64, 2 * g)));
     }
 }
