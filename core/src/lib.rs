@@ -18,6 +18,7 @@
 //! ```
 
 pub mod abi;
+pub mod half;
 
 #[cfg(feature = "runtime")]
 pub mod adaptor;
