@@ -9,26 +9,34 @@ out=gpu-bundle
 rm -rf "$out" && mkdir -p "$out/tests"
 cargo build --release -q -p ferrocx-cli --features cuda
 cp target/release/ferrocx "$out/"
-# Test executables of `cargo test --no-run "$@"`: cargo prints their paths as JSON; prints
-# "<test name> <path>" for each.
-test_executables() {
-  cargo test --release -q --no-run --message-format=json "$@" 2>/dev/null | python3 -c '
-import json, sys
+# Executables of `cargo test|bench --no-run "$@"` (first argument: test or bench): cargo prints
+# their paths as JSON; prints "<target name> <path>" for each.
+executables() {
+  local kind=$1
+  shift
+  local release=--release
+  [ "$kind" = bench ] && release= # `cargo bench` builds with the release profile anyway
+  cargo "$kind" $release -q --no-run --message-format=json "$@" 2>/dev/null | KIND=$kind python3 -c '
+import json, os, sys
 for line in sys.stdin:
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == [os.environ["KIND"]]:
         print(m["target"]["name"], m["executable"])
 '
 }
+test_executables() { executables test "$@"; }
 # The GPU-side crates' tests, named <crate>-<test> (e.g. cuda-gpu, nccl-gpu).
 for crate in cuda nccl; do
   test_executables -p "ferrocx-adaptor-$crate" | while read -r name exe; do cp "$exe" "$out/tests/$crate-$name"; done
 done
 # The window collectives' GPU test (finds the plugins in ../plugins).
 test_executables -p ferrocx-tests --test window_collectives_gpu | while read -r name exe; do cp "$exe" "$out/tests/$name"; done
+# The NCCL adaptor's host-cost benchmark (one GPU).
+mkdir -p "$out/benches"
+executables bench -p ferrocx-adaptor-nccl --bench hot_path | while read -r name exe; do cp "$exe" "$out/benches/nccl-$name"; done
 # The drop-in plugins (loaded with dlopen by programs that do not link the adaptors) and the
 # window example, which links only the host adaptor and finds CUDA and NCCL as plugins.
 mkdir -p "$out/plugins"
@@ -37,5 +45,5 @@ cp target/release/libferrocx_adaptor_cuda.so target/release/libferrocx_adaptor_n
 cargo build --release -q -p ferrocx-cli --example window
 cp target/release/examples/window "$out/"
 cp -r configs scripts/gpu-run.sh scripts/torch-allreduce.py "$out/"
-strip "$out/ferrocx" "$out/window" "$out"/tests/* "$out"/plugins/* 2>/dev/null || true
+strip "$out/ferrocx" "$out/window" "$out"/tests/* "$out"/benches/* "$out"/plugins/* 2>/dev/null || true
 du -sh "$out"

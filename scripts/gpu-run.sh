@@ -73,6 +73,11 @@ for stage in "${stages[@]}"; do
       fi
       ;;
     bench)
+      # What the adaptor adds to the host side of a small collective, and the watchdog's
+      # driver calls, on one GPU.
+      for b in benches/*; do
+        [ -x "$b" ] && step "$b"
+      done
       for n in $counts; do
         [ "$n" -ge 2 ] || continue
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 9 "${bench_args[@]}"
@@ -85,8 +90,8 @@ for stage in "${stages[@]}"; do
       # The window all-reduce (one-shot / two-shot / ring by size) against NCCL called directly.
       for n in $counts; do
         [ "$n" -ge 2 ] || continue
-        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --op all_reduce -b 8 -e 64M -f 4
-        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --graph --op all_reduce -b 8 -e 64M -f 4
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --op all_reduce -b 8 -e 64M -f 2
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --graph --op all_reduce -b 8 -e 64M -f 2
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo ring --op all_reduce -b 64M -e 64M
       done
       ;;

@@ -8,7 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use ferrocx_plugin_sdk::prelude::*;
@@ -28,6 +28,9 @@ pub struct NcclCcl {
     state: RwLock<State>,
     comms: Mutex<HashMap<u64, Arc<NcclComm>>>,
     next_comm: AtomicU64,
+    /// Whether a library is loaded (`state.api` is set): the calls on a communicator read this
+    /// instead of taking the state's lock.
+    live: AtomicBool,
 }
 
 #[derive(Default)]
@@ -124,6 +127,94 @@ fn unknown(id: u64) -> Error {
     Error::invalid_handle(format!("unknown communicator handle {id:#x}"))
 }
 
+/// Where an `ncclCommInitRank` running on its own thread stands.
+enum Init {
+    /// Still inside NCCL.
+    Running,
+    /// Returned: NCCL's result and the handle (as a number, to cross threads).
+    Returned(sys::ncclResult_t, usize),
+    /// The caller gave up waiting: the thread aborts whatever NCCL hands back.
+    Abandoned,
+}
+
+/// `ncclCommInitRank` bounded by `timeout` (the watchdog's reach: NCCL's init waits for every
+/// peer, and a peer that failed or never joined would hold it forever). It runs on a thread of
+/// its own with this thread's CUDA context current; when it has not returned by the deadline
+/// this call fails with `TIMEOUT`, and the thread aborts the communicator if NCCL ever hands it
+/// back. Without libcuda (no context to carry over) it runs here, unbounded.
+fn init_rank_bounded(
+    api: &'static Api,
+    id: sys::ncclUniqueId,
+    nranks: i32,
+    rank: i32,
+    timeout: std::time::Duration,
+) -> Result<sys::ncclComm_t> {
+    let direct = || {
+        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the id is passed by value as `nccl.h` declares.
+        let rc = unsafe { (api.ncclCommInitRank)(&mut raw, nranks, id, rank) };
+        api.check("ncclCommInitRank", rc, raw).map(|()| raw)
+    };
+    let Ok(cuda) = crate::cuda::driver() else {
+        return direct();
+    };
+    let ctx = cuda.current_context() as usize;
+    let shared = Arc::new((Mutex::new(Init::Running), std::sync::Condvar::new()));
+    let theirs = Arc::clone(&shared);
+    let spawned = std::thread::Builder::new()
+        .name("ferrocx-nccl-init".into())
+        .spawn(move || {
+            cuda.set_context(ctx as crate::cuda::CUcontext);
+            let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; the id is passed by value as `nccl.h` declares.
+            let rc = unsafe { (api.ncclCommInitRank)(&mut raw, nranks, id, rank) };
+            let (state, returned) = &*theirs;
+            let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+            if matches!(*st, Init::Abandoned) {
+                drop(st);
+                if !raw.is_null() {
+                    // SAFETY: a communicator nobody else holds (its caller gave up on it).
+                    unsafe { (api.ncclCommAbort)(raw) };
+                }
+                tracing::debug!(
+                    rank,
+                    "nccl: an abandoned ncclCommInitRank returned; aborted"
+                );
+                return;
+            }
+            *st = Init::Returned(rc, raw as usize);
+            returned.notify_all();
+        });
+    if let Err(e) = spawned {
+        tracing::debug!("nccl: no thread for a bounded init ({e}); initialising unbounded");
+        return direct();
+    }
+    let (state, returned) = &*shared;
+    let st = state.lock().unwrap_or_else(|p| p.into_inner());
+    let (mut st, _) = returned
+        .wait_timeout_while(st, timeout, |s| matches!(s, Init::Running))
+        .unwrap_or_else(|p| p.into_inner());
+    match *st {
+        Init::Returned(rc, raw) => {
+            let raw = raw as sys::ncclComm_t;
+            api.check("ncclCommInitRank", rc, raw).map(|()| raw)
+        }
+        _ => {
+            *st = Init::Abandoned;
+            Err(Error::new(
+                Status::TIMEOUT,
+                format!(
+                    "rank {rank} of {nranks}: ncclCommInitRank did not return within {:.1} s \
+                     (timeout {} ms): a peer failed or never joined; the communicator is \
+                     abandoned",
+                    timeout.as_secs_f64(),
+                    timeout.as_millis()
+                ),
+            ))
+        }
+    }
+}
+
 impl NcclCcl {
     fn api(&self) -> Result<&'static Api> {
         let st = self.state.read().unwrap_or_else(|p| p.into_inner());
@@ -140,16 +231,21 @@ impl NcclCcl {
     }
 
     fn comm(&self, c: Comm) -> Result<(&'static Api, Arc<NcclComm>)> {
-        let api = self.api()?;
         let id = c.0 as usize as u64;
-        let comm = self
+        let found = self
             .comms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
-            .cloned()
-            .ok_or_else(|| unknown(id))?;
-        Ok((api, comm))
+            .cloned();
+        match found {
+            // The library a communicator was made with stays loaded (never unloaded).
+            Some(comm) if self.live.load(Ordering::Acquire) => Ok((comm.api, comm)),
+            _ => {
+                self.api()?;
+                Err(unknown(id))
+            }
+        }
     }
 
     fn take(&self, c: Comm) -> Result<Arc<NcclComm>> {
@@ -329,6 +425,7 @@ impl CclAdaptor for NcclCcl {
             Ok(api) => {
                 st.api = Some(Box::leak(Box::new(api)));
                 st.failure = None;
+                self.live.store(true, Ordering::Release);
                 Ok(())
             }
             Err(e) => {
@@ -347,7 +444,9 @@ impl CclAdaptor for NcclCcl {
                 "nccl: finalize with communicators still alive; they are left to the process exit"
             );
         }
-        self.state.write().unwrap_or_else(|p| p.into_inner()).api = None;
+        let mut st = self.state.write().unwrap_or_else(|p| p.into_inner());
+        st.api = None;
+        self.live.store(false, Ordering::Release);
         Ok(())
     }
 
@@ -404,10 +503,16 @@ impl CclAdaptor for NcclCcl {
         for (d, s) in id.internal.iter_mut().zip(init.unique_id) {
             *d = *s as _;
         }
-        let mut raw: sys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the id is passed by value as `nccl.h` declares.
-        let rc = unsafe { (api.ncclCommInitRank)(&mut raw, init.nranks, id, init.rank) };
-        api.check("ncclCommInitRank", rc, raw)?;
+        let timeout = watchdog::timeout(init.timeout_ms);
+        let raw = if watched {
+            init_rank_bounded(api, id, init.nranks, init.rank, timeout)?
+        } else {
+            let mut raw: sys::ncclComm_t = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer; the id is passed by value as `nccl.h` declares.
+            let rc = unsafe { (api.ncclCommInitRank)(&mut raw, init.nranks, id, init.rank) };
+            api.check("ncclCommInitRank", rc, raw)?;
+            raw
+        };
         let mut device = -1;
         // SAFETY: the communicator just created; a valid out-pointer.
         let rc = unsafe { (api.ncclCommCuDevice)(raw, &mut device) };
@@ -424,7 +529,6 @@ impl CclAdaptor for NcclCcl {
                 init.rank, init.device
             )));
         }
-        let timeout = watchdog::timeout(init.timeout_ms);
         let watch = if watched {
             match monitor::prepare() {
                 // This thread's current context is the communicator's (NCCL just used it).

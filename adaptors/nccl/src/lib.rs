@@ -36,10 +36,14 @@
 //!   `comm_get_async_error` reports its status (`TIMEOUT`, or NCCL's, e.g. `PEER_FAILURE`), and
 //!   `comm_destroy`/`comm_abort` only release the handle. libcuda is opened with `dlopen` for
 //!   the events (nothing links CUDA); without it the watchdog is off with a warning. Cost per
-//!   enqueued operation on the calling thread: one `cuStreamIsCapturing`, one `cuEventRecord`,
-//!   two short uncontended locks. Not watched: operations replayed from a CUDA graph, blocking
-//!   host calls by themselves (`comm_init_rank`) and a `comm_destroy` with operations still
-//!   pending (synchronize first). With the watchdog on, NCCL connects peers at init
+//!   enqueued operation on the calling thread: one `cuStreamIsCapturing`, one `cuEventRecord`
+//!   under a lock that only the watchdog's poll shares (which, on one stream, queries only the
+//!   newest event: operations on a stream complete in order). `comm_init_rank` is bounded
+//!   too: `ncclCommInitRank` runs on a thread of its own, and when it has not returned within
+//!   the timeout (a peer failed or never joined) the call fails with `TIMEOUT` naming the rank,
+//!   and the communicator is aborted if NCCL ever hands it back. Not watched: operations
+//!   replayed from a CUDA graph, and a `comm_destroy` with operations still pending
+//!   (synchronize first). With the watchdog on, NCCL connects peers at init
 //!   (`NCCL_RUNTIME_CONNECT=0` unless set), so a failed peer hangs kernels, which are aborted
 //!   with no call inside NCCL. A call that stays inside NCCL for longer than the timeout (e.g.
 //!   a window registration waiting for a peer) is aborted under it, the only way to release

@@ -3,8 +3,9 @@
 //! made no progress for its timeout or that NCCL reports broken.
 //!
 //! Cost on the calling thread, per enqueued operation: a capture check (`cuStreamIsCapturing`),
-//! one `cuEventRecord` of a pooled `CU_EVENT_DISABLE_TIMING` event, and two short uncontended
-//! lock holds that never span a driver call. Nothing is recorded while the stream is being
+//! and one `cuEventRecord` of a pooled `CU_EVENT_DISABLE_TIMING` event inside one hold of the
+//! communicator's tracker lock (which only the watchdog's poll shares, every few milliseconds;
+//! on one stream a poll queries the newest event only, see [`Tracker::poll`]). Nothing is recorded while the stream is being
 //! captured into a CUDA graph, so graphs stay free of the watchdog's events (operations replayed
 //! from a graph are not watched). The watchdog thread runs with the thread-local capture mode,
 //! so its queries never invalidate another thread's capture.
@@ -142,30 +143,44 @@ impl Watch {
             // an event here would become part of the graph.
             return;
         }
-        let free = {
-            let mut t = self.lock();
-            if t.is_closed() {
-                return;
-            }
-            t.take_free()
-        };
-        let Some(ev) = free.or_else(|| self.create()) else {
+        let mut t = self.lock();
+        if t.is_closed() {
             return;
+        }
+        let ev = match t.take_free() {
+            Some(ev) => ev,
+            None => {
+                // The pool is empty: create one outside the lock (rare once the pool is stocked).
+                drop(t);
+                let Some(ev) = self.create() else {
+                    return;
+                };
+                t = self.lock();
+                if t.is_closed() {
+                    drop(t);
+                    self.destroy(vec![ev]);
+                    return;
+                }
+                ev
+            }
         };
-        // SAFETY: an event of the communicator's context owned by this call (in neither the pool
-        // nor the queue); the stream as above.
+        // Recorded under the lock, so the event goes from the pool to the queue in one hold;
+        // the only other holder is the watchdog's poll, every few milliseconds.
+        // SAFETY: an event of the communicator's context owned by this call (taken from the
+        // pool, not yet in the queue); the stream as above.
         let rc = unsafe { (self.cuda.cuEventRecord)(ev.raw(), s) };
         let kept = if rc == cuda::CUDA_SUCCESS {
-            self.lock().push(ev, label)
+            t.push(ev, label, s as usize)
         } else {
             tracing::debug!(
                 "nccl watchdog: {}; {label} is not watched",
                 self.cuda.describe("cuEventRecord", rc)
             );
-            self.lock().recycle(ev)
+            t.recycle(ev)
         };
         if let Err(ev) = kept {
-            // The communicator was torn down meanwhile.
+            // Not reached: the tracker was open when the lock was taken, and only closes under it.
+            drop(t);
             self.destroy(vec![ev]);
         }
     }
@@ -320,7 +335,11 @@ fn inspect(c: &Arc<NcclComm>, now: Instant) -> Seen {
     };
     const CONSEQUENCE: &str = "communicator aborted; a peer failed or never joined";
     let who = || format!("rank {} of {}", c.rank, c.nranks);
-    if let Some(inside) = c.gate.inside_for(now).filter(|d| *d > w.timeout()) {
+    if let Some(inside) = c
+        .gate
+        .inside_for(crate::watchdog::coarse_now())
+        .filter(|d| *d > w.timeout())
+    {
         // A call blocked on the host inside NCCL (e.g. connecting to a peer that never joined):
         // the abort is what releases it, so it is not waited for.
         fail_now(

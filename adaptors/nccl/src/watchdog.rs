@@ -138,12 +138,15 @@ pub(crate) enum Poll {
     Closed,
 }
 
-/// A communicator's outstanding operations, oldest first, each with the event recorded after it,
-/// and the pool of events that are free for reuse. `E` is the event handle (`CUevent` in use, a
-/// number in tests).
+/// A communicator's outstanding operations, oldest first, each with the event recorded after it
+/// and its stream, and the pool of events that are free for reuse. `E` is the event handle
+/// (`CUevent` in use, a number in tests); streams are plain numbers (`CUstream` values).
 #[derive(Debug)]
 pub(crate) struct Tracker<E> {
     queue: VecDeque<(E, Label)>,
+    /// The stream of the queue's operations while they all share one (`None` once operations
+    /// of another stream joined, until the queue is empty again).
+    one_stream: Option<usize>,
     /// When the current oldest operation was first seen as the oldest.
     head_since: Option<Instant>,
     free: Vec<E>,
@@ -155,6 +158,7 @@ impl<E: Copy> Tracker<E> {
     pub(crate) fn new(free: Vec<E>) -> Self {
         Tracker {
             queue: VecDeque::new(),
+            one_stream: None,
             head_since: None,
             free,
             closed: false,
@@ -181,11 +185,21 @@ impl<E: Copy> Tracker<E> {
         Ok(())
     }
 
-    /// Appends an operation whose event was just recorded; after [`Tracker::close`] the event
-    /// comes back as `Err`, for the caller to destroy.
-    pub(crate) fn push(&mut self, event: E, label: Label) -> std::result::Result<(), E> {
+    /// Appends an operation whose event was just recorded on `stream`; after [`Tracker::close`]
+    /// the event comes back as `Err`, for the caller to destroy.
+    pub(crate) fn push(
+        &mut self,
+        event: E,
+        label: Label,
+        stream: usize,
+    ) -> std::result::Result<(), E> {
         if self.closed {
             return Err(event);
+        }
+        if self.queue.is_empty() {
+            self.one_stream = Some(stream);
+        } else if self.one_stream != Some(stream) {
+            self.one_stream = None;
         }
         self.queue.push_back((event, label));
         Ok(())
@@ -216,6 +230,22 @@ impl<E: Copy> Tracker<E> {
     ) -> Poll {
         if self.closed {
             return Poll::Closed;
+        }
+        // On one stream, operations complete in order: the newest one's event retires them all
+        // with one query (a busy communicator has many complete ones between two polls, and
+        // every query takes the driver's locks that the callers' launches take too).
+        if self.queue.len() > 1 && self.one_stream.is_some() {
+            if let Some(&(event, label)) = self.queue.back() {
+                match query(event) {
+                    Query::Done => {
+                        self.free.extend(self.queue.drain(..).map(|(e, _)| e));
+                        self.head_since = None;
+                        return Poll::Idle;
+                    }
+                    Query::Pending => {}
+                    Query::Failed(what) => return Poll::Failed { label, what },
+                }
+            }
         }
         for _ in 0..budget {
             let Some(&(event, label)) = self.queue.front() else {
@@ -253,11 +283,24 @@ impl<E: Copy> Tracker<E> {
 /// [`Gate`]'s `entered_at` when no call is inside NCCL.
 const NOT_INSIDE: u64 = u64::MAX;
 
-/// Nanoseconds from a process-wide origin to `t` (0 for instants before it).
-fn since_base(t: Instant) -> u64 {
+/// The clock of [`Gate`]: nanoseconds of the monotonic clock at its coarse resolution (a few
+/// milliseconds, ample for deadlines of seconds). Reading it costs a few nanoseconds, where a
+/// precise read can cost far more on virtual machines whose clock source is not the TSC; every
+/// call on a communicator reads it once.
+pub(crate) fn coarse_now() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid out-pointer; CLOCK_MONOTONIC_COARSE exists on every Linux since 2.6.32.
+        if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } == 0 {
+            return ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        }
+    }
     static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
-    t.saturating_duration_since(base).as_nanos() as u64
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// Who owns a communicator's NCCL handle.
@@ -279,7 +322,7 @@ pub(crate) enum Phase {
 #[derive(Debug)]
 pub(crate) struct Gate {
     in_flight: AtomicUsize,
-    /// When the calls now inside NCCL began ([`since_base`] nanoseconds), [`NOT_INSIDE`] when
+    /// When the calls now inside NCCL began ([`coarse_now`]), [`NOT_INSIDE`] when
     /// none is.
     entered_at: AtomicU64,
     broken: AtomicBool,
@@ -314,8 +357,7 @@ impl Gate {
         // Dekker with `fail` + `drain`: either this call sees `broken`, or the aborter sees the
         // call in flight and waits for it to leave.
         if self.in_flight.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.entered_at
-                .store(since_base(Instant::now()), Ordering::SeqCst);
+            self.entered_at.store(coarse_now(), Ordering::SeqCst);
         }
         if self.broken.load(Ordering::SeqCst) {
             self.exit();
@@ -336,13 +378,14 @@ impl Gate {
 
     /// How long calls have been inside NCCL without a pause, at `now`; `None` when none is.
     /// Overlapping calls from several threads count as one spell, from the first.
-    pub(crate) fn inside_for(&self, now: Instant) -> Option<Duration> {
+    /// `now` is a [`coarse_now`] reading.
+    pub(crate) fn inside_for(&self, now: u64) -> Option<Duration> {
         if self.in_flight.load(Ordering::SeqCst) == 0 {
             return None;
         }
         match self.entered_at.load(Ordering::SeqCst) {
             NOT_INSIDE => None,
-            t => Some(Duration::from_nanos(since_base(now).saturating_sub(t))),
+            t => Some(Duration::from_nanos(now.saturating_sub(t))),
         }
     }
 
@@ -434,11 +477,22 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    /// A tracker of events 1..=n, all outstanding, labelled all_reduce #1..#n.
+    /// A tracker of events 1..=n, all outstanding, labelled all_reduce #1..#n, on two streams
+    /// taken in turn (so completion order is not implied: the oldest is queried first).
     fn outstanding(n: u32) -> Tracker<u32> {
         let mut t = Tracker::new(Vec::new());
         for e in 1..=n {
-            t.push(e, Label::one("all_reduce", e as u64)).unwrap();
+            t.push(e, Label::one("all_reduce", e as u64), 1 + e as usize % 2)
+                .unwrap();
+        }
+        t
+    }
+
+    /// As [`outstanding`], on one stream.
+    fn on_one_stream(n: u32) -> Tracker<u32> {
+        let mut t = Tracker::new(Vec::new());
+        for e in 1..=n {
+            t.push(e, Label::one("all_reduce", e as u64), 7).unwrap();
         }
         t
     }
@@ -594,7 +648,7 @@ mod tests {
         // Pooled: the completed event is reused for the next operation.
         let e = t.take_free().expect("event back in the pool");
         assert_eq!(e, 1);
-        t.push(e, Label::one("broadcast", 2)).unwrap();
+        t.push(e, Label::one("broadcast", 2), 1).unwrap();
         let later = t0 + 5 * T;
         assert!(matches!(
             t.poll(later, T, 8, done_if(&[])),
@@ -623,6 +677,72 @@ mod tests {
         assert_eq!(pool[0], 10);
         pool.sort_unstable();
         assert_eq!(pool, all);
+    }
+
+    #[test]
+    fn on_one_stream_the_newest_completion_retires_every_op_with_one_query() {
+        let mut t = on_one_stream(50);
+        let mut asked = Vec::new();
+        let all: Vec<u32> = (1..=50).collect();
+        let r = t.poll(Instant::now(), T, 8, |e| {
+            asked.push(e);
+            done_if(&all)(e)
+        });
+        assert_eq!(r, Poll::Idle);
+        assert_eq!(asked, [50], "one query, of the newest");
+        assert_eq!(t.outstanding(), 0);
+        let mut pool: Vec<u32> = std::iter::from_fn(|| t.take_free()).collect();
+        pool.sort_unstable();
+        assert_eq!(pool, all, "every event back in the pool");
+    }
+
+    #[test]
+    fn on_one_stream_a_pending_newest_falls_back_to_the_oldest_first() {
+        let mut t = on_one_stream(3);
+        let mut asked = Vec::new();
+        let r = t.poll(Instant::now(), T, 8, |e| {
+            asked.push(e);
+            done_if(&[1])(e)
+        });
+        assert_eq!(asked, [3, 1, 2], "the newest, then from the oldest");
+        assert!(matches!(r, Poll::Waiting { label, .. } if label.first == 2));
+        assert_eq!(t.outstanding(), 2);
+        // A stuck op is still found, and its clock runs from when it became the oldest.
+        let later = Instant::now() + T;
+        assert!(matches!(
+            t.poll(later, T, 8, done_if(&[])),
+            Poll::Stalled { label, .. } if label.first == 2
+        ));
+    }
+
+    #[test]
+    fn a_second_stream_turns_the_shortcut_off_until_the_queue_empties() {
+        let mut t = on_one_stream(2);
+        t.push(3, Label::one("all_reduce", 3), 8).unwrap();
+        t.push(4, Label::one("all_reduce", 4), 7).unwrap();
+        let mut asked = Vec::new();
+        t.poll(Instant::now(), T, 8, |e| {
+            asked.push(e);
+            Query::Pending
+        });
+        assert_eq!(
+            asked,
+            [1],
+            "the oldest only: stream order says nothing across streams"
+        );
+        assert_eq!(
+            t.poll(Instant::now(), T, 8, done_if(&[1, 2, 3, 4])),
+            Poll::Idle
+        );
+        for e in 5..=6 {
+            t.push(e, Label::one("all_reduce", e as u64), 8).unwrap();
+        }
+        let mut asked = Vec::new();
+        t.poll(Instant::now(), T, 8, |e| {
+            asked.push(e);
+            Query::Pending
+        });
+        assert_eq!(asked, [6, 5], "one stream again once the queue emptied");
     }
 
     #[test]
@@ -663,7 +783,7 @@ mod tests {
         all.sort_unstable();
         assert_eq!(all, [1, 2, 9]);
         assert!(t.is_closed());
-        assert_eq!(t.push(3, Label::one("send", 3)), Err(3));
+        assert_eq!(t.push(3, Label::one("send", 3), 1), Err(3));
         assert_eq!(t.recycle(4), Err(4));
         assert_eq!(t.take_free(), None);
         assert_eq!(
@@ -713,11 +833,11 @@ mod tests {
     #[test]
     fn the_gate_times_calls_inside_nccl() {
         let g = Gate::default();
-        assert_eq!(g.inside_for(Instant::now()), None, "no call yet");
+        assert_eq!(g.inside_for(coarse_now()), None, "no call yet");
         g.enter().unwrap();
-        let start = Instant::now();
+        let start = coarse_now();
         g.enter().unwrap();
-        let later = start + ms(1500);
+        let later = start + 1_500_000_000;
         let d = g.inside_for(later).expect("two calls inside");
         assert!(
             d >= ms(1500) && d < ms(1600),
@@ -728,7 +848,7 @@ mod tests {
         g.exit();
         assert_eq!(g.inside_for(later), None, "none inside");
         g.enter().unwrap();
-        let d = g.inside_for(Instant::now() + ms(10)).unwrap();
+        let d = g.inside_for(coarse_now() + 10_000_000).unwrap();
         assert!(d < ms(500), "a new spell starts a fresh clock: {d:?}");
         g.exit();
     }

@@ -23,6 +23,7 @@ struct Fake {
     aborts: unsafe extern "C" fn(i32) -> i32,
     destroys: unsafe extern "C" fn(i32) -> i32,
     set_async_error: unsafe extern "C" fn(i32, i32),
+    init_hold: unsafe extern "C" fn(i32, i32),
 }
 
 /// Builds and loads the fake (once per process) and initialises the adaptor over it.
@@ -74,6 +75,7 @@ fn fake() -> &'static Fake {
             aborts: sym!("fake_aborts"),
             destroys: sym!("fake_destroys"),
             set_async_error: sym!("fake_set_async_error"),
+            init_hold: sym!("fake_init_hold"),
         }
     })
 }
@@ -110,6 +112,10 @@ impl Fake {
     fn set_async_error(&self, rank: i32, rc: i32) {
         // SAFETY: a plain write.
         unsafe { (self.set_async_error)(rank, rc) }
+    }
+    fn init_hold(&self, rank: i32, hold: bool) {
+        // SAFETY: a plain write.
+        unsafe { (self.init_hold)(rank, hold as i32) }
     }
 }
 
@@ -197,6 +203,46 @@ fn a_hung_operation_times_out_aborts_once_and_breaks_the_communicator() {
     assert_eq!((f.aborts(rank), f.destroys(rank)), (1, 0));
     let gone = ccl.comm_destroy(c).expect_err("released once");
     assert_eq!(gone.status(), Status::INVALID_HANDLE);
+}
+
+#[test]
+fn an_init_that_waits_for_a_missing_peer_fails_within_the_timeout() {
+    let f = fake();
+    const RANK: i32 = 9;
+    f.init_hold(RANK, true);
+    let start = Instant::now();
+    let err = NcclCcl::instance()
+        .comm_init_rank(&CommInit {
+            rank: RANK,
+            nranks: 16,
+            device: 0,
+            unique_id: &[0u8; 128],
+            timeout_ms: 300,
+            options: Options::default(),
+        })
+        .expect_err("NCCL's init never returns");
+    let took = start.elapsed();
+    assert_eq!(err.status(), Status::TIMEOUT, "{}", err.message());
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "failed after {took:?}"
+    );
+    assert!(
+        err.message()
+            .contains("rank 9 of 16: ncclCommInitRank did not return within 0.3 s"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(f.aborts(RANK), 0, "nothing to abort yet");
+    // NCCL returns at last: the abandoned communicator is aborted, never handed out.
+    f.init_hold(RANK, false);
+    assert!(
+        within(Duration::from_secs(5), || f.aborts(RANK) == 1).is_some(),
+        "the late communicator is aborted"
+    );
+    // With the watchdog off the init is NCCL's own, unbounded (here it returns at once).
+    let off = comm(RANK, 300, vec![("watchdog".into(), "off".into())]);
+    NcclCcl::instance().comm_destroy(off).expect("destroy");
 }
 
 #[test]

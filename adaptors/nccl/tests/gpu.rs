@@ -170,6 +170,42 @@ fn one_rank_watchdog_bookkeeping_groups_and_enqueue_cost() {
         Status::SUCCESS
     );
 
+    // Captured into a CUDA graph: the watchdog's record is a capture-time record, so the
+    // capture stays valid, the graph holds the collective alone, and the watchdog drops the
+    // event (its query answers CUDA_ERROR_CAPTURED_EVENT) without an error.
+    use ferrocx_plugin_sdk::DeviceGraph;
+    let c = filled(dev, n, 5);
+    let o = filled(dev, n, 0);
+    dev.graph_begin_capture(s).expect("begin capture");
+    let captured = ccl.all_reduce(c, o, n, DataType::I32, ReduceOp::SUM, comm, s);
+    let graph = dev.graph_end_capture(s).expect("the capture stays valid");
+    captured.expect("all_reduce while capturing");
+    assert_eq!(
+        download(dev, o, n),
+        vec![0; n],
+        "nothing ran while capturing"
+    );
+    assert!(drained(ccl, comm), "the captured record is dropped");
+    dev.graph_launch(graph, s).expect("graph launch");
+    dev.stream_synchronize(s).expect("synchronize");
+    assert_eq!(
+        download(dev, o, n),
+        vec![5; n],
+        "the graph ran the collective"
+    );
+    assert_eq!(
+        ccl.comm_async_error(comm).expect("async error"),
+        Status::SUCCESS,
+        "the captured event is no failure"
+    );
+    // An eager call on the same stream is watched again.
+    all_reduce(ccl, b, n, comm, s).expect("all_reduce after the graph");
+    dev.stream_synchronize(s).expect("synchronize");
+    assert!(drained(ccl, comm), "watched and retired");
+    dev.graph_destroy(graph).expect("graph_destroy");
+    dev.mem_free(c, MemKind::DEVICE).expect("free");
+    dev.mem_free(o, MemKind::DEVICE).expect("free");
+
     // The window group: registered where libnccl has it (>= 2.27), else UNSUPPORTED naming
     // the missing symbol.
     let version = ccl.version().expect("version");

@@ -10,9 +10,11 @@
  * recorded and is done once that many completed. Communicators keep counters by rank (0..15), so
  * tests running side by side each read their own. No CUDA or NCCL header is needed: the few
  * declarations are written out as the adaptor binds them. */
+#define _POSIX_C_SOURCE 199309L
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int result_t;
 
@@ -47,6 +49,7 @@ typedef struct {
 static int aborts[MAX_RANKS];
 static int destroys[MAX_RANKS];
 static int async_errors[MAX_RANKS];
+static int init_holds[MAX_RANKS];
 static long events_live;
 static int context;
 
@@ -79,6 +82,9 @@ int fake_aborts(int rank) { return LOAD(aborts[rank]); }
 int fake_destroys(int rank) { return LOAD(destroys[rank]); }
 
 void fake_set_async_error(int rank, int rc) { STORE(async_errors[rank], rc); }
+
+/* While set, ncclCommInitRank of `rank` waits (as NCCL's does for a peer that never joins). */
+void fake_init_hold(int rank, int hold) { STORE(init_holds[rank], hold); }
 
 long fake_events_live(void) { return LOAD(events_live); }
 
@@ -119,6 +125,10 @@ result_t ncclCommInitRank(struct comm **out, int nranks, unique_id_t id, int ran
     (void)id;
     if (rank < 0 || rank >= MAX_RANKS) {
         return INVALID_ARGUMENT;
+    }
+    while (LOAD(init_holds[rank])) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
     }
     struct comm *c = calloc(1, sizeof *c);
     c->rank = rank;
