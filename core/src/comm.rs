@@ -15,7 +15,7 @@
 //! always does.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::abi::{Comm, DataType, DevicePtr, ReduceOp, Stream};
@@ -69,7 +69,7 @@ pub struct Communicator {
     store: Store,
     windows: Windows,
     collectives: Collectives,
-    _server: Option<StoreServer>,
+    _server: Option<Arc<StoreServer>>,
 }
 
 /// The window collectives of a communicator: the cluster's choices, the provider that runs on

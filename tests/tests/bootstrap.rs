@@ -435,6 +435,45 @@ fn from_env_for_a_lone_process_hosts_a_private_store() {
 }
 
 #[test]
+fn a_second_store_of_rank_zero_shares_the_server_it_already_hosts() {
+    // As torchrun runs a job that makes two communicators: rank 0 sets up the store at
+    // MASTER_PORT twice. The second shares the live server instead of failing to bind.
+    let port = StoreServer::bind(loopback(), String::new())
+        .unwrap()
+        .local_addr()
+        .port()
+        .to_string();
+    let vars: HashMap<&str, String> = [
+        ("RANK", "0".to_owned()),
+        ("WORLD_SIZE", "2".to_owned()),
+        ("MASTER_ADDR", "127.0.0.1".to_owned()),
+        ("MASTER_PORT", port.clone()),
+        ("FERROCX_JOB_TOKEN", TOKEN.to_owned()),
+    ]
+    .into_iter()
+    .collect();
+    let lookup = |k: &str| vars.get(k).cloned();
+    let rank = RankInfo::from_env(lookup).unwrap();
+    let job = JobInfo::from_env(lookup, &rank);
+    let (first, s1) = Store::from_env_with(&rank, &job, DEADLINE, lookup).unwrap();
+    let (second, s2) = Store::from_env_with(&rank, &job, DEADLINE, lookup)
+        .expect("the second store of rank 0 reuses the port's server");
+    let (s1, s2) = (s1.expect("rank 0 hosts"), s2.expect("rank 0 hosts"));
+    assert!(std::sync::Arc::ptr_eq(&s1, &s2), "one server per address");
+    first.set("k", b"v").unwrap();
+    assert_eq!(
+        second.get("k").unwrap(),
+        b"v",
+        "both clients reach the same data"
+    );
+    // Once every holder dropped it, the port is free and a new setup binds afresh.
+    drop((first, second, s1, s2));
+    let (third, s3) = Store::from_env_with(&rank, &job, DEADLINE, lookup).unwrap();
+    assert!(s3.is_some());
+    assert!(!third.check(&["k"]).unwrap(), "a fresh server");
+}
+
+#[test]
 fn from_env_with_master_port_hosts_on_rank_zero_and_connects_the_others() {
     // A free port, released again for rank 0 to bind.
     let port = StoreServer::bind(loopback(), String::new())

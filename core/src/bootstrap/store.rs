@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,29 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The store server this process hosts at `addr` for the job of `token`: the one it already
+/// hosts there while that one lives (every communicator of a job made on rank 0 under torchrun
+/// names the same `MASTER_PORT`), else a new one.
+fn hosted_server(addr: SocketAddr, token: &str) -> Result<Arc<StoreServer>, BootstrapError> {
+    static HOSTED: Mutex<Vec<(SocketAddr, String, Weak<StoreServer>)>> = Mutex::new(Vec::new());
+    let mut hosted = lock(&HOSTED);
+    hosted.retain(|(_, _, w)| w.strong_count() > 0);
+    let live = hosted
+        .iter()
+        .find(|(a, t, _)| *a == addr && t == token)
+        .and_then(|(_, _, w)| w.upgrade());
+    if let Some(server) = live {
+        tracing::debug!(%addr, "store: sharing the server this process already hosts");
+        return Ok(server);
+    }
+    let server = Arc::new(
+        StoreServer::bind(addr, token.to_owned())
+            .map_err(|source| BootstrapError::Bind { addr, source })?,
+    );
+    hosted.push((addr, token.to_owned(), Arc::downgrade(&server)));
+    Ok(server)
+}
+
 impl Store {
     /// Connects to the store at `addr`, retrying until `deadline` has passed (the server may
     /// not be up yet), and presents `token`. `deadline` is also how long [`get`](Store::get)
@@ -79,7 +102,7 @@ impl Store {
         rank: &RankInfo,
         job: &JobInfo,
         timeout: Duration,
-    ) -> Result<(Store, Option<StoreServer>), BootstrapError> {
+    ) -> Result<(Store, Option<Arc<StoreServer>>), BootstrapError> {
         Store::from_env_with(rank, job, timeout, |v| std::env::var(v).ok())
     }
 
@@ -92,12 +115,14 @@ impl Store {
     ///
     /// Every rank, rank 0 included, connects as a client with the job's token. The server, if
     /// this rank hosts it, is returned: keep it alive until every rank is done with the store.
+    /// A process hosts one server per address: a second call while the first one's server lives
+    /// (a second communicator under torchrun) shares it rather than binding the port again.
     pub fn from_env_with(
         rank: &RankInfo,
         job: &JobInfo,
         timeout: Duration,
         lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<(Store, Option<StoreServer>), BootstrapError> {
+    ) -> Result<(Store, Option<Arc<StoreServer>>), BootstrapError> {
         let get = |var: &str| {
             lookup(var)
                 .map(|v| v.trim().to_owned())
@@ -109,7 +134,7 @@ impl Store {
             let server = StoreServer::bind(addr, job.token.clone())
                 .map_err(|source| BootstrapError::Bind { addr, source })?;
             let store = Store::connect(server.local_addr(), &job.token, timeout)?;
-            return Ok((store, Some(server)));
+            return Ok((store, Some(Arc::new(server))));
         }
         let port = port.ok_or_else(|| BootstrapError::MissingEnv {
             var: ENV_MASTER_PORT.to_owned(),
@@ -132,10 +157,7 @@ impl Store {
         let addr = resolve(&host, port)?;
         let hosted = get(ENV_STORE_HOSTED).is_some_and(|v| v == "1");
         let server = match rank.rank == 0 && !hosted {
-            true => Some(
-                StoreServer::bind(addr, job.token.clone())
-                    .map_err(|source| BootstrapError::Bind { addr, source })?,
-            ),
+            true => Some(hosted_server(addr, &job.token)?),
             false => None,
         };
         let store = Store::connect(addr, &job.token, timeout)?;
