@@ -17,7 +17,7 @@ __device__ __forceinline__ u32 fx_parities(const FxArgs& a, const FxRound& r, u6
     return ((1u << a.world) - 1u) & ~(1u << a.rank);
 }
 
-// One-shot. Up to FX_LL_SLOT / 2 bytes: LL lines (fx_one_shot_ll). Else, when the message
+// One-shot. Up to a.ll_max bytes (at most FX_LL_SLOT / 2): LL lines (fx_one_shot_ll). Else, when the message
 // fits a chunk slot, block b pushes its part of
 // the input straight into slot `rank` of every peer's parity (remote stores are posted: no
 // round trip), signals every peer's block b, waits for theirs, and reduces its part over every
@@ -31,7 +31,7 @@ template <class E, class O>
 __device__ void fx_one_shot(const FxArgs& a, const FxRound& r) {
     typedef typename E::T T;
     const u64 g = 16 / sizeof(T);
-    if (a.count * sizeof(T) * 2 <= FX_LL_SLOT) {
+    if (a.count * sizeof(T) <= a.ll_max) {
         fx_one_shot_ll<E, O>(a, r);
         return;
     }

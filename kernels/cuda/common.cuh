@@ -28,13 +28,14 @@ struct FxArgs {
     u64 send;                 // this call's (or ring round's) input
     u64 recv;                 // and output
     u64 count;                // elements of this call (or ring round)
-    u64 counter;              // this rank's round counter: device memory {u64 epoch; u32 done}
+    u64 counter;              // this rank's round counter: device memory, max_blocks u64 words
     u64 parity_bytes;         // bytes of one parity (round e uses the one at (e % 2) * this)
     u64 chunk;                // bytes of one chunk slot
     u64 signals;              // offset of the signal slots
     u64 timeout_ns;           // the communicator's timeout
     u64 status;               // a u64 in pinned host memory: the first failure, packed
     u64 ll;                   // offset of the LL region (two parities of world FX_LL_SLOT slots)
+    u64 ll_max;               // the largest one-shot message sent as LL lines (<= FX_LL_SLOT / 2)
     u32 rank;
     u32 world;
     u32 signal_stride;        // bytes between signal slots
@@ -47,9 +48,12 @@ static_assert(sizeof(FxArgs) == FX_ARGS_SIZE, "FxArgs differs from the host's Ar
 
 // ---- rounds -------------------------------------------------------------------------------
 // The round (epoch) of a launch lives in device memory, not in the arguments, so that a CUDA
-// graph that captured the launch runs a new round each time it is replayed: every block reads
-// it when it starts, and the last block to finish advances it for the next launch on the
-// stream (every block has read it by then: it read before it counted itself finished).
+// graph that captured the launch runs a new round each time it is replayed. The counter is one
+// u64 per block index (a.max_blocks of them), all equal between launches: block b reads word b
+// when it starts and writes the next round there when it ends, and block 0 also advances the
+// words of the block indices this launch does not have. No block waits for another and no
+// fence is needed: the next launch on the stream starts after this one completes, and within a
+// launch each word is touched by one block only.
 
 struct FxRound {
     u64 epoch;   // this launch's round
@@ -58,7 +62,7 @@ struct FxRound {
 
 __device__ __forceinline__ FxRound fx_begin(const FxArgs& a) {
     __shared__ u64 epoch;
-    if (threadIdx.x == 0) epoch = *(volatile const u64*)a.counter;
+    if (threadIdx.x == 0) epoch = ((volatile const u64*)a.counter)[blockIdx.x];
     __syncthreads();
     FxRound r;
     r.epoch = epoch;
@@ -67,21 +71,10 @@ __device__ __forceinline__ FxRound fx_begin(const FxArgs& a) {
 }
 
 __device__ __forceinline__ void fx_end(const FxArgs& a, const FxRound& r) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        // One block: it is the last to finish, no count needed.
-        if (gridDim.x == 1) {
-            *(volatile u64*)a.counter = r.epoch + 1;
-            return;
-        }
-        unsigned int* done = (unsigned int*)(a.counter + 8);
-        __threadfence();
-        if (atomicAdd(done, 1u) == gridDim.x - 1) {
-            *done = 0;
-            *(volatile u64*)a.counter = r.epoch + 1;
-            __threadfence();
-        }
-    }
+    volatile u64* words = (volatile u64*)a.counter;
+    if (threadIdx.x == 0) words[blockIdx.x] = r.epoch + 1;
+    if (blockIdx.x == 0)
+        for (u32 b = gridDim.x + threadIdx.x; b < a.max_blocks; b += blockDim.x) words[b] = r.epoch + 1;
 }
 
 // ---- memory order -------------------------------------------------------------------------

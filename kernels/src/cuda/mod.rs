@@ -57,12 +57,72 @@ pub(crate) struct Args {
     timeout_ns: u64,
     status: u64,
     ll: u64,
+    ll_max: u64,
     rank: u32,
     world: u32,
     signal_stride: u32,
     max_blocks: u32,
     vec: u32,
     algo: u32,
+}
+
+/// Environment variable: the largest one-shot message (bytes) sent as LL lines, at most (and by
+/// default) [`LL_MAX_BYTES`]; larger one-shot messages are pushed into the chunk slots. A tuning
+/// knob for measuring the crossover on a new machine.
+pub const LL_MAX_ENV: &str = "FERROCX_WINDOW_LL_MAX";
+
+/// The LL limit of this process: [`LL_MAX_ENV`] if set (clamped to [`LL_MAX_BYTES`]; an
+/// unreadable value is ignored with a warning), else [`LL_MAX_BYTES`].
+fn ll_max() -> usize {
+    match std::env::var(LL_MAX_ENV) {
+        Err(_) => LL_MAX_BYTES,
+        Ok(v) => match parse_bytes(&v) {
+            Some(b) => b.min(LL_MAX_BYTES),
+            None => {
+                tracing::warn!("{LL_MAX_ENV}={v:?} is not a byte count; using {LL_MAX_BYTES}");
+                LL_MAX_BYTES
+            }
+        },
+    }
+}
+
+/// Environment variable: threads per block of the LL one-shot launches, 64, 128, 256 (the
+/// default) or 512: fewer spread a message's lines over more SMs. A tuning knob, as
+/// [`LL_MAX_ENV`].
+pub const LL_THREADS_ENV: &str = "FERROCX_WINDOW_LL_THREADS";
+
+/// Threads per block of the LL one-shot launches by default. Measured on 2 H200 (one-shot,
+/// 8 KiB to 256 KiB, eager and graph): 256 was 1-3 % faster than 512 at every size (up to
+/// 256 KiB a launch then spreads over up to 128 SMs, not 64); 128 and 64 lose from 128 KiB (a
+/// thread then carries two or more lines).
+const LL_THREADS: u32 = 256;
+
+/// The LL block size of this process (see [`LL_THREADS_ENV`]); another value is ignored with a
+/// warning.
+fn ll_threads() -> u32 {
+    match std::env::var(LL_THREADS_ENV) {
+        Err(_) => LL_THREADS,
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(t @ (64 | 128 | 256 | 512)) => t,
+            _ => {
+                tracing::warn!(
+                    "{LL_THREADS_ENV}={v:?}: expected 64, 128, 256 or 512; using {LL_THREADS}"
+                );
+                LL_THREADS
+            }
+        },
+    }
+}
+
+/// `"4096"`, `"64K"` or `"1M"` as bytes.
+fn parse_bytes(v: &str) -> Option<usize> {
+    let v = v.trim();
+    let (digits, shift) = match v.as_bytes().last()? {
+        b'K' | b'k' => (&v[..v.len() - 1], 10),
+        b'M' | b'm' => (&v[..v.len() - 1], 20),
+        _ => (v, 0),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
 /// The source NVRTC compiles: the constants the host defines, then the kernels.
@@ -247,9 +307,12 @@ pub(crate) struct Cuda {
     layout: Layout,
     /// A u64 in pinned host memory where a kernel records the first failure.
     status: DevicePtr,
-    /// Device memory `{u64 epoch; u32 done}`: the round the next launch runs, which the
-    /// launches advance themselves (so a captured graph runs new rounds when replayed).
+    /// Device memory, one u64 per block index (`MAX_BLOCKS`): the round the next launch runs,
+    /// which the launches advance themselves (so a captured graph runs new rounds when
+    /// replayed).
     counter: DevicePtr,
+    /// Threads per block of the LL one-shot launches ([`LL_THREADS_ENV`]).
+    ll_threads: u32,
 }
 
 // SAFETY: `Args` holds plain addresses; the module is Send + Sync; the status word is read
@@ -276,18 +339,18 @@ impl Cuda {
         }
         let adaptor = |e: ferrocx::adaptor::AdaptorError| unavailable(e.to_string());
         let status = device.mem_alloc(64, MemKind::PINNED).map_err(adaptor)?;
-        let counter = match device.mem_alloc(64, MemKind::DEVICE) {
+        let counter = match device.mem_alloc(8 * MAX_BLOCKS, MemKind::DEVICE) {
             Ok(c) => c,
             Err(e) => {
                 let _ = device.mem_free(status, MemKind::PINNED);
                 return Err(adaptor(e));
             }
         };
-        // Rounds start at 1 (signal slots start at 0); no block has finished the first yet.
-        let first = [1u64, 0];
-        let ready = device
-            .mem_set(status, 0, 64)
-            .and_then(|()| device.mem_copy(counter, DevicePtr(first.as_ptr() as u64), 16));
+        // Rounds start at 1 (signal slots start at 0), in every block's word.
+        let first = [1u64; MAX_BLOCKS];
+        let ready = device.mem_set(status, 0, 64).and_then(|()| {
+            device.mem_copy(counter, DevicePtr(first.as_ptr() as u64), 8 * MAX_BLOCKS)
+        });
         if let Err(e) = ready {
             let _ = device.mem_free(status, MemKind::PINNED);
             let _ = device.mem_free(counter, MemKind::DEVICE);
@@ -301,6 +364,7 @@ impl Cuda {
             timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
             status: status.0,
             ll: layout.ll_offset() as u64,
+            ll_max: ll_max() as u64,
             rank: rank as u32,
             world: peers.len() as u32,
             signal_stride: SIGNAL_STRIDE as u32,
@@ -315,6 +379,7 @@ impl Cuda {
             layout,
             status,
             counter,
+            ll_threads: ll_threads(),
         })
     }
 
@@ -363,13 +428,13 @@ impl Cuda {
                 WindowAlgo::TwoShot | WindowAlgo::Ring => (n * es).div_ceil(world),
             };
             // LL lines carry 8 bytes each, one line per thread (a thread with two lines would
-            // wait out two round trips).
-            let per_thread = match algo {
-                WindowAlgo::OneShot if n * es <= LL_MAX_BYTES => 8,
-                _ => BYTES_PER_THREAD,
+            // wait out two round trips), in blocks of `ll_threads`.
+            let (threads, per_thread) = match algo {
+                WindowAlgo::OneShot if (n * es) as u64 <= self.base.ll_max => (self.ll_threads, 8),
+                _ => (THREADS, BYTES_PER_THREAD),
             };
             let blocks = work
-                .div_ceil(THREADS as usize * per_thread)
+                .div_ceil(threads as usize * per_thread)
                 .clamp(1, MAX_BLOCKS) as u32;
             let mut params = [(&mut args as *mut Args).cast::<c_void>()];
             // SAFETY: a function of the loaded module whose single parameter is `FxArgs`
@@ -382,7 +447,7 @@ impl Cuda {
                     blocks,
                     1,
                     1,
-                    THREADS,
+                    threads,
                     1,
                     1,
                     0,
@@ -457,15 +522,24 @@ impl Drop for Cuda {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ll_limits_parse_as_bytes() {
+        assert_eq!(super::parse_bytes("4096"), Some(4096));
+        assert_eq!(super::parse_bytes(" 64K"), Some(64 << 10));
+        assert_eq!(super::parse_bytes("1M"), Some(1 << 20));
+        assert_eq!(super::parse_bytes("1.5M"), None);
+        assert_eq!(super::parse_bytes(""), None);
+    }
+
     use super::*;
 
     #[test]
     fn the_arguments_have_the_layout_the_sources_expect() {
-        assert_eq!(std::mem::size_of::<Args>(), 232);
+        assert_eq!(std::mem::size_of::<Args>(), 240);
         assert_eq!(std::mem::offset_of!(Args, send), 8 * MAX_RANKS);
-        assert_eq!(std::mem::offset_of!(Args, rank), 8 * MAX_RANKS + 10 * 8);
+        assert_eq!(std::mem::offset_of!(Args, rank), 8 * MAX_RANKS + 11 * 8);
         let src = source();
-        assert!(src.starts_with("#define FX_MAX_RANKS 16\n#define FX_ARGS_SIZE 232\n"));
+        assert!(src.starts_with("#define FX_MAX_RANKS 16\n#define FX_ARGS_SIZE 240\n"));
         assert!(src.contains("#include \"ferrocx_common.cuh\""));
         assert!(COMMON_CUH.contains("static_assert(sizeof(FxArgs) == FX_ARGS_SIZE"));
     }
