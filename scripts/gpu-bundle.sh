@@ -45,5 +45,9 @@ cp target/release/libferrocx_adaptor_cuda.so target/release/libferrocx_adaptor_n
 cargo build --release -q -p ferrocx-cli --example window
 cp target/release/examples/window "$out/"
 cp -r configs scripts/gpu-run.sh scripts/torch-allreduce.py "$out/"
+# The CLI has the adaptors built in and the window example finds them through
+# FERROCX_PLUGIN_PATH: the bundle's configs name no plugin directory (../target/release does not
+# exist there).
+sed -i 's|^plugin_dirs = .*|plugin_dirs = []|' "$out"/configs/*.toml
 strip "$out/ferrocx" "$out/window" "$out"/tests/* "$out"/benches/* "$out"/plugins/* 2>/dev/null || true
 du -sh "$out"
