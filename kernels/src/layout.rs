@@ -23,6 +23,11 @@
 //! polls its own memory) with a store-release of the round's value, and read by `dst` with
 //! load-acquire. Values only grow — an epoch, or `epoch * world + step` for the ring — so a
 //! slot is never reset and a waiter for "at least v" cannot be fooled by a later round.
+//!
+//! A slot's value is its first 8 bytes; the rest of its cache line is free for the backend.
+//! The host backend keeps a 32-bit count of sleeping waiters at byte 8 (written by `dst`
+//! only), and its waiters sleep on a futex on the value's low 32 bits, so that a signal wakes
+//! them with no other word to update (see `host::algo`).
 
 /// Bytes from one signal slot to the next: a cache line, so writers of different slots never
 /// share one.

@@ -41,7 +41,9 @@
 //!
 //! - on a device whose memory is the process's (the host device), enqueues each call as a host
 //!   function on the communicator's stream (`launch_host_func`): the algorithm runs in stream
-//!   order on the stream's worker, waiting on peers with spin, yield, then short sleeps;
+//!   order on the stream's worker, waiting on peers with spin, yield, then (on Linux) a sleep
+//!   on a futex in the signal slot awaited, which the peer's signal wakes (elsewhere: short
+//!   sleeps);
 //! - on ferrocx's `cuda` device adaptor, launches the kernels (see [`cuda`] for how they reach
 //!   CUDA).
 //!

@@ -3,19 +3,125 @@
 //!
 //! Each function runs one call to its end on the calling thread (the stream's worker, in
 //! stream order), waiting on peers through the signal slots of [`crate::layout`].
+//!
+//! # Waiting
+//!
+//! A waiter polls its own slot: it spins [`Ctx::spin`] times (the fast path when every rank
+//! has a core), yields [`Ctx::yields`] times, then sleeps until the deadline. On Linux it
+//! sleeps in the kernel on a futex and the peer's [`Ctx::put`] wakes it; elsewhere it naps,
+//! for 2 µs doubling up to 200 µs (`MAX_NAP`), and polls again.
+//!
+//! The futex: a slot's value is 64 bits and a futex word 32, so the futex word is the low
+//! half of the value itself (see [`SlotWords`]). Values only grow and a peer is at most a
+//! couple of rounds ahead of a waiter on its slot, so a change of the value always changes its
+//! low half (a change of a multiple of 2^32 would need 2^32 rounds while the waiter slept, and
+//! would cost only the sleep's timeout, never a hang). A put therefore needs no second word to
+//! bump: its store is what makes a sleeping waiter's futex compare fail. The same cache line
+//! holds a 32-bit `waiters` count, so that a put makes the `FUTEX_WAKE` system call only when
+//! a waiter may be asleep; on the fast path (nobody asleep) a put costs a load more.
+//!
+//! No wake-up can be lost (the waiter is `W`, the putter `P`; every access `SeqCst`):
+//!
+//! ```text
+//! W1 waiters += 1          P1 value = v
+//! W2 seen = value          P2 if waiters > 0: FUTEX_WAKE(low(value))
+//! W3 if seen < v: FUTEX_WAIT(low(value), low(seen), time left)
+//! W4 waiters -= 1
+//! ```
+//!
+//! `SeqCst` operations fall in one total order consistent with each thread's program order.
+//! If `P1` precedes `W2` in it, `W2` reads `v` (or later) and `W` does not sleep. Otherwise
+//! `W2` read an older value, so `W2` precedes `P1`, hence `W1 < W2 < P1 < P2`: `P2` reads
+//! `W1`'s increment (or a later count: `W4`'s decrement only once `W` has left `W3` and polls
+//! again), and `P` calls `FUTEX_WAKE` after its store. The kernel compares the futex word and
+//! queues the waiter atomically with respect to `FUTEX_WAKE` on the same word (futex(2)):
+//! either the compare in `W3` sees `P1`'s store (the low half changed: it returns at once) or
+//! `W` is queued before the wake and is woken by it. Any other return (a signal, a spurious
+//! wake-up, the timeout) goes back to the poll, which re-reads the value before it checks the
+//! deadline, so the deadline (and the peer named when it passes) is as before: a dead peer
+//! costs the timeout, never a hang. The futex is not process-private (no
+//! `FUTEX_PRIVATE_FLAG`): the kernel keys it by the shared-memory page, so processes that map
+//! the window at different addresses meet on it.
+//!
+//! The cost on the fast path: a put is a `SeqCst` store (`xchg` on x86, which waits for the
+//! cache line) and a load from the same line; a waiter that finds its value while spinning or
+//! yielding makes no system call and touches no other word.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ferrocx::window::collectives::{CollectiveError, WindowAlgo};
 
 use crate::element::{reduce, Elem, Op};
-use crate::layout::{granule_elems, part, ring_value, Layout, Signal};
+use crate::layout::{granule_elems, part, ring_value, Layout, Signal, SIGNAL_STRIDE};
 
-/// Yields of a waiting rank before it starts to sleep.
-const YIELDS: u32 = 256;
-/// The longest nap of a waiting rank: the latency a sleeping waiter adds at most.
+/// Yields of a waiting rank before it sleeps.
+pub(crate) const YIELDS: u32 = 256;
+/// The longest nap of a waiting rank where there is no futex: the latency a sleeping waiter
+/// adds at most there.
+#[cfg(not(target_os = "linux"))]
 const MAX_NAP: Duration = Duration::from_micros(200);
+
+/// A signal slot as the host backend uses it: the value of [`crate::layout`] (only ever
+/// stored by the source, growing) and, in the same cache line, how many of the owner's threads
+/// announced that they will sleep on it (0 in a zeroed window; only the owner changes it).
+#[repr(C)]
+struct SlotWords {
+    /// The signal's value.
+    value: AtomicU64,
+    /// Waiters that may be asleep on the value's futex word (Linux).
+    waiters: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<SlotWords>() <= SIGNAL_STRIDE);
+const _: () = assert!(std::mem::align_of::<SlotWords>() <= SIGNAL_STRIDE);
+
+/// The futex system calls on a slot's value (its low 32 bits).
+#[cfg(target_os = "linux")]
+mod futex {
+    use std::sync::atomic::AtomicU64;
+    use std::time::Duration;
+
+    /// The address of the low 32 bits of `value`: the futex word.
+    fn low_word(value: &AtomicU64) -> *mut u32 {
+        let at = value.as_ptr().cast::<u32>();
+        if cfg!(target_endian = "big") {
+            at.wrapping_add(1)
+        } else {
+            at
+        }
+    }
+
+    /// Sleeps while the low 32 bits of `value` are those of `seen`, at most `timeout` (less on
+    /// a signal or a spurious wake-up: the caller polls again).
+    pub(super) fn wait(value: &AtomicU64, seen: u64, timeout: Duration) {
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: the futex word is 4 aligned bytes inside `value`, which lives (mapped) for
+        // the call; the kernel only reads it. `ts` outlives the call. A non-private
+        // FUTEX_WAIT has no other effect than blocking this thread at most `timeout`.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                low_word(value),
+                libc::FUTEX_WAIT,
+                seen as u32,
+                &ts as *const libc::timespec,
+            );
+        }
+    }
+
+    /// Wakes every thread asleep on `value`'s futex word, in any process.
+    pub(super) fn wake(value: &AtomicU64) {
+        // SAFETY: the futex word is 4 aligned bytes inside `value`, which lives (mapped) for
+        // the call; FUTEX_WAKE neither reads nor writes it, it only wakes its waiters.
+        unsafe {
+            libc::syscall(libc::SYS_futex, low_word(value), libc::FUTEX_WAKE, i32::MAX);
+        }
+    }
+}
 
 /// What every call of one communicator shares: the layout and the ranks' scratch windows.
 pub(crate) struct Ctx {
@@ -31,6 +137,8 @@ pub(crate) struct Ctx {
     pub timeout: Duration,
     /// Polls before a waiter yields (fewer when ranks outnumber cores).
     pub spin: u32,
+    /// Yields of a waiter before it sleeps.
+    pub yields: u32,
 }
 
 /// One all-reduce: `count` elements at `send` into `recv` (addresses of this process).
@@ -76,20 +184,32 @@ unsafe fn bytes_mut<'a>(addr: u64, len: usize) -> &'a mut [u8] {
 
 impl Ctx {
     /// The slot where `src` signals `kind` to `owner`.
-    fn slot(&self, owner: usize, kind: Signal, src: usize) -> &AtomicU64 {
+    fn slot(&self, owner: usize, kind: Signal, src: usize) -> &SlotWords {
         let addr = self.peers[owner] + self.layout.signal_offset(kind, 0, src) as u64;
-        // SAFETY: the slot lies inside `owner`'s scratch window (the layout's signal region),
-        // which stays mapped while the communicator's window collectives live; it is 64-byte
-        // aligned (windows are page-aligned, slots SIGNAL_STRIDE apart) and only ever accessed
-        // atomically, by every process that maps it.
-        unsafe { AtomicU64::from_ptr(addr as *mut u64) }
+        // SAFETY: the slot lies inside `owner`'s scratch window (the layout's signal region,
+        // SIGNAL_STRIDE >= size_of::<SlotWords>() bytes a slot), which stays mapped while the
+        // communicator's window collectives live; it is 64-byte aligned (windows are
+        // page-aligned, slots SIGNAL_STRIDE apart) and only ever accessed atomically, by every
+        // process that maps it, so a shared reference to its atomics is sound.
+        unsafe { &*(addr as *const SlotWords) }
     }
 
     /// Tells `dst` that this rank reached `value` of `kind`: a store-release, so everything
-    /// this rank wrote before is visible to a waiter that sees the value.
+    /// this rank wrote before is visible to a waiter that sees the value; on Linux it then
+    /// wakes the waiter if it may be asleep (see the module's notes for the order).
     fn put(&self, dst: usize, kind: Signal, value: u64) {
-        self.slot(dst, kind, self.rank)
-            .store(value, Ordering::Release);
+        let slot = self.slot(dst, kind, self.rank);
+        #[cfg(target_os = "linux")]
+        {
+            // P1, P2: SeqCst (a store-release too), so that either the waiter's re-check
+            // sees the value or this load sees its announcement.
+            slot.value.store(value, Ordering::SeqCst);
+            if slot.waiters.load(Ordering::SeqCst) != 0 {
+                futex::wake(&slot.value);
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        slot.value.store(value, Ordering::Release);
     }
 
     /// [`Ctx::put`] to every peer.
@@ -99,7 +219,8 @@ impl Ctx {
         }
     }
 
-    /// Waits until `src` signalled at least `value` of `kind` to this rank, or the deadline.
+    /// Waits until `src` signalled at least `value` of `kind` to this rank, or the deadline:
+    /// spins, yields, then sleeps (see the module's notes).
     fn wait(
         &self,
         algo: WindowAlgo,
@@ -111,17 +232,19 @@ impl Ctx {
     ) -> Result<(), CollectiveError> {
         let slot = self.slot(self.rank, kind, src);
         let mut polls = 0u32;
+        #[cfg(not(target_os = "linux"))]
         let mut nap = Duration::from_micros(2);
         loop {
-            if slot.load(Ordering::Acquire) >= value {
+            if slot.value.load(Ordering::Acquire) >= value {
                 return Ok(());
             }
             if polls < self.spin {
                 std::hint::spin_loop();
-            } else if polls < self.spin + YIELDS {
+            } else if polls < self.spin.saturating_add(self.yields) {
                 std::thread::yield_now();
             } else {
-                if Instant::now() >= deadline {
+                let now = Instant::now();
+                if now >= deadline {
                     return Err(CollectiveError::PeerTimeout {
                         algo,
                         peer: src,
@@ -136,8 +259,22 @@ impl Ctx {
                         waited: self.timeout,
                     });
                 }
-                std::thread::sleep(nap);
-                nap = (nap * 2).min(MAX_NAP);
+                #[cfg(target_os = "linux")]
+                {
+                    // W1, W2: announce, then re-check (both SeqCst); W3 only if still short.
+                    slot.waiters.fetch_add(1, Ordering::SeqCst);
+                    let seen = slot.value.load(Ordering::SeqCst);
+                    if seen < value {
+                        futex::wait(&slot.value, seen, deadline - now);
+                    }
+                    // W4.
+                    slot.waiters.fetch_sub(1, Ordering::SeqCst);
+                }
+                #[cfg(not(target_os = "linux"))]
+                {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(MAX_NAP);
+                }
             }
             polls = polls.saturating_add(1);
         }
@@ -382,4 +519,217 @@ unsafe fn ring_round(
         dst.copy_from_slice(src);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Zeroed, page-aligned memory for `windows` scratch windows of `layout`: on Linux a
+    /// `MAP_SHARED` mapping, as the host device's windows are, so the futex is keyed by the
+    /// shared page as it is between processes.
+    struct Windows {
+        base: *mut u8,
+        len: usize,
+    }
+
+    impl Windows {
+        fn new(layout: &Layout, windows: usize) -> Windows {
+            let len = layout.scratch_bytes() * windows;
+            #[cfg(target_os = "linux")]
+            // SAFETY: a fresh anonymous mapping; no address hint, no file.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            #[cfg(target_os = "linux")]
+            assert_ne!(base, libc::MAP_FAILED, "mmap");
+            #[cfg(not(target_os = "linux"))]
+            // SAFETY: a non-zero size and a power-of-two alignment.
+            let base = unsafe {
+                std::alloc::alloc_zeroed(std::alloc::Layout::from_size_align(len, 4096).unwrap())
+            };
+            assert!(!base.is_null());
+            Windows {
+                base: base.cast(),
+                len,
+            }
+        }
+
+        /// Rank `rank`'s context over these windows.
+        fn ctx(
+            &self,
+            layout: &Layout,
+            rank: usize,
+            timeout: Duration,
+            spin: u32,
+            yields: u32,
+        ) -> Ctx {
+            let world = layout.world();
+            Ctx {
+                layout: *layout,
+                rank,
+                world,
+                peers: (0..world)
+                    .map(|q| self.base as u64 + (q * layout.scratch_bytes()) as u64)
+                    .collect(),
+                timeout,
+                spin,
+                yields,
+            }
+        }
+    }
+
+    impl Drop for Windows {
+        fn drop(&mut self) {
+            #[cfg(target_os = "linux")]
+            // SAFETY: the mapping made in `new`; the tests' threads have ended and their
+            // contexts (declared after it) are dropped, so nothing addresses it any more.
+            unsafe {
+                libc::munmap(self.base.cast(), self.len);
+            }
+            #[cfg(not(target_os = "linux"))]
+            // SAFETY: the allocation made in `new`, with the same layout.
+            unsafe {
+                std::alloc::dealloc(
+                    self.base,
+                    std::alloc::Layout::from_size_align(self.len, 4096).unwrap(),
+                )
+            };
+        }
+    }
+
+    /// Rank 0 goes to sleep on rank 1's `Arrive` slot before rank 1 puts: it must return as
+    /// soon as the put lands, not at its deadline (a lost wake-up sleeps until then).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_sleeping_waiter_is_woken_by_the_put() {
+        let layout = Layout::new(2, 256);
+        let windows = Windows::new(&layout, 2);
+        let long = Duration::from_secs(20);
+        let waiter = windows.ctx(&layout, 0, long, 0, 0);
+        let putter = windows.ctx(&layout, 1, long, 0, 0);
+        for epoch in 1..=5u64 {
+            let returned = std::thread::scope(|s| {
+                let w = s.spawn(|| {
+                    let deadline = Instant::now() + long;
+                    let r = waiter.wait(
+                        WindowAlgo::OneShot,
+                        epoch,
+                        1,
+                        Signal::Arrive,
+                        epoch,
+                        deadline,
+                    );
+                    (r, Instant::now())
+                });
+                // Until the waiter announced itself, then some more: it is asleep in the kernel.
+                let slot = putter.slot(0, Signal::Arrive, 1);
+                let until = Instant::now() + Duration::from_secs(5);
+                while slot.waiters.load(Ordering::SeqCst) == 0 {
+                    assert!(Instant::now() < until, "the waiter never went to sleep");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                assert!(!w.is_finished(), "the waiter returned before the put");
+                let put = Instant::now();
+                putter.put(0, Signal::Arrive, epoch);
+                let (r, at) = w.join().unwrap();
+                assert_eq!(r, Ok(()));
+                at - put
+            });
+            assert!(
+                returned < Duration::from_secs(2),
+                "round {epoch}: the waiter returned {returned:?} after the put (deadline 20 s)"
+            );
+            assert_eq!(
+                waiter
+                    .slot(0, Signal::Arrive, 1)
+                    .waiters
+                    .load(Ordering::SeqCst),
+                0
+            );
+        }
+    }
+
+    /// Two ranks signal each other back to back with no spinning or yielding, so every wait
+    /// that finds the value short sleeps on the futex: a lost wake-up would stall a round
+    /// until its 20 s deadline.
+    #[test]
+    fn ping_pong_loses_no_wake_up() {
+        let layout = Layout::new(2, 256);
+        let windows = Windows::new(&layout, 2);
+        let long = Duration::from_secs(20);
+        let ranks = [
+            windows.ctx(&layout, 0, long, 0, 0),
+            windows.ctx(&layout, 1, long, 0, 0),
+        ];
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for ctx in &ranks {
+                s.spawn(move || {
+                    for epoch in 1..=3000u64 {
+                        ctx.put_all(Signal::Arrive, epoch);
+                        ctx.wait_all(WindowAlgo::OneShot, epoch, Signal::Arrive, epoch)
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(10), "3000 rounds took {took:?}");
+    }
+
+    /// A peer that never signals: the wait fails at its deadline, naming that peer (rank 1
+    /// signalled, rank 2 did not), with the round and what was awaited.
+    #[test]
+    fn the_deadline_fires_naming_the_peer() {
+        let layout = Layout::new(3, 256);
+        let windows = Windows::new(&layout, 3);
+        let timeout = Duration::from_millis(300);
+        let me = windows.ctx(&layout, 0, timeout, 32, YIELDS);
+        let one = windows.ctx(&layout, 1, timeout, 32, YIELDS);
+        one.put(0, Signal::Arrive, 7);
+        let start = Instant::now();
+        let r = me.wait_all(WindowAlgo::OneShot, 7, Signal::Arrive, 7);
+        let took = start.elapsed();
+        assert_eq!(
+            r,
+            Err(CollectiveError::PeerTimeout {
+                algo: WindowAlgo::OneShot,
+                peer: 2,
+                what: "its input".into(),
+                epoch: 7,
+                waited: timeout,
+            })
+        );
+        assert!(r
+            .unwrap_err()
+            .to_string()
+            .contains("rank 2 did not signal its input of round 7"));
+        assert!(took >= timeout, "failed after {took:?}, before the timeout");
+        assert!(
+            took < timeout + Duration::from_secs(2),
+            "failed only after {took:?}"
+        );
+        assert_eq!(
+            me.slot(0, Signal::Arrive, 2).waiters.load(Ordering::SeqCst),
+            0
+        );
+        // The ring names its step.
+        let start = Instant::now();
+        let want = ring_value(4, 3, 2);
+        let r = me.wait(WindowAlgo::Ring, 4, 2, Signal::Ring, want, start + timeout);
+        assert!(matches!(
+            r,
+            Err(CollectiveError::PeerTimeout { peer: 2, ref what, epoch: 4, .. }) if what == "ring step 2"
+        ));
+        assert!(start.elapsed() >= timeout);
+    }
 }

@@ -128,6 +128,7 @@ impl Host {
                     peers,
                     timeout,
                     spin,
+                    yields: algo::YIELDS,
                 },
                 failed: AtomicBool::new(false),
                 error: Mutex::new(None),
