@@ -434,24 +434,33 @@ fn from_env_for_a_lone_process_hosts_a_private_store() {
     store.barrier("z", 1).unwrap();
 }
 
+/// A TCP port of the loopback that was free a moment ago (bound, then released).
+fn free_port() -> String {
+    StoreServer::bind(loopback(), String::new())
+        .unwrap()
+        .local_addr()
+        .port()
+        .to_string()
+}
+
+/// The variables torchrun gives rank `rank` of `world`, with the store at `port`.
+fn torchrun_env(rank: usize, world: usize, port: &str) -> HashMap<&'static str, String> {
+    [
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".to_owned()),
+        ("MASTER_PORT", port.to_owned()),
+        ("FERROCX_JOB_TOKEN", TOKEN.to_owned()),
+    ]
+    .into_iter()
+    .collect()
+}
+
 #[test]
 fn a_second_store_of_rank_zero_shares_the_server_it_already_hosts() {
     // As torchrun runs a job that makes two communicators: rank 0 sets up the store at
     // MASTER_PORT twice. The second shares the live server instead of failing to bind.
-    let port = StoreServer::bind(loopback(), String::new())
-        .unwrap()
-        .local_addr()
-        .port()
-        .to_string();
-    let vars: HashMap<&str, String> = [
-        ("RANK", "0".to_owned()),
-        ("WORLD_SIZE", "2".to_owned()),
-        ("MASTER_ADDR", "127.0.0.1".to_owned()),
-        ("MASTER_PORT", port.clone()),
-        ("FERROCX_JOB_TOKEN", TOKEN.to_owned()),
-    ]
-    .into_iter()
-    .collect();
+    let vars = torchrun_env(0, 2, &free_port());
     let lookup = |k: &str| vars.get(k).cloned();
     let rank = RankInfo::from_env(lookup).unwrap();
     let job = JobInfo::from_env(lookup, &rank);
@@ -476,25 +485,13 @@ fn a_second_store_of_rank_zero_shares_the_server_it_already_hosts() {
 #[test]
 fn from_env_with_master_port_hosts_on_rank_zero_and_connects_the_others() {
     // A free port, released again for rank 0 to bind.
-    let port = StoreServer::bind(loopback(), String::new())
-        .unwrap()
-        .local_addr()
-        .port();
-    let port = port.to_string();
+    let port = free_port();
     let world = 3;
     let handles: Vec<_> = (0..world)
         .map(|r| {
             let port = port.clone();
             thread::spawn(move || {
-                let vars: HashMap<&str, String> = [
-                    ("RANK", r.to_string()),
-                    ("WORLD_SIZE", world.to_string()),
-                    ("MASTER_ADDR", "127.0.0.1".to_owned()),
-                    ("MASTER_PORT", port),
-                    ("FERROCX_JOB_TOKEN", TOKEN.to_owned()),
-                ]
-                .into_iter()
-                .collect();
+                let vars = torchrun_env(r, world, &port);
                 let lookup = |k: &str| vars.get(k).cloned();
                 let rank = RankInfo::from_env(lookup).unwrap();
                 let job = JobInfo::from_env(lookup, &rank);

@@ -48,40 +48,34 @@ struct Driver {
     _lib: libloading::Library,
 }
 
+/// The entry point `name` (NUL-terminated) of `lib`, as the function type `T`.
+///
+/// # Safety
+/// `T` is the symbol's C signature.
+unsafe fn sym<T: Copy>(lib: &libloading::Library, name: &[u8]) -> Result<T, String> {
+    // SAFETY: the caller's contract.
+    unsafe { lib.get::<T>(name) }
+        .map(|s| *s)
+        .map_err(|e| e.to_string())
+}
+
 impl Driver {
     fn open() -> Result<Driver, String> {
         // SAFETY: libcuda's initialisers have no preconditions; the symbols are resolved with
         // the driver API's documented signatures and kept with the library.
         unsafe {
             let lib = libloading::Library::new("libcuda.so.1").map_err(|e| e.to_string())?;
-            let sym = |name: &[u8]| -> Result<*const c_void, String> {
-                lib.get::<*const c_void>(name)
-                    .map(|s| *s)
-                    .map_err(|e| e.to_string())
-            };
             Ok(Driver {
-                is_capturing: std::mem::transmute::<*const c_void, IsCapturing>(sym(
-                    b"cuStreamIsCapturing\0",
-                )?),
-                event_create: std::mem::transmute::<*const c_void, EventCreate>(sym(
-                    b"cuEventCreate\0",
-                )?),
-                event_record: std::mem::transmute::<*const c_void, EventRecord>(sym(
-                    b"cuEventRecord\0",
-                )?),
-                event_destroy: std::mem::transmute::<*const c_void, EventDestroy>(sym(
-                    b"cuEventDestroy_v2\0",
-                )?),
+                is_capturing: sym(&lib, b"cuStreamIsCapturing\0")?,
+                event_create: sym(&lib, b"cuEventCreate\0")?,
+                event_record: sym(&lib, b"cuEventRecord\0")?,
+                event_destroy: sym(&lib, b"cuEventDestroy_v2\0")?,
                 write_value: match (
-                    sym(b"cuMemHostAlloc\0"),
-                    sym(b"cuMemHostGetDevicePointer_v2\0"),
-                    sym(b"cuStreamWriteValue32_v2\0"),
+                    sym(&lib, b"cuMemHostAlloc\0"),
+                    sym(&lib, b"cuMemHostGetDevicePointer_v2\0"),
+                    sym(&lib, b"cuStreamWriteValue32_v2\0"),
                 ) {
-                    (Ok(a), Ok(p), Ok(w)) => Some((
-                        std::mem::transmute::<*const c_void, HostAlloc>(a),
-                        std::mem::transmute::<*const c_void, HostDevicePointer>(p),
-                        std::mem::transmute::<*const c_void, WriteValue32>(w),
-                    )),
+                    (Ok(a), Ok(p), Ok(w)) => Some((a, p, w)),
                     _ => None,
                 },
                 _lib: lib,
