@@ -144,7 +144,20 @@ pub fn wait_until(
             futex_wait(&h.wake, word, Duration::from_millis(5));
             h.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
-        w.check(&pending)?;
+        if let Err(e) = w.check(&pending) {
+            return settle(e, &mut ready);
+        }
+    }
+}
+
+/// The end of a wait whose check failed with `e`: one more look at `ready` decides. A peer
+/// may publish what this rank waits for and then exit (its last operation done) between the
+/// waiter's previous look and the check that finds it dead, and a publish may land just at the
+/// deadline: in both cases the data is there and the wait succeeded.
+fn settle(e: Error, ready: &mut impl FnMut() -> Result<bool>) -> Result<()> {
+    match ready() {
+        Ok(true) => Ok(()),
+        _ => Err(e),
     }
 }
 
@@ -205,4 +218,27 @@ pub fn barrier(seg: &Segment, me: usize, gen: u64, timeout: Duration, what: &str
                 .collect()
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_check_gives_way_to_data_that_arrived_meanwhile() {
+        let dead = || Error::new(Status::PEER_FAILURE, "recv: rank 0 (pid 1) died");
+        assert!(
+            settle(dead(), &mut || Ok(true)).is_ok(),
+            "published, then exited"
+        );
+        let e = settle(dead(), &mut || Ok(false)).unwrap_err();
+        assert_eq!(e.status(), Status::PEER_FAILURE);
+        assert!(
+            e.message().contains("rank 0 (pid 1) died"),
+            "{}",
+            e.message()
+        );
+        let e = settle(dead(), &mut || Err(Error::new(Status::ABORTED, "aborted"))).unwrap_err();
+        assert_eq!(e.status(), Status::PEER_FAILURE, "the check's error stands");
+    }
 }
