@@ -217,6 +217,8 @@ pub fn svg(title: &str, results: &[OpResult]) -> String {
                     [&row.out_of_place, &row.in_place]
                         .map(|g| (row.size as f64, g.time_us, row.bandwidth(g, r.bus_factor).1))
                 })
+                // A placement the adaptor does not support has no point.
+                .filter(|(_, t, _)| t.is_finite())
         })
     };
     let (mut x_lo, mut x_hi) = all().fold((f64::INFINITY, 0f64), |(lo, hi), (s, _, _)| {
@@ -271,6 +273,13 @@ pub fn svg(title: &str, results: &[OpResult]) -> String {
                     .rows
                     .iter()
                     .filter(|row| row.size > 0)
+                    .filter(|row| {
+                        if dashed {
+                            row.in_place.ran()
+                        } else {
+                            row.out_of_place.ran()
+                        }
+                    })
                     .map(|row| {
                         let g = if dashed {
                             &row.in_place

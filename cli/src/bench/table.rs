@@ -29,6 +29,24 @@ pub struct Direct {
 }
 
 impl Group {
+    /// A placement the CCL adaptor does not support (e.g. an in-place all-to-all on NCCL): no
+    /// time (NaN), nothing checked, and the same for the direct reference when there is one.
+    pub fn not_supported(direct: bool) -> Group {
+        Group {
+            time_us: f64::NAN,
+            wrong: None,
+            direct: direct.then_some(Direct {
+                time_us: f64::NAN,
+                wrong: None,
+            }),
+        }
+    }
+
+    /// Whether the placement ran (see [`Group::not_supported`]).
+    pub fn ran(&self) -> bool {
+        self.time_us.is_finite()
+    }
+
     /// ferrocx's bus bandwidth over the direct reference's (= direct time / ferrocx time).
     pub fn busbw_ratio(&self) -> Option<f64> {
         self.direct
@@ -39,7 +57,9 @@ impl Group {
     /// Microseconds ferrocx adds to each operation over the direct reference (negative when
     /// it is faster).
     pub fn added_latency_us(&self) -> Option<f64> {
-        self.direct.map(|d| self.time_us - d.time_us)
+        self.direct
+            .filter(|_| self.ran())
+            .map(|d| self.time_us - d.time_us)
     }
 }
 
@@ -153,7 +173,10 @@ impl OpResult {
         let mut sum = 0.0;
         let mut n = 0usize;
         for r in &self.rows {
-            for g in [&r.out_of_place, &r.in_place] {
+            for g in [&r.out_of_place, &r.in_place]
+                .into_iter()
+                .filter(|g| g.ran())
+            {
                 sum += r.bandwidth(g, self.bus_factor).1;
                 n += 1;
             }
@@ -194,6 +217,7 @@ impl OpResult {
             .rows
             .iter()
             .flat_map(|r| [&r.out_of_place, &r.in_place].map(|g| (r, g)))
+            .filter(|(_, g)| g.ran())
             .filter_map(|(r, g)| g.direct.map(|d| gbps(r.size, d.time_us) * self.bus_factor))
             .collect();
         if bws.is_empty() {
@@ -368,6 +392,23 @@ pub fn row_line(s: &Setup, r: &OpResult, row: &Row) -> String {
         r.root(s)
     );
     for g in [&row.out_of_place, &row.in_place] {
+        if !g.ran() {
+            // Not supported by the adaptor: every column of the group (and of its direct
+            // reference) says so.
+            let _ = write!(
+                o,
+                "  {:>7}  {:>6}  {:>6}  {:>5}",
+                "N/A", "N/A", "N/A", "N/A"
+            );
+            if g.direct.is_some() {
+                let _ = write!(
+                    o,
+                    "  {:>7}  {:>6}  {:>7}  {:>5}",
+                    "N/A", "N/A", "N/A", "N/A"
+                );
+            }
+            continue;
+        }
         let (alg, bus) = row.bandwidth(g, r.bus_factor);
         let _ = write!(
             o,
@@ -634,6 +675,67 @@ mod tests {
         let v = json(&setup(), &[r]);
         assert_eq!(v["results"][0]["rows"][0]["in_place"]["wrong"], Value::Null);
         assert_eq!(v["results"][0]["rows"][0]["out_of_place"]["wrong"], 0);
+    }
+
+    #[test]
+    fn a_placement_the_adaptor_refuses_reads_n_a_and_stays_out_of_the_summaries() {
+        let ran = |t: f64, d: f64| Group {
+            time_us: t,
+            wrong: Some(0),
+            direct: Some(Direct {
+                time_us: d,
+                wrong: Some(0),
+            }),
+        };
+        let r = OpResult {
+            op: Op::AllToAll,
+            bus_factor: Op::AllToAll.bus_factor(2),
+            rows: vec![Row {
+                size: 1 << 20,
+                count: 1 << 17,
+                out_of_place: ran(100.0, 99.0),
+                in_place: Group::not_supported(true),
+            }],
+        };
+        assert!(!r.rows[0].in_place.ran());
+        assert_eq!(r.rows[0].in_place.busbw_ratio(), None);
+        assert_eq!(r.rows[0].in_place.added_latency_us(), None);
+        let mut s = setup();
+        s.direct = Some("libnccl 2.28.3 (libnccl.so.2)".into());
+        let t = text(&s, std::slice::from_ref(&r));
+        let head = t.lines().find(|l| l.contains("#wrong")).unwrap();
+        let row = t.lines().find(|l| !l.starts_with('#')).unwrap();
+        assert_eq!(head.len(), row.len(), "\n{head}\n{row}");
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(f[13..], ["N/A"; 8], "{row}");
+        // The averages take the placement that ran only: 1 MiB in 100 us is 10.49 GB/s.
+        let bus = gbps(1 << 20, 100.0) * r.bus_factor;
+        assert!((r.avg_busbw() - bus).abs() < 1e-9, "{}", r.avg_busbw());
+        let v = json(&s, &[r]);
+        assert_eq!(
+            v["results"][0]["rows"][0]["in_place"]["time_us"],
+            Value::Null
+        );
+        assert!(svg_has_no_nan(&s));
+    }
+
+    /// The plot of a run with a refused placement draws no NaN coordinate.
+    fn svg_has_no_nan(_s: &Setup) -> bool {
+        let r = OpResult {
+            op: Op::AllToAll,
+            bus_factor: 1.0,
+            rows: vec![Row {
+                size: 1 << 20,
+                count: 1 << 17,
+                out_of_place: Group {
+                    time_us: 100.0,
+                    wrong: Some(0),
+                    direct: None,
+                },
+                in_place: Group::not_supported(false),
+            }],
+        };
+        !super::super::plot::svg("t", &[r]).contains("NaN")
     }
 
     fn direct_result() -> OpResult {

@@ -156,6 +156,8 @@ struct Bench<'a> {
     graphs: Option<DeviceGraph>,
     /// Timed runs per size and placement.
     repeats: usize,
+    /// Whether rank 0 said that the adaptor refuses a placement (once per run).
+    refusal_shown: bool,
 }
 
 impl Bench<'_> {
@@ -480,10 +482,27 @@ impl Bench<'_> {
         let np = self.paths.len();
         let mut times = Vec::new();
         let mut wrong = Vec::new();
-        for in_place in PLACEMENTS {
-            let (t, w) = self.measure(op, g, pats, in_place)?;
-            times.extend(t.into_iter().flatten());
-            wrong.extend(w.iter().map(|w| w.unwrap_or(0)));
+        let mut ran = [true; PLACEMENTS.len()];
+        for (place, in_place) in PLACEMENTS.into_iter().enumerate() {
+            match self.measure(op, g, pats, in_place) {
+                Ok((t, w)) => {
+                    times.extend(t.into_iter().flatten());
+                    wrong.extend(w.iter().map(|w| w.unwrap_or(0)));
+                }
+                // The adaptor refuses this placement before enqueuing anything (the same on
+                // every rank: it depends on the arguments only), e.g. NCCL's in-place
+                // all-to-all: its cells say N/A and the other placement still runs.
+                Err(e) if in_place && refused(&*e) => {
+                    ran[place] = false;
+                    times.extend(std::iter::repeat_n(0.0, np * self.repeats));
+                    wrong.extend(std::iter::repeat_n(0, np));
+                    if self.rank() == 0 && !self.refusal_shown {
+                        self.refusal_shown = true;
+                        eprintln!("# {} in place: N/A ({e})", op.name());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         let (times, wrong) = self.share(&times, &wrong)?;
         let r = self.repeats;
@@ -494,13 +513,18 @@ impl Bench<'_> {
             median(&times[at..at + r])
         };
         let wrong_of = |place: usize, path: usize| checked(wrong[place * np + path]);
-        let group = |place: usize| Group {
-            time_us: time(place, 0),
-            wrong: wrong_of(place, 0),
-            direct: (np > 1).then(|| table::Direct {
-                time_us: time(place, 1),
-                wrong: wrong_of(place, 1),
-            }),
+        let group = |place: usize| {
+            if !ran[place] {
+                return Group::not_supported(np > 1);
+            }
+            Group {
+                time_us: time(place, 0),
+                wrong: wrong_of(place, 0),
+                direct: (np > 1).then(|| table::Direct {
+                    time_us: time(place, 1),
+                    wrong: wrong_of(place, 1),
+                }),
+            }
         };
         Ok(Row {
             size: g.size,
@@ -509,6 +533,13 @@ impl Bench<'_> {
             in_place: group(1),
         })
     }
+}
+
+/// Whether `e` is the CCL adaptor's refusal of an operation's arguments (`UNSUPPORTED`), rather
+/// than a failure.
+fn refused(e: &(dyn Error + 'static)) -> bool {
+    e.downcast_ref::<AdaptorError>()
+        .is_some_and(|a| a.status() == ferrocx::abi::Status::UNSUPPORTED)
 }
 
 /// The options of this rank's cluster for its CCL adaptor (what `--direct` opens libnccl
@@ -632,6 +663,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         paths,
         direct,
         repeats,
+        refusal_shown: false,
     };
 
     let devices = gather_devices(&comm)?;
@@ -724,4 +756,29 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unsupported_status_counts_as_a_refusal() {
+        let refusal: Box<dyn Error> = Box::new(AdaptorError::Failed {
+            adaptor: "nccl".into(),
+            op: "all_to_all",
+            status: ferrocx::abi::Status::UNSUPPORTED,
+            message: "in place: absent (use distinct buffers)".into(),
+        });
+        assert!(refused(&*refusal));
+        let failure: Box<dyn Error> = Box::new(AdaptorError::Failed {
+            adaptor: "nccl".into(),
+            op: "all_to_all",
+            status: ferrocx::abi::Status::VENDOR_ERROR,
+            message: "unhandled cuda error".into(),
+        });
+        assert!(!refused(&*failure));
+        let other: Box<dyn Error> = "not an adaptor error".into();
+        assert!(!refused(&*other));
+    }
 }
