@@ -149,10 +149,16 @@ fn init_rank_bounded(
     rank: i32,
     timeout: std::time::Duration,
 ) -> Result<sys::ncclComm_t> {
-    let direct = || {
+    // NCCL's result and the handle of one `ncclCommInitRank` on the calling thread.
+    let init = move || {
         let mut raw: sys::ncclComm_t = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; the id is passed by value as `nccl.h` declares.
         let rc = unsafe { (api.ncclCommInitRank)(&mut raw, nranks, id, rank) };
+        (rc, raw as usize)
+    };
+    let direct = || {
+        let (rc, raw) = init();
+        let raw = raw as sys::ncclComm_t;
         api.check("ncclCommInitRank", rc, raw).map(|()| raw)
     };
     let Ok(cuda) = crate::cuda::driver() else {
@@ -165,16 +171,14 @@ fn init_rank_bounded(
         .name("ferrocx-nccl-init".into())
         .spawn(move || {
             cuda.set_context(ctx as crate::cuda::CUcontext);
-            let mut raw: sys::ncclComm_t = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer; the id is passed by value as `nccl.h` declares.
-            let rc = unsafe { (api.ncclCommInitRank)(&mut raw, nranks, id, rank) };
+            let (rc, raw) = init();
             let (state, returned) = &*theirs;
             let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
             if matches!(*st, Init::Abandoned) {
                 drop(st);
-                if !raw.is_null() {
+                if raw != 0 {
                     // SAFETY: a communicator nobody else holds (its caller gave up on it).
-                    unsafe { (api.ncclCommAbort)(raw) };
+                    unsafe { (api.ncclCommAbort)(raw as sys::ncclComm_t) };
                 }
                 tracing::debug!(
                     rank,
@@ -182,7 +186,7 @@ fn init_rank_bounded(
                 );
                 return;
             }
-            *st = Init::Returned(rc, raw as usize);
+            *st = Init::Returned(rc, raw);
             returned.notify_all();
         });
     if let Err(e) = spawned {
