@@ -24,6 +24,8 @@ struct Fake {
     destroys: unsafe extern "C" fn(i32) -> i32,
     set_async_error: unsafe extern "C" fn(i32, i32),
     init_hold: unsafe extern "C" fn(i32, i32),
+    abort_hold: unsafe extern "C" fn(i32, i32),
+    aborts_finished: unsafe extern "C" fn(i32) -> i32,
 }
 
 /// Builds and loads the fake (once per process) and initialises the adaptor over it.
@@ -76,6 +78,8 @@ fn fake() -> &'static Fake {
             destroys: sym!("fake_destroys"),
             set_async_error: sym!("fake_set_async_error"),
             init_hold: sym!("fake_init_hold"),
+            abort_hold: sym!("fake_abort_hold"),
+            aborts_finished: sym!("fake_aborts_finished"),
         }
     })
 }
@@ -116,6 +120,14 @@ impl Fake {
     fn init_hold(&self, rank: i32, hold: bool) {
         // SAFETY: a plain write.
         unsafe { (self.init_hold)(rank, hold as i32) }
+    }
+    fn abort_hold(&self, rank: i32, ms: i32) {
+        // SAFETY: a plain write.
+        unsafe { (self.abort_hold)(rank, ms) }
+    }
+    fn aborts_finished(&self, rank: i32) -> i32 {
+        // SAFETY: a plain read.
+        unsafe { (self.aborts_finished)(rank) }
     }
 }
 
@@ -203,6 +215,36 @@ fn a_hung_operation_times_out_aborts_once_and_breaks_the_communicator() {
     assert_eq!((f.aborts(rank), f.destroys(rank)), (1, 0));
     let gone = ccl.comm_destroy(c).expect_err("released once");
     assert_eq!(gone.status(), Status::INVALID_HANDLE);
+}
+
+/// The user sees the failure (the abort drained the stream) while the watchdog's
+/// `ncclCommAbort` is still running. Releasing the handle then must not return before that abort
+/// has: the caller's next step (finalizing the device, exiting) would pull CUDA away from under
+/// it, which on GPUs ended in a SIGSEGV inside NCCL's teardown.
+#[test]
+fn releasing_a_communicator_waits_for_the_watchdogs_running_abort() {
+    let (f, ccl, rank) = (fake(), NcclCcl::instance(), 10);
+    f.abort_hold(rank, 500);
+    let c = comm(rank, 200, vec![]);
+    let s = f.stream(true);
+    all_reduce(c, s).expect("enqueued");
+    within(Duration::from_secs(5), || f.idle(s)).expect("the abort drains the stream");
+    assert_eq!(f.aborts(rank), 1, "the abort began");
+    assert_eq!(f.aborts_finished(rank), 0, "and is still running");
+    let start = Instant::now();
+    ccl.comm_destroy(c).expect("released");
+    let took = start.elapsed();
+    assert_eq!(
+        f.aborts_finished(rank),
+        1,
+        "comm_destroy returned after {took:?}, before the watchdog's abort did"
+    );
+    assert!(took < Duration::from_secs(3), "waited {took:?}");
+    assert_eq!(
+        (f.aborts(rank), f.destroys(rank)),
+        (1, 0),
+        "one abort, no destroy"
+    );
 }
 
 #[test]

@@ -50,6 +50,8 @@ static int aborts[MAX_RANKS];
 static int destroys[MAX_RANKS];
 static int async_errors[MAX_RANKS];
 static int init_holds[MAX_RANKS];
+static int abort_holds_ms[MAX_RANKS];
+static int aborts_finished[MAX_RANKS];
 static long events_live;
 static int context;
 
@@ -85,6 +87,13 @@ void fake_set_async_error(int rank, int rc) { STORE(async_errors[rank], rc); }
 
 /* While set, ncclCommInitRank of `rank` waits (as NCCL's does for a peer that never joins). */
 void fake_init_hold(int rank, int hold) { STORE(init_holds[rank], hold); }
+
+/* ncclCommAbort of `rank` takes `ms` after draining its streams (as a real abort can, while
+ * NCCL tears down its proxy and connections). */
+void fake_abort_hold(int rank, int ms) { STORE(abort_holds_ms[rank], ms); }
+
+/* How many aborts of `rank` have returned. */
+int fake_aborts_finished(int rank) { return LOAD(aborts_finished[rank]); }
 
 long fake_events_live(void) { return LOAD(events_live); }
 
@@ -157,6 +166,12 @@ result_t ncclCommAbort(struct comm *c) {
             STORE(s->completed, LOAD(s->enqueued));
         }
     }
+    int hold = LOAD(abort_holds_ms[c->rank]);
+    if (hold > 0) {
+        struct timespec t = {hold / 1000, (long)(hold % 1000) * 1000000L};
+        nanosleep(&t, NULL);
+    }
+    ADD(aborts_finished[c->rank], 1);
     return SUCCESS;
 }
 
