@@ -407,6 +407,65 @@ fn barrier_repeated_with_one_name_holds_every_rank_each_round() {
     assert!(!shared.check(&["ferrocx/barrier/b/0/done"]).unwrap());
 }
 
+/// Ranks 0 and 2 of 4 gather while 1 and 3 never come: both name the two missing ranks within
+/// the timeout. A barrier that only 2 of 3 reach says so.
+#[test]
+fn helpers_that_time_out_name_the_ranks_that_never_came() {
+    let server = server();
+    let addr = server.local_addr();
+    let wait = Duration::from_millis(400);
+    let errors: Vec<_> = [0usize, 2]
+        .into_iter()
+        .map(|rank| {
+            thread::spawn(move || {
+                let store = Store::connect(addr, TOKEN, wait).unwrap();
+                let start = Instant::now();
+                let e = store.all_gather("ag", rank, 4, b"x").unwrap_err();
+                (start.elapsed(), e)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    for (took, e) in errors {
+        assert!(took >= wait * 9 / 10 && took < wait * 5, "failed after {took:?}");
+        match &e {
+            BootstrapError::Absent {
+                op: "all_gather",
+                missing,
+                arrived: 2,
+                world: 4,
+                round: 0,
+                ..
+            } => assert_eq!(missing, &[1, 3]),
+            other => panic!("{other:?}"),
+        }
+        let msg = e.to_string();
+        assert_eq!(
+            msg,
+            format!("all_gather \"ag\" (round 0): ranks 1, 3 of 4 did not arrive within {wait:?}")
+        );
+    }
+    let errors: Vec<_> = (0..2)
+        .map(|_| {
+            thread::spawn(move || {
+                let store = Store::connect(addr, TOKEN, wait).unwrap();
+                store.barrier("b", 3).unwrap_err().to_string()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    for msg in errors {
+        assert_eq!(
+            msg,
+            format!("barrier \"b\" (round 0): 2 of 3 ranks arrived within {wait:?}")
+        );
+    }
+}
+
 #[test]
 fn helpers_report_bad_arguments() {
     let server = server();

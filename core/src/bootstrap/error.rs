@@ -103,6 +103,28 @@ pub enum BootstrapError {
         /// What was wrong.
         reason: String,
     },
+    /// Ranks of a rendezvous helper's round did not arrive before the deadline: `all_gather`
+    /// names them (`missing`); `barrier`, which counts arrivals, says how many came.
+    #[error(
+        "{op} \"{name}\" (round {round}): {} within {waited:?}",
+        absent_text(.missing, *.arrived, *.world)
+    )]
+    Absent {
+        /// The helper (`all_gather`, `barrier`).
+        op: &'static str,
+        /// The prefix or barrier name.
+        name: String,
+        /// The helper's round under that name (0 for the first call).
+        round: u64,
+        /// The ranks whose contribution never came, ascending (empty when unknown).
+        missing: Vec<usize>,
+        /// How many ranks arrived.
+        arrived: usize,
+        /// The world size.
+        world: usize,
+        /// The deadline that passed.
+        waited: Duration,
+    },
     /// A rendezvous helper was called with arguments that cannot work (e.g. rank ≥ world), or
     /// the ranks disagree about them.
     #[error("{op} \"{name}\": {reason}")]
@@ -114,4 +136,18 @@ pub enum BootstrapError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// "rank 3 of 4 did not arrive", "ranks 1, 2 of 4 did not arrive", or "3 of 4 ranks arrived".
+fn absent_text(missing: &[usize], arrived: usize, world: usize) -> String {
+    let list = missing
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    match missing.len() {
+        0 => format!("{arrived} of {world} ranks arrived"),
+        1 => format!("rank {list} of {world} did not arrive"),
+        _ => format!("ranks {list} of {world} did not arrive"),
+    }
 }

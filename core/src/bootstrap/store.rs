@@ -234,7 +234,8 @@ impl Store {
     }
 
     /// Every rank's `data`, in rank order. Each of the `world` ranks calls it once per round
-    /// with the same `prefix`; rounds with the same prefix never mix.
+    /// with the same `prefix`; rounds with the same prefix never mix. Ranks whose data does not
+    /// come within the store's timeout fail it with [`BootstrapError::Absent`], naming them.
     pub fn all_gather(
         &self,
         prefix: &str,
@@ -257,7 +258,28 @@ impl Store {
         for r in 0..world {
             match r == rank {
                 true => all.push(data.to_vec()),
-                false => all.push(self.get_within(&slot(round, r), left(deadline))?),
+                false => match self.get_within(&slot(round, r), left(deadline)) {
+                    Ok(v) => all.push(v),
+                    Err(BootstrapError::Timeout { .. }) => {
+                        // Ranks below `r` arrived; look (without waiting) at those above.
+                        let mut missing = vec![r];
+                        for later in (r + 1..world).filter(|&q| q != rank) {
+                            if !self.check(&[&slot(round, later)])? {
+                                missing.push(later);
+                            }
+                        }
+                        return Err(BootstrapError::Absent {
+                            op: "all_gather",
+                            name: prefix.to_owned(),
+                            round,
+                            arrived: world - missing.len(),
+                            missing,
+                            world,
+                            waited: self.timeout,
+                        });
+                    }
+                    Err(e) => return Err(e),
+                },
             }
         }
         // Every rank has set its slot of this round, so every rank is done reading the last
@@ -298,7 +320,8 @@ impl Store {
         }
     }
 
-    /// Returns once all `world` ranks have called it with this `name` (once per round).
+    /// Returns once all `world` ranks have called it with this `name` (once per round); after
+    /// the store's timeout, [`BootstrapError::Absent`] with the number that arrived.
     pub fn barrier(&self, name: &str, world: usize) -> Result<(), BootstrapError> {
         if world == 0 {
             return Err(BootstrapError::InvalidArgument {
@@ -329,7 +352,22 @@ impl Store {
                 self.delete(&key(round - 1, "done"))?;
             }
         }
-        self.get(&key(round, "done")).map(|_| ())
+        match self.get(&key(round, "done")) {
+            Ok(_) => Ok(()),
+            Err(BootstrapError::Timeout { waited, .. }) => {
+                let arrived = self.add(&key(round, "arrived"), 0)?;
+                Err(BootstrapError::Absent {
+                    op: "barrier",
+                    name: name.to_owned(),
+                    round,
+                    missing: Vec::new(),
+                    arrived: usize::try_from(arrived).unwrap_or(0),
+                    world,
+                    waited,
+                })
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn next_round(&self, helper: &'static str, name: &str) -> u64 {

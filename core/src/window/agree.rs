@@ -74,15 +74,17 @@ impl Agreement<'_> {
     }
 }
 
-/// A store error of `step`, naming the rank that did not arrive when it was a timeout.
+/// A store error of `step`; a timeout names the first rank that did not arrive.
 fn waited_for(step: &'static str, e: BootstrapError) -> WindowError {
     match e {
-        // The helper's keys end with the rank whose record was waited for.
-        BootstrapError::Timeout {
-            ref key, waited, ..
-        } => match key.rsplit('/').next().and_then(|r| r.parse::<usize>().ok()) {
-            Some(rank) => WindowError::PeerTimeout { step, rank, waited },
-            None => WindowError::Bootstrap(e),
+        BootstrapError::Absent {
+            ref missing,
+            waited,
+            ..
+        } if !missing.is_empty() => WindowError::PeerTimeout {
+            step,
+            rank: missing[0],
+            waited,
         },
         e => WindowError::Bootstrap(e),
     }
