@@ -429,7 +429,10 @@ fn helpers_that_time_out_name_the_ranks_that_never_came() {
         .map(|h| h.join().unwrap())
         .collect();
     for (took, e) in errors {
-        assert!(took >= wait * 9 / 10 && took < wait * 5, "failed after {took:?}");
+        assert!(
+            took >= wait * 9 / 10 && took < wait * 5,
+            "failed after {took:?}"
+        );
         match &e {
             BootstrapError::Absent {
                 op: "all_gather",
