@@ -92,7 +92,12 @@ for stage in "${stages[@]}"; do
         [ "$n" -ge 2 ] || continue
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --op all_reduce -b 8 -e 64M -f 2
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --graph --op all_reduce -b 8 -e 64M -f 2
-        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo ring --op all_reduce -b 64M -e 64M
+        # The ring at 4 to 64 MiB both ways (push is the default; FERROCX_WINDOW_RING=pull reads
+        # the partials from the left neighbour instead), and two-shot over the sizes it can take.
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo ring --op all_reduce -b 4M -e 64M -f 4
+        step env FERROCX_WINDOW_RING=pull ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo ring --op all_reduce -b 4M -e 64M -f 4
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo two-shot --op all_reduce -b 256K -e 16M -f 2
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo two-shot --graph --op all_reduce -b 256K -e 16M -f 2
       done
       ;;
     torch)

@@ -160,39 +160,55 @@ __device__ void fx_two_shot(const FxArgs& a, const FxRound& r) {
 
 // One ring round over `count` elements. Piece j is part j over the ranks, kept in chunk slot j
 // (its element i at slot + (i - piece_lo) * size). At step s rank r takes piece p = r - s:
-// its input, plus (s > 0) the left neighbour's partial from step s - 1, into its own slot p,
-// then signals its right neighbour (or, at the last step, everyone). After the last step rank
-// r holds piece r + 1 reduced over every rank; the all-gather reads piece j from rank j - 1.
-// Block b handles sub-part b of every piece, signalling through pad b.
+// its input, plus (s > 0) the partial of step s - 1 from the left neighbour, and signals its
+// right neighbour (or, at the last step, everyone). After the last step rank r holds piece
+// r + 1 reduced over every rank, in its slot and in its output; the all-gather reads piece j
+// from rank j - 1. Block b handles sub-part b of every piece, signalling through pad b.
+//
+// Two ways to move the partials (`a.algo`): pull (2) keeps step s's partial in the rank's own
+// slot p, where the right neighbour reads it; push (3) writes it straight into the right
+// neighbour's slot p, so that every load of a step is local and the link carries posted
+// stores only. Either way slot p of a rank is written once per round before the last step.
 template <class E, class O>
 __device__ void fx_ring(const FxArgs& a, const FxRound& r) {
     typedef typename E::T T;
     const u64 g = 16 / sizeof(T);
     const u32 P = a.world, me = a.rank;
     const u32 left = (me + P - 1) % P, right = (me + 1) % P;
+    const bool push = a.algo == 3;
     __shared__ int failed;
     if (threadIdx.x == 0) failed = 0;
     for (u32 step = 0; step < P; step++) {
+        const bool last = step + 1 == P;
         u32 p = (me + P - step) % P;
         u64 plo, phi, blo, bhi;
         fx_part(a.count, P, p, g, &plo, &phi);
         fx_part(phi - plo, gridDim.x, blockIdx.x, g, &blo, &bhi);
-        // Element-indexed bases of this rank's and the left neighbour's slot p.
+        // Element-indexed bases of slot p at this rank, its left and its right neighbour.
         u64 mine = a.peers[me] + r.parity + p * a.chunk - plo * sizeof(T);
         u64 theirs = a.peers[left] + r.parity + p * a.chunk - plo * sizeof(T);
+        u64 next = a.peers[right] + r.parity + p * a.chunk - plo * sizeof(T);
         __syncthreads();
-        if (step == 0) {
-            fx_copy<E>(mine, a.send, plo + blo, plo + bhi, a.vec, false);
-        } else {
+        if (step > 0) {
             if (threadIdx.x == 0 && !fx_wait(a, r.epoch, left, FX_RING, r.epoch * P + step - 1)) failed = 1;
             __syncthreads();
             if (failed) return;
-            u64 srcs[2] = {a.send, theirs};
-            fx_reduce<E, O>(mine, 0, srcs, 2, 2u, plo + blo, plo + bhi, a.vec);
+        }
+        // Where this step's partial goes (the last step's, the reduced piece, also to the output).
+        u64 dst = push && !last ? next : mine;
+        u64 out = last ? a.recv : 0;
+        if (step == 0) {
+            if (last) fx_copy<E>(a.recv, a.send, plo + blo, plo + bhi, a.vec, false);
+            else fx_copy<E>(dst, a.send, plo + blo, plo + bhi, a.vec, false);
+        } else {
+            // The partial arrived in this rank's slot (push) or is read from the left's (pull);
+            // either way a peer wrote it: read around L1.
+            u64 srcs[2] = {a.send, push ? mine : theirs};
+            fx_reduce<E, O>(dst, out, srcs, 2, 2u, plo + blo, plo + bhi, a.vec);
         }
         __syncthreads();
         u64 value = r.epoch * P + step;
-        if (step + 1 < P) {
+        if (!last) {
             if (threadIdx.x == 0) fx_store_release(fx_slot(a, right, FX_RING, me), value);
         } else if (threadIdx.x < P && threadIdx.x != me) {
             fx_store_release(fx_slot(a, threadIdx.x, FX_RING, me), value);
@@ -206,11 +222,12 @@ __device__ void fx_ring(const FxArgs& a, const FxRound& r) {
     if (failed) return;
     for (u32 j = 0; j < P; j++) {
         u32 owner = (j + P - 1) % P;
+        if (owner == me) continue;  // written to the output at the last step
         u64 plo, phi, blo, bhi;
         fx_part(a.count, P, j, g, &plo, &phi);
         fx_part(phi - plo, gridDim.x, blockIdx.x, g, &blo, &bhi);
         u64 slot = a.peers[owner] + r.parity + j * a.chunk - plo * sizeof(T);
-        fx_copy<E>(a.recv, slot, plo + blo, plo + bhi, a.vec, owner != me);
+        fx_copy<E>(a.recv, slot, plo + blo, plo + bhi, a.vec, true);
     }
 }
 

@@ -41,7 +41,7 @@ struct FxArgs {
     u32 signal_stride;        // bytes between signal slots
     u32 max_blocks;           // signal pads per kind
     u32 vec;                  // 1 when send and recv are 16-byte aligned
-    u32 algo;                 // 0 one-shot, 1 two-shot, 2 ring: named in a failure record
+    u32 algo;                 // 0 one-shot, 1 two-shot, 2 ring (pull), 3 ring (push): named in a failure record
 };
 
 static_assert(sizeof(FxArgs) == FX_ARGS_SIZE, "FxArgs differs from the host's Args");
@@ -246,26 +246,73 @@ __device__ __forceinline__ void fx_part(u64 n, u64 parts, u64 i, u64 g, u64* lo,
 
 // ---- block-wide moves ---------------------------------------------------------------------
 // Element i of an array lives at base + i * sizeof(T). `lo` is a multiple of the pack size
-// whenever `vec` is set, so packs are 16-byte aligned.
+// whenever `vec` is set, so packs are 16-byte aligned. Vector moves go FX_UNROLL packs per
+// thread at a time, all of them loaded before the first is used, so that a thread keeps
+// FX_UNROLL loads in flight (a peer's memory answers a load in about a microsecond).
 
-// dst[lo, hi) = src[lo, hi). `peer_src`: src is another rank's memory.
+#ifndef FX_UNROLL
+#define FX_UNROLL 4
+#endif
+
+// 16 bytes at `addr`: around L1 when another rank wrote it (`peer`).
+__device__ __forceinline__ uint4 fx_load16(u64 addr, bool peer) {
+    return peer ? fx_load16_peer(addr) : *(const uint4*)addr;
+}
+
+// dst[lo, hi) = src[lo, hi). `peer_src`: src is another rank's memory (or written by one).
 template <class E>
 __device__ void fx_copy(u64 dst, u64 src, u64 lo, u64 hi, bool vec, bool peer_src) {
     typedef typename E::T T;
     const u64 N = 16 / sizeof(T);
     u64 i = lo;
     if (vec) {
-        u64 packs = (hi - lo) / N;
-        for (u64 k = threadIdx.x; k < packs; k += blockDim.x) {
-            u64 at = (lo + k * N) * sizeof(T);
-            uint4 v = peer_src ? fx_load16_peer(src + at) : *(const uint4*)(src + at);
-            *(uint4*)(dst + at) = v;
+        const u64 packs = (hi - lo) / N, step = blockDim.x, base = lo * sizeof(T);
+        u64 k = threadIdx.x;
+        for (; k + (FX_UNROLL - 1) * step < packs; k += FX_UNROLL * step) {
+            uint4 v[FX_UNROLL];
+#pragma unroll
+            for (u32 u = 0; u < FX_UNROLL; u++) v[u] = fx_load16(src + base + (k + u * step) * 16, peer_src);
+#pragma unroll
+            for (u32 u = 0; u < FX_UNROLL; u++) *(uint4*)(dst + base + (k + u * step) * 16) = v[u];
         }
+        for (; k < packs; k += step) *(uint4*)(dst + base + k * 16) = fx_load16(src + base + k * 16, peer_src);
         i = lo + packs * N;
     }
     for (u64 j = i + threadIdx.x; j < hi; j += blockDim.x) {
         T v = peer_src ? *(volatile const T*)(src + j * sizeof(T)) : *(const T*)(src + j * sizeof(T));
         *(T*)(dst + j * sizeof(T)) = v;
+    }
+}
+
+// U packs at `at[0..U)` of dst (and dst2 when it is not 0) = srcs[0] op srcs[1] op ... (in that
+// order, accumulated in E::A, rounded once); srcs[s] is a peer's memory when bit s of
+// `peer_mask` is set. Each source's U loads are in flight together.
+template <class E, class O, u32 U>
+__device__ __forceinline__ void fx_reduce_packs(u64 dst, u64 dst2, const u64* srcs, u32 nsrc,
+                                                u32 peer_mask, const u64* at) {
+    typedef typename E::A A;
+    const u32 N = 16 / sizeof(typename E::T);
+    A acc[U][N];
+    for (u32 s = 0; s < nsrc; s++) {
+        const bool peer = (peer_mask >> s) & 1;
+        FxPack<E> p[U];
+#pragma unroll
+        for (u32 u = 0; u < U; u++) p[u].v = fx_load16(srcs[s] + at[u], peer);
+#pragma unroll
+        for (u32 u = 0; u < U; u++)
+#pragma unroll
+            for (u32 e = 0; e < N; e++) {
+                A x = E::load(p[u].e[e]);
+                acc[u][e] = s == 0 ? x : O::apply(acc[u][e], x);
+            }
+    }
+#pragma unroll
+    for (u32 u = 0; u < U; u++) {
+        FxPack<E> out;
+#pragma unroll
+        for (u32 e = 0; e < N; e++) out.e[e] = E::store(acc[u][e]);
+        *(uint4*)(dst + at[u]) = out.v;
+        if (dst2) *(uint4*)(dst2 + at[u]) = out.v;
     }
 }
 
@@ -280,25 +327,17 @@ __device__ void fx_reduce(u64 dst, u64 dst2, const u64* srcs, u32 nsrc, u32 peer
     const u64 N = 16 / sizeof(T);
     u64 i = lo;
     if (vec) {
-        u64 packs = (hi - lo) / N;
-        for (u64 k = threadIdx.x; k < packs; k += blockDim.x) {
-            u64 at = (lo + k * N) * sizeof(T);
-            A acc[N];
-            for (u32 s = 0; s < nsrc; s++) {
-                FxPack<E> p;
-                p.v = (peer_mask >> s) & 1 ? fx_load16_peer(srcs[s] + at)
-                                           : *(const uint4*)(srcs[s] + at);
+        const u64 packs = (hi - lo) / N, step = blockDim.x, base = lo * sizeof(T);
+        u64 k = threadIdx.x;
+        for (; k + (FX_UNROLL - 1) * step < packs; k += FX_UNROLL * step) {
+            u64 at[FX_UNROLL];
 #pragma unroll
-                for (u64 e = 0; e < N; e++) {
-                    A x = E::load(p.e[e]);
-                    acc[e] = s == 0 ? x : O::apply(acc[e], x);
-                }
-            }
-            FxPack<E> out;
-#pragma unroll
-            for (u64 e = 0; e < N; e++) out.e[e] = E::store(acc[e]);
-            *(uint4*)(dst + at) = out.v;
-            if (dst2) *(uint4*)(dst2 + at) = out.v;
+            for (u32 u = 0; u < FX_UNROLL; u++) at[u] = base + (k + u * step) * 16;
+            fx_reduce_packs<E, O, FX_UNROLL>(dst, dst2, srcs, nsrc, peer_mask, at);
+        }
+        for (; k < packs; k += step) {
+            u64 at = base + k * 16;
+            fx_reduce_packs<E, O, 1>(dst, dst2, srcs, nsrc, peer_mask, &at);
         }
         i = lo + packs * N;
     }
@@ -326,12 +365,21 @@ __device__ void fx_push(const u64* dsts, u32 mask, u32 ndst, u64 src, u64 lo, u6
     const u64 N = 16 / sizeof(T);
     u64 i = lo;
     if (vec) {
-        u64 packs = (hi - lo) / N;
-        for (u64 k = threadIdx.x; k < packs; k += blockDim.x) {
-            u64 at = (lo + k * N) * sizeof(T);
-            uint4 v = *(const uint4*)(src + at);
+        const u64 packs = (hi - lo) / N, step = blockDim.x, base = lo * sizeof(T);
+        u64 k = threadIdx.x;
+        for (; k + (FX_UNROLL - 1) * step < packs; k += FX_UNROLL * step) {
+            uint4 v[FX_UNROLL];
+#pragma unroll
+            for (u32 u = 0; u < FX_UNROLL; u++) v[u] = *(const uint4*)(src + base + (k + u * step) * 16);
             for (u32 q = 0; q < ndst; q++)
-                if ((mask >> q) & 1) *(uint4*)(dsts[q] + at) = v;
+                if ((mask >> q) & 1)
+#pragma unroll
+                    for (u32 u = 0; u < FX_UNROLL; u++) *(uint4*)(dsts[q] + base + (k + u * step) * 16) = v[u];
+        }
+        for (; k < packs; k += step) {
+            uint4 v = *(const uint4*)(src + base + k * 16);
+            for (u32 q = 0; q < ndst; q++)
+                if ((mask >> q) & 1) *(uint4*)(dsts[q] + base + k * 16) = v;
         }
         i = lo + packs * N;
     }

@@ -26,16 +26,26 @@ pub fn host(world: usize) -> Measured {
     }
 }
 
-/// CUDA devices at `world` ranks, measured on 4x H200 (NVLink, all pairs) with
-/// `ferrocx bench --direct`, eager and CUDA graph (see the crate README). One-shot (LL lines up
-/// to 256 KiB, pushed slots above) beats two-shot up to 2 MiB on 2 GPUs and up to about 1 MiB
-/// on 4; against NCCL the window is faster at every size up to 2 MiB on 2 GPUs and up to
-/// 256 KiB on 4 (at 512 KiB it ties in eager mode), so those are the thresholds and `auto`
-/// takes the window there. 3 GPUs take the 4-GPU thresholds but keep NCCL (not measured);
-/// more than 4 keep the earlier published crossovers and NCCL.
+/// CUDA devices at `world` ranks, measured with `ferrocx bench --direct`, eager and CUDA graph
+/// (see the crate README and `docs/perf.md`).
+///
+/// - **2 GPUs** (2 H200, NVLink): one-shot (LL lines up to 256 KiB, pushed slots above) is the
+///   fastest window algorithm up to 2 MiB; from there two-shot and the ring are level (within
+///   4 %), and two-shot beats NCCL up to 16 MiB, the most it can take on 2 ranks (a parity):
+///   1.16-1.19x at 16 MiB, 1.25-1.32x at 8 MiB, in both modes. The ring still wins at 32 MiB
+///   (1.07-1.09x) and loses at 64 MiB (0.96-0.98x), but `auto` never routes to the ring.
+///   So the window takes everything up to 16 MiB.
+/// - **4 GPUs** (4 H200, NVLink all pairs): one-shot beats two-shot up to about 1 MiB, and the
+///   window beats NCCL up to 256 KiB (at 512 KiB it ties in eager mode, through the ring).
+/// - 3 GPUs take the 4-GPU thresholds but keep NCCL (not measured); more than 4 keep the
+///   earlier published crossovers and NCCL.
+///
+/// The window kernels take up to [`crate::layout::MAX_BLOCKS`] (128) thread blocks, more SMs
+/// than NCCL's channels: a job that overlaps its all-reduces with compute may prefer
+/// `small_message = "ccl"` or a lower `window_two_shot_max` for its mid-size messages.
 pub fn cuda(world: usize) -> Measured {
     let (one_shot_max, two_shot_max, window_faster) = match world {
-        0..=2 => (2 << 20, 2 << 20, true),
+        0..=2 => (2 << 20, 16 << 20, true),
         3 => (256 << 10, 256 << 10, false),
         4 => (256 << 10, 256 << 10, true),
         _ => (64 << 10, 512 << 10, false),

@@ -114,6 +114,42 @@ fn ll_threads() -> u32 {
     }
 }
 
+/// Environment variable: how the ring moves its partials, `push` (into the right neighbour's
+/// slot) or `pull` (the right neighbour reads them). A tuning knob, as [`LL_MAX_ENV`].
+pub const RING_ENV: &str = "FERROCX_WINDOW_RING";
+
+/// The ring's way of this process (see [`RING_ENV`]): whether it pushes.
+fn ring_push() -> bool {
+    match std::env::var(RING_ENV).as_deref().map(str::trim) {
+        Err(_) | Ok("push") => true,
+        Ok("pull") => false,
+        Ok(v) => {
+            tracing::warn!("{RING_ENV}={v:?}: expected push or pull; using push");
+            true
+        }
+    }
+}
+
+/// Environment variable: 16-byte packs each thread of a bulk move keeps in flight (1, 2, 4 or
+/// 8; `FX_UNROLL` in the sources). A tuning knob, as [`LL_MAX_ENV`].
+pub const UNROLL_ENV: &str = "FERROCX_WINDOW_UNROLL";
+
+/// Packs in flight per thread by default.
+const UNROLL: u32 = 4;
+
+fn unroll() -> u32 {
+    match std::env::var(UNROLL_ENV) {
+        Err(_) => UNROLL,
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(u @ (1 | 2 | 4 | 8)) => u,
+            _ => {
+                tracing::warn!("{UNROLL_ENV}={v:?}: expected 1, 2, 4 or 8; using {UNROLL}");
+                UNROLL
+            }
+        },
+    }
+}
+
 /// `"4096"`, `"64K"` or `"1M"` as bytes.
 fn parse_bytes(v: &str) -> Option<usize> {
     let v = v.trim();
@@ -128,8 +164,10 @@ fn parse_bytes(v: &str) -> Option<usize> {
 /// The source NVRTC compiles: the constants the host defines, then the kernels.
 pub fn source() -> String {
     format!(
-        "#define FX_MAX_RANKS {MAX_RANKS}\n#define FX_ARGS_SIZE {}\n#define FX_LL_SLOT {LL_SLOT}\n{ALL_REDUCE_CU}",
-        std::mem::size_of::<Args>()
+        "#define FX_MAX_RANKS {MAX_RANKS}\n#define FX_ARGS_SIZE {}\n#define FX_LL_SLOT {LL_SLOT}\n\
+         #define FX_UNROLL {}\n{ALL_REDUCE_CU}",
+        std::mem::size_of::<Args>(),
+        unroll()
     )
 }
 
@@ -313,6 +351,8 @@ pub(crate) struct Cuda {
     counter: DevicePtr,
     /// Threads per block of the LL one-shot launches ([`LL_THREADS_ENV`]).
     ll_threads: u32,
+    /// Whether the ring pushes its partials ([`RING_ENV`]).
+    ring_push: bool,
 }
 
 // SAFETY: `Args` holds plain addresses; the module is Send + Sync; the status word is read
@@ -380,6 +420,7 @@ impl Cuda {
             status,
             counter,
             ll_threads: ll_threads(),
+            ring_push: ring_push(),
         })
     }
 
@@ -407,6 +448,7 @@ impl Cuda {
         args.algo = match algo {
             WindowAlgo::OneShot => 0,
             WindowAlgo::TwoShot => 1,
+            WindowAlgo::Ring if self.ring_push => 3,
             WindowAlgo::Ring => 2,
         };
         let rounds: Vec<(usize, usize)> = match algo {
