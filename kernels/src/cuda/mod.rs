@@ -71,19 +71,12 @@ pub(crate) struct Args {
 /// knob for measuring the crossover on a new machine.
 pub const LL_MAX_ENV: &str = "FERROCX_WINDOW_LL_MAX";
 
-/// The LL limit of this process: [`LL_MAX_ENV`] if set (clamped to [`LL_MAX_BYTES`]; an
-/// unreadable value is ignored with a warning), else [`LL_MAX_BYTES`].
+/// The LL limit of this process: [`LL_MAX_ENV`] if set (clamped to [`LL_MAX_BYTES`]), else
+/// [`LL_MAX_BYTES`].
 fn ll_max() -> usize {
-    match std::env::var(LL_MAX_ENV) {
-        Err(_) => LL_MAX_BYTES,
-        Ok(v) => match parse_bytes(&v) {
-            Some(b) => b.min(LL_MAX_BYTES),
-            None => {
-                tracing::warn!("{LL_MAX_ENV}={v:?} is not a byte count; using {LL_MAX_BYTES}");
-                LL_MAX_BYTES
-            }
-        },
-    }
+    knob(LL_MAX_ENV, "a byte count", LL_MAX_BYTES, |v| {
+        parse_bytes(v).map(|b| b.min(LL_MAX_BYTES))
+    })
 }
 
 /// Environment variable: threads per block of the LL one-shot launches, 64, 128, 256 (the
@@ -97,21 +90,28 @@ pub const LL_THREADS_ENV: &str = "FERROCX_WINDOW_LL_THREADS";
 /// thread then carries two or more lines).
 const LL_THREADS: u32 = 256;
 
-/// The LL block size of this process (see [`LL_THREADS_ENV`]); another value is ignored with a
-/// warning.
+/// The LL block size of this process (see [`LL_THREADS_ENV`]).
 fn ll_threads() -> u32 {
-    match std::env::var(LL_THREADS_ENV) {
-        Err(_) => LL_THREADS,
-        Ok(v) => match v.trim().parse::<u32>() {
-            Ok(t @ (64 | 128 | 256 | 512)) => t,
-            _ => {
-                tracing::warn!(
-                    "{LL_THREADS_ENV}={v:?}: expected 64, 128, 256 or 512; using {LL_THREADS}"
-                );
-                LL_THREADS
-            }
-        },
-    }
+    knob(LL_THREADS_ENV, "64, 128, 256 or 512", LL_THREADS, |v| {
+        one_of(v, &[64, 128, 256, 512])
+    })
+}
+
+/// The tuning variable `var` as `parse` reads it (trimmed), else `default`: when it is unset,
+/// or, with a warning naming what was `expected`, when `parse` refuses it.
+fn knob<T>(var: &str, expected: &str, default: T, parse: impl Fn(&str) -> Option<T>) -> T {
+    let Ok(v) = std::env::var(var) else {
+        return default;
+    };
+    parse(v.trim()).unwrap_or_else(|| {
+        tracing::warn!("{var}={v:?}: expected {expected}; using the default");
+        default
+    })
+}
+
+/// `v` as a number among `allowed`.
+fn one_of(v: &str, allowed: &[u32]) -> Option<u32> {
+    v.parse().ok().filter(|n| allowed.contains(n))
 }
 
 /// Environment variable: how the ring moves its partials, `push` (into the right neighbour's
@@ -120,14 +120,11 @@ pub const RING_ENV: &str = "FERROCX_WINDOW_RING";
 
 /// The ring's way of this process (see [`RING_ENV`]): whether it pushes.
 fn ring_push() -> bool {
-    match std::env::var(RING_ENV).as_deref().map(str::trim) {
-        Err(_) | Ok("push") => true,
-        Ok("pull") => false,
-        Ok(v) => {
-            tracing::warn!("{RING_ENV}={v:?}: expected push or pull; using push");
-            true
-        }
-    }
+    knob(RING_ENV, "push or pull", true, |v| match v {
+        "push" => Some(true),
+        "pull" => Some(false),
+        _ => None,
+    })
 }
 
 /// Environment variable: 16-byte packs each thread of a bulk move keeps in flight (1, 2, 4 or
@@ -137,17 +134,11 @@ pub const UNROLL_ENV: &str = "FERROCX_WINDOW_UNROLL";
 /// Packs in flight per thread by default.
 const UNROLL: u32 = 4;
 
+/// The packs in flight of this process (see [`UNROLL_ENV`]).
 fn unroll() -> u32 {
-    match std::env::var(UNROLL_ENV) {
-        Err(_) => UNROLL,
-        Ok(v) => match v.trim().parse::<u32>() {
-            Ok(u @ (1 | 2 | 4 | 8)) => u,
-            _ => {
-                tracing::warn!("{UNROLL_ENV}={v:?}: expected 1, 2, 4 or 8; using {UNROLL}");
-                UNROLL
-            }
-        },
-    }
+    knob(UNROLL_ENV, "1, 2, 4 or 8", UNROLL, |v| {
+        one_of(v, &[1, 2, 4, 8])
+    })
 }
 
 /// `"4096"`, `"64K"` or `"1M"` as bytes.
@@ -571,6 +562,21 @@ mod tests {
         assert_eq!(super::parse_bytes("1M"), Some(1 << 20));
         assert_eq!(super::parse_bytes("1.5M"), None);
         assert_eq!(super::parse_bytes(""), None);
+    }
+
+    /// Each test process sets these variables once, before any reader, and only here.
+    #[test]
+    fn tuning_variables_take_allowed_values_and_fall_back_to_the_default() {
+        assert_eq!(super::one_of("4", &[1, 2, 4, 8]), Some(4));
+        assert_eq!(super::one_of("3", &[1, 2, 4, 8]), None);
+        assert_eq!(super::one_of("x", &[1, 2, 4, 8]), None);
+        let var = "FERROCX_TEST_KNOB_UNSET_VARIABLE";
+        assert_eq!(super::knob(var, "a number", 7u32, |v| v.parse().ok()), 7);
+        std::env::set_var("FERROCX_TEST_KNOB_SET", " 16 ");
+        std::env::set_var("FERROCX_TEST_KNOB_BAD", "sixteen");
+        let parse = |v: &str| v.parse::<u32>().ok();
+        assert_eq!(super::knob("FERROCX_TEST_KNOB_SET", "a number", 7, parse), 16);
+        assert_eq!(super::knob("FERROCX_TEST_KNOB_BAD", "a number", 7, parse), 7);
     }
 
     use super::*;
