@@ -575,8 +575,14 @@ mod tests {
         std::env::set_var("FERROCX_TEST_KNOB_SET", " 16 ");
         std::env::set_var("FERROCX_TEST_KNOB_BAD", "sixteen");
         let parse = |v: &str| v.parse::<u32>().ok();
-        assert_eq!(super::knob("FERROCX_TEST_KNOB_SET", "a number", 7, parse), 16);
-        assert_eq!(super::knob("FERROCX_TEST_KNOB_BAD", "a number", 7, parse), 7);
+        assert_eq!(
+            super::knob("FERROCX_TEST_KNOB_SET", "a number", 7, parse),
+            16
+        );
+        assert_eq!(
+            super::knob("FERROCX_TEST_KNOB_BAD", "a number", 7, parse),
+            7
+        );
     }
 
     use super::*;
