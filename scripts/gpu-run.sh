@@ -98,6 +98,10 @@ for stage in "${stages[@]}"; do
         step env FERROCX_WINDOW_RING=pull ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo ring --op all_reduce -b 4M -e 64M -f 4
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo two-shot --op all_reduce -b 256K -e 16M -f 2
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo two-shot --graph --op all_reduce -b 256K -e 16M -f 2
+        # One-shot as it is (LL lines to 256 KiB, pushed slots above) and as LL128 lines only
+        # (opt-in: NVLink machines), in graphs, where the 4- and 8-GPU crossovers lie.
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo one-shot --graph --op all_reduce -b 32K -e 2M -f 2
+        step env FERROCX_WINDOW_LL_MAX=0 FERROCX_WINDOW_LL128_MAX=2M ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo one-shot --graph --op all_reduce -b 32K -e 2M -f 2
       done
       ;;
     torch)

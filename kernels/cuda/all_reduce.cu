@@ -28,11 +28,18 @@ template <class E, class O>
 __device__ void fx_one_shot_ll(const FxArgs& a, const FxRound& r);
 
 template <class E, class O>
+__device__ void fx_one_shot_ll128(const FxArgs& a, const FxRound& r);
+
+template <class E, class O>
 __device__ void fx_one_shot(const FxArgs& a, const FxRound& r) {
     typedef typename E::T T;
     const u64 g = 16 / sizeof(T);
     if (a.count * sizeof(T) <= a.ll_max) {
         fx_one_shot_ll<E, O>(a, r);
+        return;
+    }
+    if (a.count * sizeof(T) <= a.ll128_max) {
+        fx_one_shot_ll128<E, O>(a, r);
         return;
     }
     u64 lo, hi;
@@ -111,6 +118,106 @@ __device__ void fx_one_shot_ll(const FxArgs& a, const FxRound& r) {
 #pragma unroll
         for (u32 e = 0; e < K; e++)
             if (first + e < a.count) recv[first + e] = E::store(acc[e]);
+    }
+}
+
+// One-shot over LL128 lines (messages up to a.ll128_max bytes): line k carries message bytes
+// [120 k, 120 k + 120). A warp takes 4 lines at a time, 8 threads a line: thread j of a line
+// holds bytes [16 j, 16 j + 16) of it (the last thread 8 bytes, then the round). The warp stores
+// this rank's 4 lines into slot `rank` of every peer's LL128 region (this round's parity) with
+// one 16-byte store per thread, then for each source in rank order loads its 4 lines from its
+// own region until every line's last thread sees the round (a warp-wide vote, so the whole warp
+// polls and proceeds together), and reduces into the output.
+template <class E, class O>
+__device__ void fx_one_shot_ll128(const FxArgs& a, const FxRound& r) {
+    typedef typename E::T T;
+    typedef typename E::A A;
+    const u32 NE = 16 / sizeof(T);
+    union Part {
+        u64 w[2];
+        T e[16 / sizeof(T)];
+    };
+    const u64 bytes = a.count * sizeof(T);
+    const u64 lines = (bytes + FX_LL128_DATA - 1) / FX_LL128_DATA;
+    const u32 lane = threadIdx.x & 31u, j = lane & 7u;
+    const u64 warps = (u64)gridDim.x * blockDim.x / 32;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const u64 flag = r.epoch;
+    const u64 region = a.ll128 + (r.epoch & 1ull) * (u64)a.world * a.ll128_slot;
+    const bool aligned = ((a.send | a.recv) & 7ull) == 0;
+    for (u64 first = warp * 4; first < lines; first += warps * 4) {
+        const u64 k = first + (lane >> 3);
+        const bool active = k < lines;
+        const u64 off = k * FX_LL128_DATA + j * 16;
+        // The message bytes this thread carries: 16, 8 for a line's last thread, fewer (or none)
+        // at the end of the message.
+        u64 have = 0;
+        if (active && off < bytes) {
+            have = bytes - off;
+            const u64 most = j == 7 ? 8 : 16;
+            if (have > most) have = most;
+        }
+        Part mine;
+        mine.w[0] = 0;
+        mine.w[1] = 0;
+        if (have == 16 && aligned) {
+            mine.w[0] = *(const u64*)(a.send + off);
+            mine.w[1] = *(const u64*)(a.send + off + 8);
+        } else if (have == 8 && aligned) {
+            mine.w[0] = *(const u64*)(a.send + off);
+        } else {
+            for (u32 e = 0; e < have / sizeof(T); e++) mine.e[e] = ((const T*)(a.send + off))[e];
+        }
+        const u64 at = k * FX_LL128_LINE + j * 16;
+        if (active) {
+            const u64 w1 = j == 7 ? flag : mine.w[1];
+            for (u32 q = 0; q < a.world; q++)
+                if (q != a.rank)
+                    fx_store16_u64(a.peers[q] + region + (u64)a.rank * a.ll128_slot + at, mine.w[0], w1);
+        }
+        A acc[16 / sizeof(T)];
+        for (u32 s = 0; s < a.world; s++) {
+            Part v;
+            v.w[0] = 0;
+            v.w[1] = 0;
+            if (s == a.rank) {
+                v = mine;
+            } else {
+                const u64 src = a.peers[a.rank] + region + (u64)s * a.ll128_slot + at;
+                u64 start = 0;
+                u32 polls = 0;
+                for (;;) {
+                    bool ready = true;
+                    if (active) {
+                        fx_load16_u64(src, v.w);
+                        ready = j != 7 || v.w[1] == flag;
+                    }
+                    if (__all_sync(0xffffffffu, ready)) break;
+                    if (++polls == 64) start = fx_now_ns();
+                    bool late = polls > 64 && (polls & 63) == 0 && fx_now_ns() - start > a.timeout_ns;
+                    if (__any_sync(0xffffffffu, late)) {
+                        if (lane == 0) fx_fail(a, r.epoch, s, FX_ARRIVE);
+                        return;
+                    }
+                }
+            }
+#pragma unroll
+            for (u32 e = 0; e < NE; e++) {
+                A x = E::load(v.e[e]);
+                acc[e] = s == 0 ? x : O::apply(acc[e], x);
+            }
+        }
+        Part out;
+#pragma unroll
+        for (u32 e = 0; e < NE; e++) out.e[e] = E::store(acc[e]);
+        if (have == 16 && aligned) {
+            *(u64*)(a.recv + off) = out.w[0];
+            *(u64*)(a.recv + off + 8) = out.w[1];
+        } else if (have == 8 && aligned) {
+            *(u64*)(a.recv + off) = out.w[0];
+        } else {
+            for (u32 e = 0; e < have / sizeof(T); e++) ((T*)(a.recv + off))[e] = out.e[e];
+        }
     }
 }
 

@@ -36,6 +36,9 @@ struct FxArgs {
     u64 status;               // a u64 in pinned host memory: the first failure, packed
     u64 ll;                   // offset of the LL region (two parities of world FX_LL_SLOT slots)
     u64 ll_max;               // the largest one-shot message sent as LL lines (<= FX_LL_SLOT / 2)
+    u64 ll128;                // offset of the LL128 region (two parities of world ll128_slot slots)
+    u64 ll128_slot;           // bytes of one LL128 slot
+    u64 ll128_max;            // the largest one-shot message sent as LL128 lines (0: none)
     u32 rank;
     u32 world;
     u32 signal_stride;        // bytes between signal slots
@@ -388,6 +391,27 @@ __device__ void fx_push(const u64* dsts, u32 mask, u32 ndst, u64 src, u64 lo, u6
         for (u32 q = 0; q < ndst; q++)
             if ((mask >> q) & 1) *(T*)(dsts[q] + j * sizeof(T)) = v;
     }
+}
+
+// ---- LL128 lines --------------------------------------------------------------------------
+// 128 bytes, stored by 8 consecutive threads of a warp with one 16-byte store each: 120 data
+// bytes, then the round (the whole epoch) in the last 8. A warp's store of a 128-byte aligned
+// line reaches a peer over NVLink as one write, and a warp's load of it reads it whole, so a
+// reader that sees the round in the last word sees the line's data.
+
+#define FX_LL128_LINE 128u
+#define FX_LL128_DATA 120u
+
+__device__ __forceinline__ void fx_store16_u64(u64 addr, u64 w0, u64 w1) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(addr), "l"(w0), "l"(w1)
+                 : "memory");
+}
+
+__device__ __forceinline__ void fx_load16_u64(u64 addr, u64* w) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(w[0]), "=l"(w[1])
+                 : "l"(addr)
+                 : "memory");
 }
 
 // ---- LL lines -----------------------------------------------------------------------------

@@ -97,7 +97,10 @@ impl Engine {
             Kind::Host => select::HOST_CHUNK,
             Kind::Cuda => select::CUDA_CHUNK,
         };
-        let layout = Layout::new(world, chunk);
+        let layout = match kind {
+            Kind::Host => Layout::new(world, chunk),
+            Kind::Cuda => Layout::new(world, chunk).with_ll128(crate::layout::LL128_MAX_BYTES),
+        };
         // Compiled (or read from the cache) before the collective step, so that a compile
         // error is reported here rather than as a peer's timeout.
         let module = match kind {

@@ -4,9 +4,11 @@
 //! Each rank's scratch window is
 //!
 //! ```text
-//! [ parity 0: world chunk slots ][ parity 1: world chunk slots ][ signal slots ][ LL region ]
-//!   slot j at j * chunk            world * chunk + j * chunk        signals_offset() ll_offset()
+//! [ parity 0: world chunk slots ][ parity 1: world chunk slots ][ signal slots ][ LL region ][ LL128 region ]
+//!   slot j at j * chunk            world * chunk + j * chunk        signals_offset() ll_offset()  ll128_offset()
 //! ```
+//!
+//! (The LL128 region exists on CUDA devices only: [`Layout::with_ll128`].)
 //!
 //! A round of the window algorithms has an epoch (1, 2, 3, … from one counter per window
 //! that every rank keeps alike: on the host in the engine, on CUDA in device memory, advanced
@@ -50,6 +52,16 @@ pub const LL_MAX_BYTES: usize = 256 << 10;
 /// Bytes of one LL slot: [`LL_MAX_BYTES`] of data as lines.
 pub const LL_SLOT: usize = 2 * LL_MAX_BYTES;
 
+/// Bytes of one LL128 line: 120 data bytes and the round (the whole epoch) in the last 8,
+/// written by 8 consecutive threads of a warp with one 16-byte store each. Over NVLink such a
+/// store arrives whole, so a reader that sees the line's round sees its 120 bytes (CUDA only;
+/// the line format is in `cuda/all_reduce.cu`).
+pub const LL128_LINE: usize = 128;
+/// Data bytes of one LL128 line.
+pub const LL128_DATA: usize = 120;
+/// The largest message (bytes) an LL128 slot holds on CUDA devices.
+pub const LL128_MAX_BYTES: usize = 2 << 20;
+
 /// What a signal slot says.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,6 +89,8 @@ pub fn ring_value(epoch: u64, world: usize, step: usize) -> u64 {
 pub struct Layout {
     world: usize,
     chunk: usize,
+    /// Bytes of one LL128 slot (0: no LL128 region).
+    ll128_slot: usize,
 }
 
 impl Layout {
@@ -85,6 +99,16 @@ impl Layout {
         Layout {
             world: world.max(1),
             chunk: chunk.max(1).div_ceil(CHUNK_ALIGN) * CHUNK_ALIGN,
+            ll128_slot: 0,
+        }
+    }
+
+    /// This layout with an LL128 region whose slots hold messages of up to `max_bytes`.
+    pub fn with_ll128(self, max_bytes: usize) -> Layout {
+        let lines = max_bytes.div_ceil(LL128_DATA);
+        Layout {
+            ll128_slot: (lines * LL128_LINE).div_ceil(CHUNK_ALIGN) * CHUNK_ALIGN,
+            ..self
         }
     }
 
@@ -140,10 +164,28 @@ impl Layout {
         (self.signals_offset() + signals).div_ceil(CHUNK_ALIGN) * CHUNK_ALIGN
     }
 
-    /// Bytes of each rank's scratch window: both parities, the signal slots and the LL region,
-    /// rounded up to [`PAGE`].
+    /// Offset of the LL128 region (after the LL region): two parities of `world` slots of
+    /// [`Layout::ll128_slot`] bytes, slot `src` holding the lines rank `src` pushed (CUDA
+    /// one-shot only). Like the LL region it holds nothing else, so the word where a line
+    /// carries its round is never another algorithm's data.
+    pub fn ll128_offset(&self) -> usize {
+        self.ll_offset() + 2 * self.world * LL_SLOT
+    }
+
+    /// Bytes of one LL128 slot (0 without the region).
+    pub fn ll128_slot(&self) -> usize {
+        self.ll128_slot
+    }
+
+    /// The largest message an LL128 slot holds (0 without the region).
+    pub fn ll128_max_bytes(&self) -> usize {
+        self.ll128_slot / LL128_LINE * LL128_DATA
+    }
+
+    /// Bytes of each rank's scratch window: both parities, the signal slots, the LL region and
+    /// the LL128 region, rounded up to [`PAGE`].
     pub fn scratch_bytes(&self) -> usize {
-        (self.ll_offset() + 2 * self.world * LL_SLOT).div_ceil(PAGE) * PAGE
+        (self.ll128_offset() + 2 * self.world * self.ll128_slot).div_ceil(PAGE) * PAGE
     }
 }
 
@@ -184,6 +226,15 @@ mod tests {
                 assert!(last + SIGNAL_STRIDE <= l.ll_offset());
                 assert!(l.ll_offset() + 2 * world * LL_SLOT <= l.scratch_bytes());
                 assert_eq!(l.scratch_bytes() % PAGE, 0);
+                assert_eq!(l.ll128_slot(), 0);
+                let m = l.with_ll128(LL128_MAX_BYTES);
+                assert_eq!(m.ll_offset(), l.ll_offset());
+                assert_eq!(m.ll128_offset(), l.ll_offset() + 2 * world * LL_SLOT);
+                assert_eq!(m.ll128_offset() % LL128_LINE, 0);
+                assert_eq!(m.ll128_slot() % LL128_LINE, 0);
+                assert!(m.ll128_max_bytes() >= LL128_MAX_BYTES);
+                assert!(m.ll128_offset() + 2 * world * m.ll128_slot() <= m.scratch_bytes());
+                assert_eq!(m.scratch_bytes() % PAGE, 0);
                 let mut seen = std::collections::BTreeSet::new();
                 for kind in [Signal::Arrive, Signal::Reduced, Signal::Ring] {
                     for block in 0..MAX_BLOCKS {

@@ -58,6 +58,9 @@ pub(crate) struct Args {
     status: u64,
     ll: u64,
     ll_max: u64,
+    ll128: u64,
+    ll128_slot: u64,
+    ll128_max: u64,
     rank: u32,
     world: u32,
     signal_stride: u32,
@@ -78,6 +81,25 @@ fn ll_max() -> usize {
         parse_bytes(v).map(|b| b.min(LL_MAX_BYTES))
     })
 }
+
+/// Environment variable: the largest one-shot message (bytes) sent as LL128 lines (128-byte
+/// lines of 120 data bytes and the round, see [`crate::layout::LL128_LINE`]), at most
+/// [`crate::layout::LL128_MAX_BYTES`]; 0, the default, leaves LL128 off. Messages up to
+/// [`LL_MAX_ENV`] stay LL lines. LL128 relies on a warp's 128-byte store reaching the peer
+/// whole, which NVLink gives and PCIe does not promise: set it only where every pair of GPUs
+/// is joined by NVLink.
+pub const LL128_MAX_ENV: &str = "FERROCX_WINDOW_LL128_MAX";
+
+/// The LL128 limit of this process (see [`LL128_MAX_ENV`]), at most what the layout's slots
+/// hold.
+fn ll128_max(layout: &Layout) -> usize {
+    knob(LL128_MAX_ENV, "a byte count", 0, |v| {
+        parse_bytes(v).map(|b| b.min(layout.ll128_max_bytes()))
+    })
+}
+
+/// Threads per block of the LL128 one-shot launches: 8 warps, 32 lines at a time.
+const LL128_THREADS: u32 = 256;
 
 /// Environment variable: threads per block of the LL one-shot launches, 64, 128, 256 (the
 /// default) or 512: fewer spread a message's lines over more SMs. A tuning knob, as
@@ -396,6 +418,9 @@ impl Cuda {
             status: status.0,
             ll: layout.ll_offset() as u64,
             ll_max: ll_max() as u64,
+            ll128: layout.ll128_offset() as u64,
+            ll128_slot: layout.ll128_slot() as u64,
+            ll128_max: ll128_max(&layout) as u64,
             rank: rank as u32,
             world: peers.len() as u32,
             signal_stride: SIGNAL_STRIDE as u32,
@@ -462,8 +487,11 @@ impl Cuda {
             };
             // LL lines carry 8 bytes each, one line per thread (a thread with two lines would
             // wait out two round trips), in blocks of `ll_threads`.
+            // LL128 lines carry 120 bytes, one line per 8 threads.
+            let bytes = (n * es) as u64;
             let (threads, per_thread) = match algo {
-                WindowAlgo::OneShot if (n * es) as u64 <= self.base.ll_max => (self.ll_threads, 8),
+                WindowAlgo::OneShot if bytes <= self.base.ll_max => (self.ll_threads, 8),
+                WindowAlgo::OneShot if bytes <= self.base.ll128_max => (LL128_THREADS, 15),
                 _ => (THREADS, BYTES_PER_THREAD),
             };
             let blocks = work
@@ -589,11 +617,11 @@ mod tests {
 
     #[test]
     fn the_arguments_have_the_layout_the_sources_expect() {
-        assert_eq!(std::mem::size_of::<Args>(), 240);
+        assert_eq!(std::mem::size_of::<Args>(), 264);
         assert_eq!(std::mem::offset_of!(Args, send), 8 * MAX_RANKS);
-        assert_eq!(std::mem::offset_of!(Args, rank), 8 * MAX_RANKS + 11 * 8);
+        assert_eq!(std::mem::offset_of!(Args, rank), 8 * MAX_RANKS + 14 * 8);
         let src = source();
-        assert!(src.starts_with("#define FX_MAX_RANKS 16\n#define FX_ARGS_SIZE 240\n"));
+        assert!(src.starts_with("#define FX_MAX_RANKS 16\n#define FX_ARGS_SIZE 264\n"));
         assert!(src.contains("#include \"ferrocx_common.cuh\""));
         assert!(COMMON_CUH.contains("static_assert(sizeof(FxArgs) == FX_ARGS_SIZE"));
     }
