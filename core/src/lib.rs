@@ -33,6 +33,8 @@ pub mod loader;
 #[cfg(feature = "runtime")]
 pub mod registry;
 #[cfg(feature = "runtime")]
+pub mod route;
+#[cfg(feature = "runtime")]
 pub mod window;
 
 #[cfg(feature = "runtime")]

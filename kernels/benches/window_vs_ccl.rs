@@ -16,6 +16,7 @@ use std::time::Instant;
 use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp};
 use ferrocx::bootstrap::StoreServer;
 use ferrocx::comm::Communicator;
+use ferrocx::route::Route;
 use ferrocx::window::collectives::WindowAlgo;
 
 const ROLE: &str = "FERROCX_KERNELS_BENCH_RANK";
@@ -164,22 +165,16 @@ fn rank() {
     }
     for &bytes in &sizes {
         let count = bytes / 4;
-        let call = |m: Method| match m {
-            Method::Ccl => comm
-                .ccl()
-                .all_reduce(
-                    send,
-                    recv,
-                    count,
-                    DataType::F32,
-                    ReduceOp::SUM,
-                    comm.handle(),
-                    comm.stream(),
-                )
-                .map_err(|e| e.to_string()),
-            Method::Window(a) => comm
-                .all_reduce_window(send, recv, count, DataType::F32, ReduceOp::SUM, Some(a))
-                .map_err(|e| e.to_string()),
+        let route = |m: Method| match m {
+            Method::Ccl => Route::Ccl,
+            Method::Window(a) => Route::Window(a),
+        };
+        // SAFETY: `send` and `recv` hold the largest size and outlive every synchronize.
+        let call = |m: Method| unsafe {
+            comm.call()
+                .via(route(m))
+                .all_reduce(send, recv, count, DataType::F32, ReduceOp::SUM)
+                .map_err(|e| e.to_string())
         };
         let mut row = Vec::new();
         for m in Method::ALL {

@@ -6,12 +6,10 @@ use std::sync::Mutex;
 
 use ferrocx::abi::Capabilities;
 use ferrocx::adaptor::Device;
-use ferrocx::comm::{CommError, Communicator};
 use ferrocx::window::collectives::{
-    AllReduceCall, CollectiveError, Measured, WindowAlgo, WindowCollectives,
-    WindowCollectivesProvider,
+    AllReduceCall, CollectiveError, Measured, Scratch, WindowAlgo, WindowCollectives,
+    WindowCollectivesProvider, WindowContext,
 };
-use ferrocx::window::{SymmetricBuffer, Window, WindowFlags};
 
 use crate::element::{self, Elem, Op};
 use crate::host::{algo::Call, Host};
@@ -58,8 +56,8 @@ fn measured(device: &Device, world: usize) -> Option<Measured> {
     }
 }
 
-fn create(comm: &Communicator) -> Result<Box<dyn WindowCollectives>, CommError> {
-    Ok(Box::new(Engine::new(comm)?))
+fn create(ctx: &WindowContext<'_>) -> Result<Box<dyn WindowCollectives>, CollectiveError> {
+    Ok(Box::new(Engine::new(ctx)?))
 }
 
 enum Backend {
@@ -77,22 +75,22 @@ pub(crate) struct Engine {
     /// A call that could not be enqueued: its rounds are missing on this rank, so every later
     /// call fails with it.
     enqueue_error: Mutex<Option<CollectiveError>>,
-    // Released (locally) in `drop`, before the buffer it maps.
-    window: Option<Window>,
-    _buffer: SymmetricBuffer,
+    /// Released (locally) when the engine drops, after the communicator synchronized its
+    /// stream: no call is left that reads it.
+    _scratch: Scratch,
 }
 
 impl Engine {
     /// Allocates and registers the scratch window (collective) and readies the backend.
-    pub(crate) fn new(comm: &Communicator) -> Result<Engine, CommError> {
-        let device = comm.device().clone();
+    pub(crate) fn new(ctx: &WindowContext<'_>) -> Result<Engine, CollectiveError> {
+        let device = ctx.device.clone();
         let (kind, arch) = kind_of(&device).ok_or_else(|| {
             CollectiveError::Unavailable(format!(
                 "no backend for the device adaptor `{}`",
                 device.name()
             ))
         })?;
-        let (world, rank) = (comm.world(), comm.rank());
+        let (world, rank) = (ctx.world, ctx.rank);
         let chunk = match kind {
             Kind::Host => select::HOST_CHUNK,
             Kind::Cuda => select::CUDA_CHUNK,
@@ -107,36 +105,32 @@ impl Engine {
             Kind::Cuda => Some(cuda::Module::load(&device, arch)?),
             Kind::Host => None,
         };
-        let buffer = comm.alloc_symmetric(layout.scratch_bytes())?;
-        // Signal slots start at 0; every peer waits for a value of at least 1.
-        device.mem_set(buffer.ptr(), 0, buffer.size())?;
-        let window =
-            comm.register_peer_window(buffer.ptr(), buffer.size(), WindowFlags::NO_MULTICAST)?;
-        let peers: Vec<u64> = (0..world)
-            .map(|q| window.peer(q).map(|p| p.0))
-            .collect::<Option<_>>()
-            .ok_or_else(|| {
-                CollectiveError::Unavailable(format!(
-                    "the scratch window is a {} window without peer addresses",
-                    window.kind()
-                ))
-            })?;
+        let scratch = ctx.scratch(layout.scratch_bytes())?;
+        let peers = scratch.peers().ok_or_else(|| {
+            CollectiveError::Unavailable(format!(
+                "the scratch window is a {} window without peer addresses",
+                scratch.kind()
+            ))
+        })?;
         tracing::debug!(
-            kind = %window.kind(),
             bytes = layout.scratch_bytes(),
             chunk = layout.chunk(),
-            "window collectives: scratch window registered ({})",
-            window.reason()
+            "window collectives: {} backend over a {} scratch window",
+            match kind {
+                Kind::Host => "host",
+                Kind::Cuda => "cuda",
+            },
+            scratch.kind()
         );
         let backend = match module {
-            None => Backend::Host(Host::new(device, layout, rank, peers, comm.timeout())),
+            None => Backend::Host(Host::new(device, layout, rank, peers, ctx.timeout)),
             Some(module) => Backend::Cuda(Box::new(cuda::Cuda::new(
                 &device,
                 module,
                 layout,
                 rank,
                 peers,
-                comm.timeout(),
+                ctx.timeout,
             )?)),
         };
         Ok(Engine {
@@ -144,8 +138,7 @@ impl Engine {
             layout,
             next_epoch: Mutex::new(1),
             enqueue_error: Mutex::new(None),
-            window: Some(window),
-            _buffer: buffer,
+            _scratch: scratch,
         })
     }
 }
@@ -218,16 +211,6 @@ impl WindowCollectives for Engine {
         match &self.backend {
             Backend::Host(h) => h.check(),
             Backend::Cuda(c) => c.check(),
-        }
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        // The communicator synchronized its stream before its fields drop: no call is left
-        // that reads the window. Peers keep their own mappings of this rank's memory.
-        if let Some(w) = self.window.take() {
-            w.release_local();
         }
     }
 }

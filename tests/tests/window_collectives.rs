@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use ferrocx::abi::{DataType, ReduceOp};
 use ferrocx::comm::{CommError, Communicator};
-use ferrocx::window::collectives::{CollectiveError, Route, WindowAlgo};
+use ferrocx::route::Route;
+use ferrocx::window::collectives::{CollectiveError, WindowAlgo};
 use window_ranks::all_reduce::{
     back_to_back, check, every_type_op_and_algorithm, input, large, run_case, same_digests, Buffers,
 };
@@ -120,14 +121,17 @@ fn a_dead_peer_is_named_within_the_timeout() {
         return;
     }
     let start = Instant::now();
-    comm.all_reduce_window(
-        bufs.send,
-        bufs.recv,
-        100,
-        DataType::F32,
-        ReduceOp::SUM,
-        Some(WindowAlgo::TwoShot),
-    )
+    // SAFETY: the buffers hold more than 100 f32 and outlive the synchronize below.
+    unsafe {
+        comm.all_reduce_window(
+            bufs.send,
+            bufs.recv,
+            100,
+            DataType::F32,
+            ReduceOp::SUM,
+            Some(WindowAlgo::TwoShot),
+        )
+    }
     .expect("enqueued");
     let e = comm.synchronize().expect_err("rank 2 is gone");
     let waited = start.elapsed();
@@ -149,8 +153,9 @@ fn a_dead_peer_is_named_within_the_timeout() {
         "failed after {waited:?}"
     );
     // The window's rounds are out of step now: every later call fails at once, naming why.
-    let again = comm
-        .all_reduce_window(
+    // SAFETY: as above.
+    let again = unsafe {
+        comm.all_reduce_window(
             bufs.send,
             bufs.recv,
             100,
@@ -158,7 +163,8 @@ fn a_dead_peer_is_named_within_the_timeout() {
             ReduceOp::SUM,
             None,
         )
-        .expect_err("poisoned");
+    }
+    .expect_err("poisoned");
     assert!(
         matches!(&again, CommError::Collective(CollectiveError::Poisoned(inner)) if inner.to_string() == e.to_string()),
         "{again}"
@@ -215,7 +221,8 @@ fn small_messages_follow_the_cluster_keys() {
         let mine = input(case, comm.rank(), count, DataType::F32);
         dev.mem_copy(bufs.send, host_ptr(&mine), count * 4)
             .expect("upload");
-        comm.all_reduce(bufs.send, bufs.recv, count, DataType::F32, ReduceOp::MAX)
+        // SAFETY: 64 KiB buffers hold `count` f32 and outlive the synchronize below.
+        unsafe { comm.all_reduce(bufs.send, bufs.recv, count, DataType::F32, ReduceOp::MAX) }
             .expect("all_reduce");
         comm.synchronize().expect("synchronize");
         let got = vec![0u8; count * 4];

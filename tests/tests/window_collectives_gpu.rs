@@ -18,6 +18,7 @@ mod window_ranks;
 use std::path::{Path, PathBuf};
 
 use ferrocx::comm::Communicator;
+use ferrocx::route::Route;
 use ferrocx::window::collectives::WindowAlgo;
 use window_ranks::all_reduce::{
     back_to_back, check, every_type_op_and_algorithm, input, large, same_digests, size_of, Buffers,
@@ -122,17 +123,14 @@ fn against_nccl(comm: &Communicator) {
                 let mine = input(case, comm.rank(), count, dtype);
                 dev.mem_copy(bufs.send, host_ptr(&mine), bytes)
                     .expect("upload");
-                comm.ccl()
-                    .all_reduce(
-                        bufs.send,
-                        bufs.recv,
-                        count,
-                        dtype,
-                        op,
-                        comm.handle(),
-                        comm.stream(),
-                    )
-                    .expect("NCCL all_reduce");
+                // SAFETY: both buffers hold `(1 << 20) + 16` bytes, more than `bytes`, and
+                // outlive the synchronize below.
+                unsafe {
+                    comm.call()
+                        .via(Route::Ccl)
+                        .all_reduce(bufs.send, bufs.recv, count, dtype, op)
+                }
+                .expect("NCCL all_reduce");
                 comm.synchronize().expect("synchronize");
                 let got = vec![0u8; bytes];
                 dev.mem_copy(host_ptr(&got), bufs.recv, bytes)

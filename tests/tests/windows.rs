@@ -629,8 +629,8 @@ fn two_communicators(rank: usize, world: usize) {
             .collect();
         dev.mem_copy(buf, DevicePtr(mine.as_ptr() as u64), n * 4)
             .expect("upload");
-        comm.all_reduce(buf, buf, n, DataType::F32, ReduceOp::SUM)
-            .expect("all_reduce");
+        // SAFETY: `buf` holds `n` f32 and is freed after the synchronize below.
+        unsafe { comm.all_reduce(buf, buf, n, DataType::F32, ReduceOp::SUM) }.expect("all_reduce");
         comm.synchronize().expect("synchronize");
         let got = vec![0f32; n];
         dev.mem_copy(DevicePtr(got.as_ptr() as u64), buf, n * 4)

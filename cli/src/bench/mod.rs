@@ -87,7 +87,8 @@ pub struct BenchArgs {
     /// ferrocx/direct bus-bandwidth ratio and the latency ferrocx adds. nccl backend only.
     #[arg(long)]
     pub direct: bool,
-    /// How all_reduce runs: `ccl` (the CCL's own), `window` (ferrocx's window algorithm the size
+    /// How all_reduce runs: `ccl` (the CCL's own), `auto` (where the communicator's router
+    /// sends it, as a program's call goes), `window` (ferrocx's window algorithm the size
     /// picks: one-shot, two-shot, then the ring), or one of `one-shot`, `two-shot`, `ring`
     /// forced. Other ops always run on the CCL. With --direct, NCCL called directly is timed
     /// next to it in the same run.
@@ -165,6 +166,8 @@ impl OpArg {
 pub enum AlgoArg {
     /// The CCL's all-reduce.
     Ccl,
+    /// Where the router sends each size.
+    Auto,
     /// The window algorithm the size picks.
     Window,
     /// Window one-shot.
@@ -178,11 +181,12 @@ pub enum AlgoArg {
 }
 
 impl AlgoArg {
-    /// `None` for the CCL, else the window algorithm (`Some(None)`: by size).
+    /// `None` for the CCL or the router's choice, else the window algorithm (`Some(None)`:
+    /// by size).
     pub fn window(self) -> Option<Option<ferrocx::window::collectives::WindowAlgo>> {
         use ferrocx::window::collectives::WindowAlgo;
         match self {
-            AlgoArg::Ccl => None,
+            AlgoArg::Ccl | AlgoArg::Auto => None,
             AlgoArg::Window => Some(None),
             AlgoArg::OneShot => Some(Some(WindowAlgo::OneShot)),
             AlgoArg::TwoShot => Some(Some(WindowAlgo::TwoShot)),
@@ -193,6 +197,7 @@ impl AlgoArg {
     fn name(self) -> &'static str {
         match self {
             AlgoArg::Ccl => "ccl",
+            AlgoArg::Auto => "auto",
             AlgoArg::Window => "window",
             AlgoArg::OneShot => "one-shot",
             AlgoArg::TwoShot => "two-shot",

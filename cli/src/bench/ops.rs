@@ -1,8 +1,8 @@
 //! The collectives measured: their buffer geometry for a size, as nccl-tests defines it, their
-//! bus-bandwidth factor, and the call through the CCL adaptor.
+//! bus-bandwidth factor, and the call through the communicator.
 
 use ferrocx::abi::{DataType, DevicePtr, ReduceOp};
-use ferrocx::comm::Communicator;
+use ferrocx::comm::{Call, CommError};
 
 /// One collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,26 +106,33 @@ impl Op {
         }
     }
 
-    /// Enqueues the op on the communicator's stream.
+    /// Enqueues the op on `call`'s stream (the communicator's, on the route the caller
+    /// chose or the router's).
+    ///
+    /// # Safety
+    /// `send` and `recv` hold the op's [`Geometry`] for `count` elements of `dtype` (the
+    /// bench's buffers, allocated for the largest size) and live until the stream completes.
     #[allow(clippy::too_many_arguments)]
-    pub fn issue(
+    pub unsafe fn issue(
         self,
-        comm: &Communicator,
+        call: Call<'_>,
         send: DevicePtr,
         recv: DevicePtr,
         count: usize,
         dtype: DataType,
         redop: ReduceOp,
-        root: i32,
-    ) -> Result<(), ferrocx::adaptor::AdaptorError> {
-        let (ccl, h, s) = (comm.ccl(), comm.handle(), comm.stream());
-        match self {
-            Op::AllReduce => ccl.all_reduce(send, recv, count, dtype, redop, h, s),
-            Op::AllGather => ccl.all_gather(send, recv, count, dtype, h, s),
-            Op::ReduceScatter => ccl.reduce_scatter(send, recv, count, dtype, redop, h, s),
-            Op::Broadcast => ccl.broadcast(send, recv, count, dtype, root, h, s),
-            Op::Reduce => ccl.reduce(send, recv, count, dtype, redop, root, h, s),
-            Op::AllToAll => ccl.all_to_all(send, recv, count, dtype, h, s),
+        root: usize,
+    ) -> Result<(), CommError> {
+        // SAFETY: the caller's contract covers every op's buffers.
+        unsafe {
+            match self {
+                Op::AllReduce => call.all_reduce(send, recv, count, dtype, redop),
+                Op::AllGather => call.all_gather(send, recv, count, dtype),
+                Op::ReduceScatter => call.reduce_scatter(send, recv, count, dtype, redop),
+                Op::Broadcast => call.broadcast(send, recv, count, dtype, root),
+                Op::Reduce => call.reduce(send, recv, count, dtype, redop, root),
+                Op::AllToAll => call.all_to_all(send, recv, count, dtype),
+            }
         }
     }
 }

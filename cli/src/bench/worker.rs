@@ -24,6 +24,7 @@ use ferrocx::adaptor::{AdaptorError, Device, DeviceGraph, Graph};
 use ferrocx::bootstrap::{JobInfo, RankInfo};
 use ferrocx::comm::{CommError, Communicator};
 use ferrocx::registry::Registry;
+use ferrocx::route::Route;
 use serde_json::json;
 
 use super::data::Pattern;
@@ -31,7 +32,7 @@ use super::direct::Direct;
 use super::ops::{Geometry, Op};
 use super::progress::Progress;
 use super::table::{self, Group, OpResult, RankDevice, Row, Setup};
-use super::{redop_name, sizes, usage_error, BenchArgs};
+use super::{redop_name, sizes, usage_error, AlgoArg, BenchArgs};
 
 /// Byte that fills an output before a checked run: all-ones is NaN in every float type and -1
 /// or the maximum in integer ones, which no reference here produces.
@@ -214,12 +215,39 @@ impl Bench<'_> {
     ) -> Result<(), Box<dyn Error>> {
         let root = self.root as i32;
         match path {
-            Path::Ferrocx => match (op, self.args.algo.window()) {
-                (Op::AllReduce, Some(algo)) => self
-                    .comm
-                    .all_reduce_window(send, recv, g.count, self.dtype, self.redop, algo)?,
-                _ => op.issue(self.comm, send, recv, g.count, self.dtype, self.redop, root)?,
-            },
+            Path::Ferrocx => {
+                let call = self.comm.call();
+                let call = match (op, self.args.algo) {
+                    (_, AlgoArg::Auto) => call,
+                    (Op::AllReduce, AlgoArg::Window) => {
+                        // SAFETY: the bench's buffers hold the geometry of the largest size
+                        // and are freed only after the stream is synchronized.
+                        unsafe {
+                            self.comm.all_reduce_window(
+                                send, recv, g.count, self.dtype, self.redop, None,
+                            )?
+                        };
+                        return Ok(());
+                    }
+                    (Op::AllReduce, a) => match a.window() {
+                        Some(Some(algo)) => call.via(Route::Window(algo)),
+                        _ => call.via(Route::Ccl),
+                    },
+                    _ => call.via(Route::Ccl),
+                };
+                // SAFETY: as above.
+                unsafe {
+                    op.issue(
+                        call,
+                        send,
+                        recv,
+                        g.count,
+                        self.dtype,
+                        self.redop,
+                        root as usize,
+                    )?
+                };
+            }
             Path::Direct => {
                 let direct = self.direct.as_ref().ok_or("--direct is not set up")?;
                 let stream = self.comm.stream();
@@ -460,10 +488,14 @@ impl Bench<'_> {
         let device = self.comm.device();
         device.mem_copy(self.stats.at(0), host_ptr(&bytes), bytes.len())?;
         let (t, w) = (self.stats.at(0), self.stats.at(8 * nt));
-        self.comm
-            .all_reduce(t, t, nt, DataType::F64, ReduceOp::MAX)?;
-        self.comm
-            .all_reduce(w, w, nw, DataType::U64, ReduceOp::SUM)?;
+        // SAFETY: the stats buffer holds `8 * (nt + nw)` bytes (the largest figures a run
+        // shares) and lives as long as the worker; the stream is synchronized below.
+        unsafe {
+            self.comm
+                .all_reduce(t, t, nt, DataType::F64, ReduceOp::MAX)?;
+            self.comm
+                .all_reduce(w, w, nw, DataType::U64, ReduceOp::SUM)?;
+        }
         self.comm.synchronize()?;
         device.mem_copy(
             DevicePtr(bytes.as_mut_ptr() as u64),

@@ -2,21 +2,21 @@
 //! crate `ferrocx-kernels`: one-shot, two-shot and ring), for a CCL that has no all-reduce
 //! (the sym-heap fallback) and for small messages where they beat the CCL.
 //!
-//! The core only routes: [`route`] decides from the size, the world, the cluster's
-//! `small_message` / `window_one_shot_max` / `window_two_shot_max` keys and the thresholds
-//! measured for the device, and [`Communicator::all_reduce`](crate::comm::Communicator::all_reduce)
-//! hands window calls to a [`WindowCollectives`] backend made by a registered
-//! [`WindowCollectivesProvider`]. `ferrocx-kernels` registers one (call
-//! `ferrocx_kernels::link()` once so that the linker keeps it); without one, every all-reduce
-//! goes to the CCL.
+//! The core only routes ([`crate::route`]) and hands window calls to a [`WindowCollectives`]
+//! backend made by a registered [`WindowCollectivesProvider`]. A provider sees a narrow
+//! [`WindowContext`] (the device, the stream, the rank and world, the store, the timeout and a
+//! way to register its scratch window), never the communicator. `ferrocx-kernels` registers
+//! one (call `ferrocx_kernels::link()` once so that the linker keeps it); without one, every
+//! all-reduce goes to the CCL.
 
 use std::fmt;
 use std::time::Duration;
 
 use crate::abi::{DataType, DevicePtr, ReduceOp, Stream};
 use crate::adaptor::Device;
-use crate::comm::{CommError, Communicator};
+use crate::bootstrap::Store;
 use crate::config::{Fallback, SmallMessage};
+use crate::window::{SymmetricBuffer, Window, WindowKind};
 
 /// A window all-reduce algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -84,24 +84,6 @@ pub struct Measured {
     pub window_faster: bool,
 }
 
-/// Where one all-reduce goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
-    /// The CCL's all-reduce.
-    Ccl,
-    /// A window algorithm.
-    Window(WindowAlgo),
-}
-
-impl fmt::Display for Route {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Route::Ccl => f.write_str("ccl"),
-            Route::Window(a) => write!(f, "window {a}"),
-        }
-    }
-}
-
 /// The cluster's choices about window collectives, from its configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowCollectivesConfig {
@@ -127,46 +109,6 @@ impl WindowCollectivesConfig {
             one_shot_max: one,
             two_shot_max: two,
         }
-    }
-}
-
-/// Where an all-reduce of `bytes` per rank goes. `ccl_has_all_reduce`: the CCL's table has
-/// the entry; `measured`: what the provider for this device measured (`None`: no provider
-/// can run on the device, so only the CCL can). The same inputs give the same route on every
-/// rank, which is what keeps the ranks of one call on one algorithm.
-pub fn route(
-    bytes: usize,
-    ccl_has_all_reduce: bool,
-    config: &WindowCollectivesConfig,
-    measured: Option<Measured>,
-) -> Route {
-    let Some(measured) = measured else {
-        return Route::Ccl;
-    };
-    let t = config.thresholds(measured.thresholds);
-    let by_size = if bytes <= t.one_shot_max {
-        WindowAlgo::OneShot
-    } else if bytes <= t.two_shot_max {
-        WindowAlgo::TwoShot
-    } else {
-        WindowAlgo::Ring
-    };
-    if !ccl_has_all_reduce {
-        return match config.fallback {
-            Fallback::SymHeap => Route::Window(by_size),
-            // The CCL's "not supported" is the answer.
-            Fallback::Disabled => Route::Ccl,
-        };
-    }
-    let window = match config.small_message {
-        SmallMessage::Window => true,
-        SmallMessage::Ccl => false,
-        SmallMessage::Auto => measured.window_faster,
-    };
-    if window && by_size != WindowAlgo::Ring {
-        Route::Window(by_size)
-    } else {
-        Route::Ccl
     }
 }
 
@@ -240,6 +182,89 @@ pub trait WindowCollectives: Send + Sync {
     fn check(&self) -> Result<(), CollectiveError>;
 }
 
+/// What a provider's backend may use of one communicator: its device and stream, this rank
+/// and the world, the job's store, the deadline of any wait on a peer, and
+/// [`WindowContext::scratch`] to register its scratch window.
+pub struct WindowContext<'a> {
+    /// The device adaptor, set to this rank's device on the calling thread.
+    pub device: &'a Device,
+    /// The communicator's stream.
+    pub stream: Stream,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// The deadline of any wait on a peer (`timeout_ms`).
+    pub timeout: Duration,
+    /// The job's store, for small out-of-band exchanges.
+    pub store: &'a Store,
+    /// Registers a zeroed scratch window of the given bytes (collective).
+    pub(crate) scratch: &'a dyn Fn(usize) -> Result<Scratch, CollectiveError>,
+}
+
+impl WindowContext<'_> {
+    /// Allocates `bytes` in the symmetric heap on every rank, zeroes them and registers them
+    /// as a window addressed peer by peer (symmetric, else IPC handles; never multicast).
+    /// Collective: every rank calls it at the same point, with the same size.
+    pub fn scratch(&self, bytes: usize) -> Result<Scratch, CollectiveError> {
+        (self.scratch)(bytes)
+    }
+}
+
+/// A backend's scratch window: its memory and its registration. Dropping it releases this
+/// rank's mappings, then the memory (the communicator's stream was synchronized first; peers
+/// keep their own mappings of this rank's memory until they drop theirs).
+pub struct Scratch {
+    window: Option<Window>,
+    buffer: SymmetricBuffer,
+}
+
+impl Scratch {
+    pub(crate) fn new(window: Window, buffer: SymmetricBuffer) -> Scratch {
+        Scratch {
+            window: Some(window),
+            buffer,
+        }
+    }
+
+    /// This rank's scratch memory.
+    pub fn ptr(&self) -> DevicePtr {
+        self.buffer.ptr()
+    }
+
+    /// Bytes of each rank's scratch memory.
+    pub fn size(&self) -> usize {
+        self.buffer.size()
+    }
+
+    /// The registered window (present until drop).
+    pub fn window(&self) -> &Window {
+        self.window
+            .as_ref()
+            .expect("the scratch window lives until drop")
+    }
+
+    /// What backs the window.
+    pub fn kind(&self) -> WindowKind {
+        self.window().kind()
+    }
+
+    /// This process's address of every rank's scratch memory, rank by rank; `None` when the
+    /// window has no peer addresses.
+    pub fn peers(&self) -> Option<Vec<u64>> {
+        let w = self.window();
+        (0..w.world).map(|q| w.peer(q).map(|p| p.0)).collect()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(w) = self.window.take() {
+            w.release_local();
+        }
+    }
+}
+
 /// Makes window-collective backends; registered with `inventory` by `ferrocx-kernels`.
 pub struct WindowCollectivesProvider {
     /// Its name.
@@ -251,7 +276,7 @@ pub struct WindowCollectivesProvider {
     pub supports: fn(dtype: DataType, op: ReduceOp) -> bool,
     /// Makes the backend of a communicator. Collective: it registers the scratch window, so
     /// every rank calls it at the same point.
-    pub create: fn(comm: &Communicator) -> Result<Box<dyn WindowCollectives>, CommError>,
+    pub create: fn(ctx: &WindowContext<'_>) -> Result<Box<dyn WindowCollectives>, CollectiveError>,
 }
 
 inventory::collect!(WindowCollectivesProvider);
@@ -271,102 +296,4 @@ pub fn provider_for(
 ) -> Option<(&'static WindowCollectivesProvider, Measured)> {
     inventory::iter::<WindowCollectivesProvider>()
         .find_map(|p| (p.measured)(device, world).map(|m| (p, m)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MEASURED: Measured = Measured {
-        thresholds: Thresholds {
-            one_shot_max: 4096,
-            two_shot_max: 256 << 10,
-        },
-        window_faster: true,
-    };
-
-    fn config(small: SmallMessage, fallback: Fallback) -> WindowCollectivesConfig {
-        WindowCollectivesConfig {
-            small_message: small,
-            one_shot_max: None,
-            two_shot_max: None,
-            fallback,
-        }
-    }
-
-    #[test]
-    fn sizes_pick_the_algorithm_below_the_crossover() {
-        let c = config(SmallMessage::Auto, Fallback::SymHeap);
-        let r = |bytes| route(bytes, true, &c, Some(MEASURED));
-        assert_eq!(r(8), Route::Window(WindowAlgo::OneShot));
-        assert_eq!(r(4096), Route::Window(WindowAlgo::OneShot));
-        assert_eq!(r(4097), Route::Window(WindowAlgo::TwoShot));
-        assert_eq!(r(256 << 10), Route::Window(WindowAlgo::TwoShot));
-        assert_eq!(r((256 << 10) + 1), Route::Ccl);
-    }
-
-    #[test]
-    fn auto_follows_the_measurement_and_the_keys_override_it() {
-        let slower = Measured {
-            window_faster: false,
-            ..MEASURED
-        };
-        let auto = config(SmallMessage::Auto, Fallback::SymHeap);
-        assert_eq!(route(8, true, &auto, Some(slower)), Route::Ccl);
-        let window = config(SmallMessage::Window, Fallback::SymHeap);
-        assert_eq!(
-            route(8, true, &window, Some(slower)),
-            Route::Window(WindowAlgo::OneShot)
-        );
-        let ccl = config(SmallMessage::Ccl, Fallback::SymHeap);
-        assert_eq!(route(8, true, &ccl, Some(MEASURED)), Route::Ccl);
-        let keys = WindowCollectivesConfig {
-            one_shot_max: Some(16),
-            two_shot_max: Some(1024),
-            ..window
-        };
-        assert_eq!(
-            route(17, true, &keys, Some(MEASURED)),
-            Route::Window(WindowAlgo::TwoShot)
-        );
-        assert_eq!(route(1025, true, &keys, Some(MEASURED)), Route::Ccl);
-        // A two-shot maximum below the measured one-shot maximum caps it.
-        let low = WindowCollectivesConfig {
-            two_shot_max: Some(100),
-            ..window
-        };
-        assert_eq!(
-            low.thresholds(MEASURED.thresholds),
-            Thresholds {
-                one_shot_max: 100,
-                two_shot_max: 100
-            }
-        );
-    }
-
-    #[test]
-    fn a_ccl_without_all_reduce_takes_every_size_to_the_window() {
-        let c = config(SmallMessage::Ccl, Fallback::SymHeap);
-        assert_eq!(
-            route(8, false, &c, Some(MEASURED)),
-            Route::Window(WindowAlgo::OneShot)
-        );
-        assert_eq!(
-            route(64 << 20, false, &c, Some(MEASURED)),
-            Route::Window(WindowAlgo::Ring)
-        );
-        let none = config(SmallMessage::Window, Fallback::Disabled);
-        assert_eq!(route(8, false, &none, Some(MEASURED)), Route::Ccl);
-        // Without a provider for the device, only the CCL can run it.
-        assert_eq!(route(8, false, &c, None), Route::Ccl);
-    }
-
-    #[test]
-    fn algorithm_names_round_trip() {
-        for a in WindowAlgo::ALL {
-            assert_eq!(a.name().parse::<WindowAlgo>(), Ok(a));
-        }
-        assert_eq!("two_shot".parse::<WindowAlgo>(), Ok(WindowAlgo::TwoShot));
-        assert!("tree".parse::<WindowAlgo>().is_err());
-    }
 }

@@ -226,7 +226,9 @@ pub fn run_case(
     dev.mem_copy(bufs.send, host_ptr(&mine), bytes)
         .expect("upload");
     let recv = if in_place { bufs.send } else { bufs.recv };
-    comm.all_reduce_window(bufs.send, recv, count, dtype, op, algo)
+    // SAFETY: the case's buffers hold `count` elements of `dtype` and outlive the
+    // synchronize below.
+    unsafe { comm.all_reduce_window(bufs.send, recv, count, dtype, op, algo) }
         .unwrap_or_else(|e| panic!("case {case}: {e}"));
     comm.synchronize()
         .unwrap_or_else(|e| panic!("case {case}: {e}"));
@@ -404,7 +406,8 @@ pub fn back_to_back(comm: &Communicator, test: &str) {
             dev.mem_set_async(stall, (k % 251) as u8, 16 << 20, comm.stream())
                 .expect("stall");
         }
-        comm.all_reduce_window(send, recv, count, dtype, op, Some(algo))
+        // SAFETY: slots of buffers sized for every call, freed after the synchronize below.
+        unsafe { comm.all_reduce_window(send, recv, count, dtype, op, Some(algo)) }
             .unwrap_or_else(|e| panic!("call {k}: {e}"));
     }
     comm.synchronize().expect("synchronize");

@@ -1,31 +1,37 @@
 //! [`Communicator`]: one rank's view of a job, from the launcher's environment to a CCL
-//! communicator on a stream of the cluster's device.
+//! communicator on a stream of the cluster's device, and the entry of every collective.
 //!
 //! `Communicator::from_env()` reads the configuration (`FERROCX_CONFIG`, else the local one),
 //! the rank and world (`RANK`/`WORLD_SIZE`, Open MPI's, Slurm's), finds the cluster of this
 //! rank and its adaptors, initialises them with the cluster's options, rendezvouses through the
 //! job's TCP store to share rank 0's unique id, and creates the communicator.
 //!
+//! Collectives ([`Call`]): every collective of the CCL table, on the communicator's stream
+//! ([`Communicator::all_reduce`], ...) or a caller's ([`Communicator::on`]). Each asks the
+//! communicator's [`Router`] where it goes: the CCL's table, the window algorithms
+//! ([`crate::window::collectives`]: the sym-heap fallback and small messages), or (for jobs
+//! across clusters) the cross-cluster plan.
+//!
 //! Windows ([`crate::window`]): [`Communicator::alloc_symmetric`],
 //! [`Communicator::register_window`] and [`Communicator::deregister_window`].
-//!
-//! Window collectives ([`crate::window::collectives`]): [`Communicator::all_reduce`] hands an
-//! all-reduce to the window algorithms when the CCL has none (the sym-heap fallback) or, below
-//! the crossover, when the cluster's `small_message` says so; [`Communicator::all_reduce_window`]
-//! always does.
+
+mod call;
+
+pub use call::Call;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::abi::{Comm, DataType, DevicePtr, ReduceOp, Stream};
+use crate::abi::{Comm, DataType, DevicePtr, MemKind, ReduceOp, Stream};
 use crate::adaptor::{AdaptorError, Ccl, Device};
 use crate::bootstrap::{BootstrapError, JobInfo, RankInfo, Store, StoreServer};
 use crate::config::{Config, ConfigError};
 use crate::registry::Registry;
+use crate::route::{CclEntries, Collective, Route, Router, WindowRoute};
 use crate::window::collectives::{
-    self, AllReduceCall, CollectiveError, Measured, Route, WindowAlgo, WindowCollectives,
-    WindowCollectivesConfig, WindowCollectivesProvider,
+    self, CollectiveError, Scratch, WindowAlgo, WindowCollectives, WindowCollectivesConfig,
+    WindowCollectivesProvider, WindowContext,
 };
 use crate::window::{
     self, SymHeap, SymHeapStep, SymmetricBuffer, Window, WindowError, WindowFlags, WindowPlan,
@@ -67,17 +73,19 @@ pub struct Communicator {
     comm: Comm,
     stream: Stream,
     store: Store,
+    router: Router,
     windows: Windows,
     collectives: Collectives,
+    /// One word of device memory the barrier all-reduces, made at the first barrier.
+    barrier_word: Mutex<Option<DevicePtr>>,
     _server: Option<Arc<StoreServer>>,
 }
 
-/// The window collectives of a communicator: the cluster's choices, the provider that runs on
-/// its device, and the backend, made at the first call routed to it (a collective step: it
-/// registers the scratch window).
+/// The window collectives of a communicator: the provider that runs on its device, and the
+/// backend, made at the first call routed to it (a collective step: it registers the scratch
+/// window).
 struct Collectives {
-    config: WindowCollectivesConfig,
-    provider: Option<(&'static WindowCollectivesProvider, Measured)>,
+    provider: Option<&'static WindowCollectivesProvider>,
     backend: OnceLock<Result<Box<dyn WindowCollectives>, CollectiveError>>,
     making: Mutex<()>,
 }
@@ -180,6 +188,20 @@ impl Communicator {
         }
         tracing::debug!(cluster = %cluster.name, "windows: {plan}");
         let provider = collectives::provider_for(&sel.device, world);
+        let router = Router {
+            ccl: CclEntries::of(&sel.ccl),
+            config: WindowCollectivesConfig {
+                small_message: cluster.small_message,
+                one_shot_max: cluster.window_one_shot_max,
+                two_shot_max: cluster.window_two_shot_max,
+                fallback: cluster.fallback,
+            },
+            window: provider.map(|(p, measured)| WindowRoute {
+                measured,
+                supports: p.supports,
+            }),
+            clusters: 1,
+        };
         tracing::debug!(rank = me, world, cluster = %cluster.name, device = sel.device.name(), ccl = sel.ccl.name(), "communicator ready");
         Ok(Communicator {
             rank: me,
@@ -190,6 +212,7 @@ impl Communicator {
             comm,
             stream,
             store,
+            router,
             windows: Windows {
                 device: local_device,
                 job: job.id.clone(),
@@ -201,16 +224,11 @@ impl Communicator {
                 inject: Mutex::new(None),
             },
             collectives: Collectives {
-                config: WindowCollectivesConfig {
-                    small_message: cluster.small_message,
-                    one_shot_max: cluster.window_one_shot_max,
-                    two_shot_max: cluster.window_two_shot_max,
-                    fallback: cluster.fallback,
-                },
-                provider,
+                provider: provider.map(|(p, _)| p),
                 backend: OnceLock::new(),
                 making: Mutex::new(()),
             },
+            barrier_word: Mutex::new(None),
             _server: server,
         })
     }
@@ -231,15 +249,16 @@ impl Communicator {
     pub fn device(&self) -> &Device {
         &self.device
     }
-    /// The CCL adaptor.
+    /// The CCL adaptor (its name, version and capabilities; collectives go through
+    /// [`Communicator`]'s methods, which route them).
     pub fn ccl(&self) -> &Ccl {
         &self.ccl
     }
-    /// The CCL communicator handle.
-    pub fn handle(&self) -> Comm {
-        self.comm
+    /// The router that decides where each collective goes.
+    pub fn router(&self) -> &Router {
+        &self.router
     }
-    /// The stream the collectives below are enqueued on.
+    /// The stream the collectives are enqueued on unless a call names another.
     pub fn stream(&self) -> Stream {
         self.stream
     }
@@ -253,52 +272,34 @@ impl Communicator {
         self.windows.timeout
     }
 
-    /// Enqueues an all-reduce on the communicator's stream: on the CCL, or on a window
-    /// algorithm where [`Communicator::all_reduce_route`] says so.
-    pub fn all_reduce(
-        &self,
-        send: DevicePtr,
-        recv: DevicePtr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<(), CommError> {
-        let has_ccl = self.ccl.tables().root.get().all_reduce.is_some();
-        if let Route::Window(algo) = self.all_reduce_route(count, dtype, op) {
-            match self.window_backend() {
-                Ok(_) => return self.run_window(send, recv, count, dtype, op, algo),
-                // The backend could not be made (the same on every rank: its window
-                // registration failed alike everywhere): the CCL takes small messages.
-                Err(e) if !has_ccl => return Err(e.into()),
-                Err(_) => {}
-            }
-        }
-        Ok(self
-            .ccl
-            .all_reduce(send, recv, count, dtype, op, self.comm, self.stream)?)
+    /// Collectives on `stream` (a stream of this communicator's device) instead of the
+    /// communicator's own.
+    pub fn on(&self, stream: Stream) -> Call<'_> {
+        Call::new(self, stream)
     }
 
-    /// Where [`Communicator::all_reduce`] sends an all-reduce of `count` elements: the CCL, or
-    /// a window algorithm (when the CCL has no all-reduce and `fallback = "symheap"`, or below
-    /// the crossover when `small_message` chooses the window and the window algorithms run
-    /// the type and op; see [`collectives::route`]). The same on every rank. (Where the window
-    /// backend cannot be made, e.g. ranks on several nodes, the CCL takes the call anyway.)
+    /// Collectives on the communicator's stream (what the methods below use).
+    pub fn call(&self) -> Call<'_> {
+        Call::new(self, self.stream)
+    }
+
+    /// Where [`Communicator::all_reduce`] sends an all-reduce of `count` elements (see
+    /// [`Router::all_reduce`]). The same on every rank. (Where the window backend cannot be
+    /// made, e.g. ranks on several nodes, the CCL takes the call anyway.)
     pub fn all_reduce_route(&self, count: usize, dtype: DataType, op: ReduceOp) -> Route {
-        let has_ccl = self.ccl.tables().root.get().all_reduce.is_some();
         let bytes = count.saturating_mul(dtype.size().unwrap_or(0));
-        let measured = self
-            .collectives
-            .provider
-            .filter(|(p, _)| !has_ccl || (p.supports)(dtype, op))
-            .map(|(_, m)| m);
-        collectives::route(bytes, has_ccl, &self.collectives.config, measured)
+        self.router
+            .route(Collective::AllReduce, bytes, dtype, Some(op))
     }
 
     /// Enqueues an all-reduce on a window algorithm whatever the CCL has: `algo`, or the one
     /// the size calls for when `None` (one-shot, two-shot, then the ring, at the cluster's
     /// thresholds). Collective: the first window call of a communicator registers its scratch
     /// window on every rank.
-    pub fn all_reduce_window(
+    ///
+    /// # Safety
+    /// As [`Call::all_reduce`].
+    pub unsafe fn all_reduce_window(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -311,11 +312,8 @@ impl Communicator {
             Some(a) => a,
             None => {
                 let bytes = count.saturating_mul(dtype.size().unwrap_or(0));
-                let (_, measured) = self
-                    .collectives
-                    .provider
-                    .ok_or_else(|| self.no_provider())?;
-                let t = self.collectives.config.thresholds(measured.thresholds);
+                let w = self.router.window.ok_or_else(|| self.no_provider())?;
+                let t = self.router.config.thresholds(w.measured.thresholds);
                 if bytes <= t.one_shot_max {
                     WindowAlgo::OneShot
                 } else if bytes <= t.two_shot_max {
@@ -325,7 +323,35 @@ impl Communicator {
                 }
             }
         };
-        self.run_window(send, recv, count, dtype, op, algo)
+        // SAFETY: the caller's contract is the call's.
+        unsafe {
+            self.call()
+                .via(Route::Window(algo))
+                .all_reduce(send, recv, count, dtype, op)
+        }
+    }
+
+    /// Starts a group of point-to-point calls (and collectives) issued together at
+    /// [`Communicator::group_end`] (NCCL's `ncclGroupStart`): sends and receives in a group
+    /// cannot deadlock whatever their order. Groups are per thread and nest.
+    pub fn group_start(&self) -> Result<(), CommError> {
+        Ok(self.ccl.group_start()?)
+    }
+
+    /// Ends a group and issues its calls.
+    pub fn group_end(&self) -> Result<(), CommError> {
+        Ok(self.ccl.group_end()?)
+    }
+
+    /// Runs `calls` inside a group: [`Communicator::group_start`], `calls`, then
+    /// [`Communicator::group_end`] even when `calls` fails (its error wins).
+    pub fn group<R>(&self, calls: impl FnOnce() -> Result<R, CommError>) -> Result<R, CommError> {
+        self.group_start()?;
+        let r = calls();
+        let ended = self.group_end();
+        let r = r?;
+        ended?;
+        Ok(r)
     }
 
     /// Registers a window that ferrocx's own algorithms address peer by peer: as
@@ -364,25 +390,56 @@ impl Communicator {
         ))
     }
 
-    fn run_window(
-        &self,
-        send: DevicePtr,
-        recv: DevicePtr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        algo: WindowAlgo,
-    ) -> Result<(), CommError> {
-        let backend = self.window_backend()?;
-        let call = AllReduceCall {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-            stream: self.stream,
-        };
-        Ok(backend.all_reduce(&call, algo)?)
+    /// The error of a call routed across clusters (no plan runs them yet).
+    fn across_clusters(&self, op: Collective) -> CommError {
+        CommError::Topology(format!(
+            "{op}: collectives across clusters are not available yet (cluster {:?})",
+            self.cluster
+        ))
+    }
+
+    /// `peer` as the CCL's rank type, checked against the world.
+    fn peer(&self, peer: usize) -> Result<i32, CommError> {
+        if peer >= self.world {
+            return Err(CommError::Topology(format!(
+                "peer {peer} is not a rank of this {}-rank communicator",
+                self.world
+            )));
+        }
+        Ok(peer as i32)
+    }
+
+    /// The word the barrier all-reduces, allocated (and zeroed) at the first barrier.
+    fn barrier_word(&self) -> Result<DevicePtr, CommError> {
+        let mut word = self.barrier_word.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = *word {
+            return Ok(w);
+        }
+        self.device.set_device(self.windows.device)?;
+        let w = self.device.mem_alloc(8, MemKind::DEVICE)?;
+        if let Err(e) = self.device.mem_set(w, 0, 8) {
+            let _ = self.device.mem_free(w, MemKind::DEVICE);
+            return Err(e.into());
+        }
+        *word = Some(w);
+        Ok(w)
+    }
+
+    /// Allocates, zeroes and registers a scratch window of `bytes` addressed peer by peer
+    /// (collective): what [`WindowContext::scratch`] does for a provider.
+    fn scratch_window(&self, bytes: usize) -> Result<Scratch, CommError> {
+        let buffer = self.alloc_symmetric(bytes)?;
+        // Signal slots start at 0; every peer waits for a value of at least 1.
+        self.device.mem_set(buffer.ptr(), 0, buffer.size())?;
+        let window =
+            self.register_peer_window(buffer.ptr(), buffer.size(), WindowFlags::NO_MULTICAST)?;
+        tracing::debug!(
+            kind = %window.kind(),
+            bytes,
+            "window collectives: scratch window registered ({})",
+            window.reason()
+        );
+        Ok(Scratch::new(window, buffer))
     }
 
     /// The window-collective backend, made at the first call (on every rank alike).
@@ -393,8 +450,23 @@ impl Communicator {
             if c.backend.get().is_none() {
                 let made = match c.provider {
                     None => Err(self.no_provider()),
-                    Some((p, _)) => (p.create)(self)
-                        .map_err(|e| CollectiveError::Unavailable(format!("{}: {e}", p.name))),
+                    Some(p) => {
+                        let scratch = |bytes: usize| {
+                            self.scratch_window(bytes)
+                                .map_err(|e| CollectiveError::Unavailable(e.to_string()))
+                        };
+                        let ctx = WindowContext {
+                            device: &self.device,
+                            stream: self.stream,
+                            rank: self.rank,
+                            world: self.world,
+                            timeout: self.windows.timeout,
+                            store: &self.store,
+                            scratch: &scratch,
+                        };
+                        (p.create)(&ctx)
+                            .map_err(|e| CollectiveError::Unavailable(format!("{}: {e}", p.name)))
+                    }
                 };
                 match &made {
                     Ok(b) => tracing::debug!(backend = b.backend(), "window collectives ready"),
@@ -420,10 +492,19 @@ impl Communicator {
         Ok(())
     }
 
-    /// Returns once every rank has called it (through the job's store, on the host): for
-    /// ordering host-side steps, such as writing a window before peers read it. A rank that does
-    /// not arrive within the timeout is named in the error.
+    /// Returns once every rank has called it, with everything enqueued on the communicator's
+    /// stream before it done on every rank: [`Call::barrier`] on the stream, then a synchronize
+    /// (as `torch.distributed.barrier`). For ordering host-side steps, such as writing a
+    /// window before peers read it.
     pub fn barrier(&self) -> Result<(), CommError> {
+        self.call().barrier()?;
+        self.synchronize()
+    }
+
+    /// Returns once every rank has called it, through the job's store on the host, without
+    /// touching any stream. A rank that does not arrive within the timeout is named in the
+    /// error.
+    pub fn host_barrier(&self) -> Result<(), CommError> {
         self.agreement().gather("barrier", &[])?;
         Ok(())
     }
@@ -524,10 +605,63 @@ impl Communicator {
     }
 }
 
+/// The communicator's collectives on its own stream: each forwards to the same method of
+/// [`Call`], whose documentation (and the buffer contract in [`call`]'s module docs) applies.
+macro_rules! on_own_stream {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*);)*) => {
+        impl Communicator {
+            $(
+                $(#[$doc])*
+                ///
+                /// # Safety
+                #[doc = concat!("As [`Call::", stringify!($name), "`].")]
+                #[allow(clippy::too_many_arguments)]
+                pub unsafe fn $name(&self, $($arg: $ty),*) -> Result<(), CommError> {
+                    // SAFETY: the caller's contract is the call's.
+                    unsafe { self.call().$name($($arg),*) }
+                }
+            )*
+        }
+    };
+}
+
+on_own_stream! {
+    /// Enqueues an all-reduce on the communicator's stream (see [`Call::all_reduce`]).
+    fn all_reduce(send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp);
+    /// Enqueues a reduce to `root` on the communicator's stream (see [`Call::reduce`]).
+    fn reduce(send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, op: ReduceOp, root: usize);
+    /// Enqueues a broadcast from `root` on the communicator's stream (see [`Call::broadcast`]).
+    fn broadcast(send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType, root: usize);
+    /// Enqueues an all-gather on the communicator's stream (see [`Call::all_gather`]).
+    fn all_gather(send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType);
+    /// Enqueues a reduce-scatter on the communicator's stream (see [`Call::reduce_scatter`]).
+    fn reduce_scatter(send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, op: ReduceOp);
+    /// Enqueues a gather to `root` on the communicator's stream (see [`Call::gather`]).
+    fn gather(send: DevicePtr, recv: DevicePtr, send_count: usize, dtype: DataType, root: usize);
+    /// Enqueues a scatter from `root` on the communicator's stream (see [`Call::scatter`]).
+    fn scatter(send: DevicePtr, recv: DevicePtr, recv_count: usize, dtype: DataType, root: usize);
+    /// Enqueues an all-to-all on the communicator's stream (see [`Call::all_to_all`]).
+    fn all_to_all(send: DevicePtr, recv: DevicePtr, count: usize, dtype: DataType);
+    /// Enqueues an all-to-all with per-peer counts on the communicator's stream (see
+    /// [`Call::all_to_allv`]).
+    fn all_to_allv(send: DevicePtr, send_counts: &[usize], send_displs: &[usize], recv: DevicePtr, recv_counts: &[usize], recv_displs: &[usize], dtype: DataType);
+    /// Enqueues a send to `peer` on the communicator's stream (see [`Call::send`]).
+    fn send(buf: DevicePtr, count: usize, dtype: DataType, peer: usize);
+    /// Enqueues a receive from `peer` on the communicator's stream (see [`Call::recv`]).
+    fn recv(buf: DevicePtr, count: usize, dtype: DataType, peer: usize);
+}
+
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Teardown failures are not actionable here; the adaptor logs them.
         let _ = self.device.stream_synchronize(self.stream);
+        let word = self
+            .barrier_word
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = word.take() {
+            let _ = self.device.mem_free(w, MemKind::DEVICE);
+        }
         let _ = self.ccl.comm_destroy(self.comm);
         let _ = self.device.stream_destroy(self.stream);
     }

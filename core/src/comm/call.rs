@@ -1,0 +1,459 @@
+//! Every collective of a [`Communicator`], on its stream or a caller's: [`Call`].
+//!
+//! Each call asks the communicator's [`Router`](crate::route::Router) where it goes, opens one
+//! `tracing` span (`collective`: op, bytes, dtype, route) and hands the call to the CCL's table
+//! or to the window algorithms. Nothing else in ferrocx calls a CCL entry with a communicator
+//! handle.
+//!
+//! # Safety of the buffer arguments
+//!
+//! Collectives are asynchronous: they return once enqueued, and the adaptor reads and writes
+//! the buffers later, in stream order. So every method that takes a [`DevicePtr`] is an
+//! `unsafe fn` with one contract, stated once here:
+//!
+//! - each buffer is memory of this communicator's device adaptor (from its `mem_alloc`, the
+//!   symmetric heap, or memory the adaptor documents as addressable, such as host memory on the
+//!   host device), valid for the bytes the operation touches (`count` elements of `dtype`, or
+//!   as the method says);
+//! - it stays valid, and no other work writes a buffer the operation reads or reads a buffer it
+//!   writes, until the operation has completed on the stream (after a synchronize of the
+//!   stream, or an event recorded after it);
+//! - `send` and `recv` are equal (in place) or do not overlap.
+
+use crate::abi::{DataType, DevicePtr, ReduceOp, Stream};
+use crate::route::{Collective, Route};
+use crate::window::collectives::{AllReduceCall, WindowAlgo};
+
+use super::{CommError, Communicator};
+
+/// A collective call of one communicator on one stream, optionally on a forced route: made by
+/// [`Communicator::on`] (a caller's stream) or [`Communicator::call`] (the communicator's).
+/// Cheap to make: it borrows the communicator.
+#[derive(Clone, Copy)]
+pub struct Call<'a> {
+    comm: &'a Communicator,
+    stream: Stream,
+    route: Option<Route>,
+}
+
+fn bytes_of(count: usize, dtype: DataType) -> usize {
+    count.saturating_mul(dtype.size().unwrap_or(0))
+}
+
+fn root_of(root: usize) -> i32 {
+    i32::try_from(root).unwrap_or(i32::MAX)
+}
+
+impl<'a> Call<'a> {
+    pub(super) fn new(comm: &'a Communicator, stream: Stream) -> Call<'a> {
+        Call {
+            comm,
+            stream,
+            route: None,
+        }
+    }
+
+    /// The same call on `route` whatever the router says (benchmarks comparing routes, tests).
+    /// Every rank must force the same route.
+    pub fn via(mut self, route: Route) -> Call<'a> {
+        self.route = Some(route);
+        self
+    }
+
+    /// The stream the call is enqueued on.
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
+    /// Where `op` over `bytes` per rank goes: the forced route, else the router's.
+    pub fn route(
+        &self,
+        op: Collective,
+        bytes: usize,
+        dtype: DataType,
+        redop: Option<ReduceOp>,
+    ) -> Route {
+        self.route
+            .unwrap_or_else(|| self.comm.router.route(op, bytes, dtype, redop))
+    }
+
+    /// The CCL call of `op` (on a route the router gave or the caller forced).
+    fn on_ccl(
+        &self,
+        op: Collective,
+        route: Route,
+        enqueue: impl FnOnce() -> Result<(), crate::adaptor::AdaptorError>,
+    ) -> Result<(), CommError> {
+        match route {
+            Route::Ccl => Ok(enqueue()?),
+            Route::Clusters => Err(self.comm.across_clusters(op)),
+            Route::Window(_) | Route::Store => Err(CommError::Topology(format!(
+                "{op} cannot take the route `{route}`: only all_reduce and barrier run there"
+            ))),
+        }
+    }
+
+    /// Enqueues `recv[i] = op over ranks of send[i]` for `count` elements of `dtype`.
+    ///
+    /// # Safety
+    /// `send` and `recv` hold `count` elements of `dtype`, as the [module docs](self) say.
+    pub unsafe fn all_reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(count, dtype);
+        let route = self.route(Collective::AllReduce, bytes, dtype, Some(op));
+        let _span = span(Collective::AllReduce, bytes, dtype, route).entered();
+        let c = self.comm;
+        if let Route::Window(algo) = route {
+            match c.window_backend() {
+                Ok(_) => return self.window_all_reduce(send, recv, count, dtype, op, algo),
+                // The backend could not be made (the same on every rank: its window
+                // registration failed alike everywhere): the CCL takes the call if it can.
+                Err(e) if !c.router.ccl.has(Collective::AllReduce) => return Err(e.into()),
+                Err(_) => {}
+            }
+        }
+        let route = if let Route::Window(_) = route {
+            Route::Ccl
+        } else {
+            route
+        };
+        self.on_ccl(Collective::AllReduce, route, || {
+            c.ccl
+                .all_reduce(send, recv, count, dtype, op, c.comm, self.stream)
+        })
+    }
+
+    /// Enqueues an all-reduce on the window algorithm `algo` (the communicator's first window
+    /// call registers its scratch window on every rank: collective).
+    fn window_all_reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        algo: WindowAlgo,
+    ) -> Result<(), CommError> {
+        let backend = self.comm.window_backend()?;
+        let call = AllReduceCall {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            stream: self.stream,
+        };
+        Ok(backend.all_reduce(&call, algo)?)
+    }
+
+    /// Enqueues the root's `recv = op over ranks of send` (`count` elements).
+    ///
+    /// # Safety
+    /// `send` holds `count` elements on every rank, `recv` on the root (ignored elsewhere), as
+    /// the [module docs](self) say.
+    pub unsafe fn reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(count, dtype);
+        let route = self.route(Collective::Reduce, bytes, dtype, Some(op));
+        let _span = span(Collective::Reduce, bytes, dtype, route).entered();
+        let c = self.comm;
+        self.on_ccl(Collective::Reduce, route, || {
+            c.ccl.reduce(
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                root_of(root),
+                c.comm,
+                self.stream,
+            )
+        })
+    }
+
+    /// Enqueues `recv` = the root's `send` (`count` elements) on every rank.
+    ///
+    /// # Safety
+    /// `send` (read on the root) and `recv` hold `count` elements, as the
+    /// [module docs](self) say.
+    pub unsafe fn broadcast(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(count, dtype);
+        let route = self.route(Collective::Broadcast, bytes, dtype, None);
+        let _span = span(Collective::Broadcast, bytes, dtype, route).entered();
+        let c = self.comm;
+        self.on_ccl(Collective::Broadcast, route, || {
+            c.ccl
+                .broadcast(send, recv, count, dtype, root_of(root), c.comm, self.stream)
+        })
+    }
+
+    /// Enqueues `recv[r * send_count..]` = rank r's `send` (`send_count` elements each).
+    ///
+    /// # Safety
+    /// `send` holds `send_count` elements and `recv` `world * send_count`, as the
+    /// [module docs](self) say.
+    pub unsafe fn all_gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(send_count, dtype);
+        let route = self.route(Collective::AllGather, bytes, dtype, None);
+        let _span = span(Collective::AllGather, bytes, dtype, route).entered();
+        let c = self.comm;
+        self.on_ccl(Collective::AllGather, route, || {
+            c.ccl
+                .all_gather(send, recv, send_count, dtype, c.comm, self.stream)
+        })
+    }
+
+    /// Enqueues `recv` = this rank's block (`recv_count` elements) of the reduction of every
+    /// rank's `send`.
+    ///
+    /// # Safety
+    /// `send` holds `world * recv_count` elements and `recv` `recv_count`, as the
+    /// [module docs](self) say.
+    pub unsafe fn reduce_scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        recv_count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(recv_count, dtype).saturating_mul(self.comm.world);
+        let route = self.route(Collective::ReduceScatter, bytes, dtype, Some(op));
+        let _span = span(Collective::ReduceScatter, bytes, dtype, route).entered();
+        let c = self.comm;
+        self.on_ccl(Collective::ReduceScatter, route, || {
+            c.ccl
+                .reduce_scatter(send, recv, recv_count, dtype, op, c.comm, self.stream)
+        })
+    }
+
+    /// Enqueues the root's `recv[r * send_count..]` = rank r's `send`.
+    ///
+    /// # Safety
+    /// `send` holds `send_count` elements, the root's `recv` `world * send_count`, as the
+    /// [module docs](self) say.
+    pub unsafe fn gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(send_count, dtype);
+        let route = self.route(Collective::Gather, bytes, dtype, None);
+        let _span = span(Collective::Gather, bytes, dtype, route).entered();
+        let c = self.comm;
+        self.on_ccl(Collective::Gather, route, || {
+            c.ccl.gather(
+                send,
+                recv,
+                send_count,
+                dtype,
+                root_of(root),
+                c.comm,
+                self.stream,
+            )
+        })
+    }
+
+    /// Enqueues rank r's `recv` = block r (`recv_count` elements) of the root's `send`.
+    ///
+    /// # Safety
+    /// The root's `send` holds `world * recv_count` elements, every `recv` `recv_count`, as
+    /// the [module docs](self) say.
+    pub unsafe fn scatter(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        recv_count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(recv_count, dtype);
+        let route = self.route(Collective::Scatter, bytes, dtype, None);
+        let _span = span(Collective::Scatter, bytes, dtype, route).entered();
+        let c = self.comm;
+        self.on_ccl(Collective::Scatter, route, || {
+            c.ccl.scatter(
+                send,
+                recv,
+                recv_count,
+                dtype,
+                root_of(root),
+                c.comm,
+                self.stream,
+            )
+        })
+    }
+
+    /// Enqueues an all-to-all: block r of `send` (`count` elements) to rank r, block r of
+    /// `recv` from rank r.
+    ///
+    /// # Safety
+    /// `send` and `recv` hold `world * count` elements, as the [module docs](self) say.
+    pub unsafe fn all_to_all(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(count, dtype).saturating_mul(self.comm.world);
+        let route = self.route(Collective::AllToAll, bytes, dtype, None);
+        let _span = span(Collective::AllToAll, bytes, dtype, route).entered();
+        let c = self.comm;
+        self.on_ccl(Collective::AllToAll, route, || {
+            c.ccl
+                .all_to_all(send, recv, count, dtype, c.comm, self.stream)
+        })
+    }
+
+    /// Enqueues an all-to-all with per-peer counts and displacements (in elements; one entry
+    /// per rank each).
+    ///
+    /// # Safety
+    /// `send` holds the elements `send_displs[r]..send_displs[r] + send_counts[r]` for every
+    /// rank r, `recv` likewise for the receive arrays, as the [module docs](self) say.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_to_allv(
+        &self,
+        send: DevicePtr,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: DevicePtr,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        dtype: DataType,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(send_counts.iter().sum(), dtype);
+        let route = self.route(Collective::AllToAllv, bytes, dtype, None);
+        let _span = span(Collective::AllToAllv, bytes, dtype, route).entered();
+        let c = self.comm;
+        self.on_ccl(Collective::AllToAllv, route, || {
+            c.ccl.all_to_allv(
+                send,
+                send_counts,
+                send_displs,
+                recv,
+                recv_counts,
+                recv_displs,
+                dtype,
+                c.comm,
+                self.stream,
+            )
+        })
+    }
+
+    /// Enqueues a send of `count` elements to `peer`. Between [`Communicator::group_start`]
+    /// and [`Communicator::group_end`] (or inside [`Communicator::group`]) sends and receives
+    /// are issued together, so any order of them cannot deadlock.
+    ///
+    /// # Safety
+    /// `buf` holds `count` elements, as the [module docs](self) say.
+    pub unsafe fn send(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(count, dtype);
+        let route = self.route(Collective::Send, bytes, dtype, None);
+        let _span = span(Collective::Send, bytes, dtype, route).entered();
+        let c = self.comm;
+        let peer = c.peer(peer)?;
+        self.on_ccl(Collective::Send, route, || {
+            c.ccl.send(buf, count, dtype, peer, c.comm, self.stream)
+        })
+    }
+
+    /// Enqueues a receive of `count` elements from `peer` (see [`Call::send`] for groups).
+    ///
+    /// # Safety
+    /// `buf` holds `count` elements, as the [module docs](self) say.
+    pub unsafe fn recv(
+        &self,
+        buf: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<(), CommError> {
+        let bytes = bytes_of(count, dtype);
+        let route = self.route(Collective::Recv, bytes, dtype, None);
+        let _span = span(Collective::Recv, bytes, dtype, route).entered();
+        let c = self.comm;
+        let peer = c.peer(peer)?;
+        self.on_ccl(Collective::Recv, route, || {
+            c.ccl.recv(buf, count, dtype, peer, c.comm, self.stream)
+        })
+    }
+
+    /// Enqueues a barrier on the stream: work enqueued after it runs once every rank's stream
+    /// has reached it. A one-word all-reduce on the CCL (or the window algorithms where the
+    /// CCL has none); where neither can run, the route is [`Route::Store`]: the stream is
+    /// synchronized and the ranks meet through the job's store, so the call returns only once
+    /// every rank has arrived. Safe: the word is the communicator's own.
+    pub fn barrier(&self) -> Result<(), CommError> {
+        let dtype = DataType::F32;
+        let route = self.route(Collective::Barrier, 4, dtype, Some(ReduceOp::SUM));
+        let _span = span(Collective::Barrier, 4, dtype, route).entered();
+        let c = self.comm;
+        match route {
+            Route::Store => {
+                c.device.stream_synchronize(self.stream)?;
+                c.host_barrier()
+            }
+            Route::Window(algo) => {
+                let word = c.barrier_word()?;
+                self.window_all_reduce(word, word, 1, dtype, ReduceOp::SUM, algo)
+            }
+            route => {
+                let word = c.barrier_word()?;
+                self.on_ccl(Collective::Barrier, route, || {
+                    c.ccl
+                        .all_reduce(word, word, 1, dtype, ReduceOp::SUM, c.comm, self.stream)
+                })
+            }
+        }
+    }
+}
+
+/// The span of one collective: op, bytes per rank, dtype and route (recorded only where
+/// `debug` is enabled for `ferrocx::route`).
+fn span(op: Collective, bytes: usize, dtype: DataType, route: Route) -> tracing::Span {
+    tracing::debug_span!(
+        target: "ferrocx::route",
+        "collective",
+        op = op.name(),
+        bytes,
+        dtype = dtype.name().unwrap_or("unknown"),
+        route = %route
+    )
+}
