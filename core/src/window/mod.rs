@@ -65,7 +65,7 @@ pub mod fdpass;
 mod heap;
 mod policy;
 mod resources;
-mod symheap;
+mod register;
 
 use std::fmt;
 use std::time::Duration;
@@ -79,7 +79,7 @@ pub use policy::{plan, Backing, MulticastPlan, WindowPlan};
 
 pub(crate) use agree::Agreement;
 pub(crate) use heap::SymHeap;
-pub(crate) use symheap::{deregister, register, Context};
+pub(crate) use register::{deregister, register, Context};
 
 /// The digest of a communicator's unique id that names its windows' sockets and store keys.
 pub(crate) fn tag_of(unique_id: &[u8]) -> u64 {
@@ -309,7 +309,7 @@ pub struct Window {
     pub(crate) vendor: Option<WindowHandle>,
     pub(crate) peer_table: DevicePtr,
     pub(crate) reason: String,
-    pub(crate) held: Option<symheap::Held>,
+    pub(crate) held: Option<register::Held>,
 }
 
 impl Window {

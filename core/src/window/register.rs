@@ -1,6 +1,7 @@
-//! The protocol behind `register_window` and `deregister_window`, written against the device
-//! table only (VMM, flat mapping, multicast, IPC) and the job's store. See the module docs of
-//! [`crate::window`] for the steps; each holds what it took in guards of
+//! Registration and deregistration of a window of any kind (vendor, symmetric, IPC): the
+//! protocol behind `register_window` and `deregister_window`, written against the device
+//! table only (VMM, flat mapping, multicast, IPC), the CCL's window group and the job's store.
+//! See the module docs of [`crate::window`] for the steps; each holds what it took in guards of
 //! [`super::resources`], so a failed step releases everything before it.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
