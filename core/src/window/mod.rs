@@ -64,8 +64,8 @@ pub mod collectives;
 pub mod fdpass;
 mod heap;
 mod policy;
-mod resources;
 mod register;
+mod resources;
 
 use std::fmt;
 use std::time::Duration;
