@@ -1,12 +1,11 @@
-//! Traits for the device adaptor and its optional groups, and the trampolines that build their
-//! tables.
+//! The device adaptor itself (`ferrocx_device_adaptor_v1`): its trait, the values its methods
+//! return, and the trampolines that build its table.
 
 use std::ffi::{c_char, c_void};
 
 use ferrocx::abi::{
-    AbiHeader, Capabilities, DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceMulticastV1,
-    DeviceProperties, DevicePtr, DeviceVmmV1, Event, GraphHandle, HostFn, KeyValue, McHandle,
-    MemKind, Status, Stream, VmmHandle,
+    AbiHeader, Capabilities, DeviceAdaptorV1, DeviceProperties, DevicePtr, Event, HostFn,
+    KeyValue, MemKind, Status, Stream,
 };
 
 use crate::boundary::{call, guard, read_bytes, write_bytes, write_out};
@@ -134,79 +133,6 @@ pub trait DeviceAdaptor: Send + Sync + Sized + 'static {
     fn mem_get_info(&self) -> Result<MemInfo>;
 }
 
-/// The VMM group (`ferrocx_device_vmm_v1`).
-pub trait DeviceVmm: DeviceAdaptor {
-    /// Allocation granularity in bytes.
-    fn vmm_granularity(&self, device: i32) -> Result<usize>;
-    /// Allocates exportable physical memory.
-    fn vmm_alloc(&self, bytes: usize) -> Result<VmmHandle>;
-    /// Exports an allocation as a file descriptor owned by the caller.
-    fn vmm_export_fd(&self, handle: VmmHandle) -> Result<i32>;
-    /// Imports an allocation from a file descriptor (which stays the caller's).
-    fn vmm_import_fd(&self, fd: i32, bytes: usize) -> Result<VmmHandle>;
-    /// Releases an allocation or import.
-    fn vmm_release(&self, handle: VmmHandle) -> Result<()>;
-}
-
-/// The flat-map group (`ferrocx_device_flatmap_v1`). [`crate::flat::FlatReservations`] keeps the
-/// reservations and slots and checks every argument, so an implementation only calls the
-/// vendor's reserve, map, unmap and free.
-pub trait DeviceFlatMap: DeviceAdaptor {
-    /// Reserves a virtual range.
-    fn flat_reserve(&self, bytes: usize) -> Result<DevicePtr>;
-    /// Maps `handle` at `base + index * size`.
-    fn flat_map(&self, base: DevicePtr, index: usize, size: usize, handle: VmmHandle)
-        -> Result<()>;
-    /// Unmaps the slot at `base + index * size`.
-    fn flat_unmap(&self, base: DevicePtr, index: usize, size: usize) -> Result<()>;
-    /// Releases a reservation.
-    fn flat_release(&self, base: DevicePtr, bytes: usize) -> Result<()>;
-}
-
-/// The multicast group (`ferrocx_device_multicast_v1`).
-pub trait DeviceMulticast: DeviceAdaptor {
-    /// Whether `device` supports multicast objects.
-    fn mc_supported(&self, device: i32) -> Result<bool>;
-    /// Creates a multicast object.
-    fn mc_create(&self, bytes: usize, num_devices: i32) -> Result<McHandle>;
-    /// Exports an object as a file descriptor.
-    fn mc_export_fd(&self, mc: McHandle) -> Result<i32>;
-    /// Imports an object from a file descriptor.
-    fn mc_import_fd(&self, fd: i32, bytes: usize) -> Result<McHandle>;
-    /// Adds a device of this process.
-    fn mc_add_device(&self, mc: McHandle, device: i32) -> Result<()>;
-    /// Binds memory into the object.
-    fn mc_bind(
-        &self,
-        mc: McHandle,
-        mc_offset: usize,
-        mem: VmmHandle,
-        mem_offset: usize,
-        bytes: usize,
-    ) -> Result<()>;
-    /// Maps the object.
-    fn mc_map(&self, mc: McHandle, bytes: usize) -> Result<DevicePtr>;
-    /// Unmaps a mapping.
-    fn mc_unmap(&self, ptr: DevicePtr, bytes: usize) -> Result<()>;
-    /// Unbinds memory.
-    fn mc_unbind(&self, mc: McHandle, device: i32, mc_offset: usize, bytes: usize) -> Result<()>;
-    /// Releases the object.
-    fn mc_release(&self, mc: McHandle) -> Result<()>;
-}
-
-/// The graph group (`ferrocx_device_graph_v1`): stream capture into executable graphs.
-pub trait DeviceGraph: DeviceAdaptor {
-    /// Starts recording the work this thread enqueues on `stream`.
-    fn graph_begin_capture(&self, stream: Stream) -> Result<()>;
-    /// Ends the capture of `stream` (also after a failed one, which it discards) and returns the
-    /// executable graph of what was recorded.
-    fn graph_end_capture(&self, stream: Stream) -> Result<GraphHandle>;
-    /// Enqueues one run of `graph` on `stream`.
-    fn graph_launch(&self, graph: GraphHandle, stream: Stream) -> Result<()>;
-    /// Destroys a graph.
-    fn graph_destroy(&self, graph: GraphHandle) -> Result<()>;
-}
-
 fn copy_c_str<const N: usize>(dst: &mut [c_char; N], s: &str) {
     let bytes = s.as_bytes();
     let n = bytes.len().min(N - 1);
@@ -219,6 +145,7 @@ fn copy_c_str<const N: usize>(dst: &mut [c_char; N], s: &str) {
 /// The trampolines of [`DeviceAdaptorV1`], generic over the adaptor.
 mod tramp {
     use super::*;
+
 
     pub unsafe extern "C" fn init<A: DeviceAdaptor>(opts: *const KeyValue, n: usize) -> Status {
         // SAFETY: the caller passes `n` valid options.
@@ -475,212 +402,6 @@ mod tramp {
             Status::NOT_READY
         }
     }
-
-    pub unsafe extern "C" fn vmm_granularity<A: DeviceVmm>(device: i32, out: *mut usize) -> Status {
-        // SAFETY: `out` null or writable by the ABI's contract.
-        call("vmm_granularity", || unsafe {
-            write_out(out, "bytes", A::instance().vmm_granularity(device)?)
-        })
-    }
-    pub unsafe extern "C" fn vmm_alloc<A: DeviceVmm>(bytes: usize, out: *mut VmmHandle) -> Status {
-        call("vmm_alloc", || {
-            if out.is_null() {
-                return Err(Error::invalid_argument("`handle` is null"));
-            }
-            let h = A::instance().vmm_alloc(bytes)?;
-            // SAFETY: checked non-null above.
-            unsafe { write_out(out, "handle", h) }
-        })
-    }
-    pub unsafe extern "C" fn vmm_export_fd<A: DeviceVmm>(h: VmmHandle, out: *mut i32) -> Status {
-        call("vmm_export_fd", || {
-            if out.is_null() {
-                return Err(Error::invalid_argument("`fd` is null"));
-            }
-            let fd = A::instance().vmm_export_fd(h)?;
-            // SAFETY: checked non-null above.
-            unsafe { write_out(out, "fd", fd) }
-        })
-    }
-    pub unsafe extern "C" fn vmm_import_fd<A: DeviceVmm>(
-        fd: i32,
-        bytes: usize,
-        out: *mut VmmHandle,
-    ) -> Status {
-        call("vmm_import_fd", || {
-            if out.is_null() {
-                return Err(Error::invalid_argument("`handle` is null"));
-            }
-            let h = A::instance().vmm_import_fd(fd, bytes)?;
-            // SAFETY: checked non-null above.
-            unsafe { write_out(out, "handle", h) }
-        })
-    }
-    pub unsafe extern "C" fn vmm_release<A: DeviceVmm>(h: VmmHandle) -> Status {
-        call("vmm_release", || A::instance().vmm_release(h))
-    }
-
-    pub unsafe extern "C" fn flat_reserve<A: DeviceFlatMap>(
-        bytes: usize,
-        out: *mut DevicePtr,
-    ) -> Status {
-        call("flat_reserve", || {
-            if out.is_null() {
-                return Err(Error::invalid_argument("`base` is null"));
-            }
-            let b = A::instance().flat_reserve(bytes)?;
-            // SAFETY: checked non-null above.
-            unsafe { write_out(out, "base", b) }
-        })
-    }
-    pub unsafe extern "C" fn flat_map<A: DeviceFlatMap>(
-        base: DevicePtr,
-        index: usize,
-        size: usize,
-        h: VmmHandle,
-    ) -> Status {
-        call("flat_map", || A::instance().flat_map(base, index, size, h))
-    }
-    pub unsafe extern "C" fn flat_unmap<A: DeviceFlatMap>(
-        base: DevicePtr,
-        index: usize,
-        size: usize,
-    ) -> Status {
-        call("flat_unmap", || A::instance().flat_unmap(base, index, size))
-    }
-    pub unsafe extern "C" fn flat_release<A: DeviceFlatMap>(
-        base: DevicePtr,
-        bytes: usize,
-    ) -> Status {
-        call("flat_release", || A::instance().flat_release(base, bytes))
-    }
-
-    pub unsafe extern "C" fn mc_supported<A: DeviceMulticast>(
-        device: i32,
-        out: *mut i32,
-    ) -> Status {
-        call("mc_supported", || {
-            let s = A::instance().mc_supported(device)?;
-            // SAFETY: `out` null or writable by the ABI's contract.
-            unsafe { write_out(out, "supported", i32::from(s)) }
-        })
-    }
-    pub unsafe extern "C" fn mc_create<A: DeviceMulticast>(
-        bytes: usize,
-        n: i32,
-        out: *mut McHandle,
-    ) -> Status {
-        call("mc_create", || {
-            if out.is_null() {
-                return Err(Error::invalid_argument("`mc` is null"));
-            }
-            let h = A::instance().mc_create(bytes, n)?;
-            // SAFETY: checked non-null above.
-            unsafe { write_out(out, "mc", h) }
-        })
-    }
-    pub unsafe extern "C" fn mc_export_fd<A: DeviceMulticast>(
-        mc: McHandle,
-        out: *mut i32,
-    ) -> Status {
-        call("mc_export_fd", || {
-            if out.is_null() {
-                return Err(Error::invalid_argument("`fd` is null"));
-            }
-            let fd = A::instance().mc_export_fd(mc)?;
-            // SAFETY: checked non-null above.
-            unsafe { write_out(out, "fd", fd) }
-        })
-    }
-    pub unsafe extern "C" fn mc_import_fd<A: DeviceMulticast>(
-        fd: i32,
-        bytes: usize,
-        out: *mut McHandle,
-    ) -> Status {
-        call("mc_import_fd", || {
-            if out.is_null() {
-                return Err(Error::invalid_argument("`mc` is null"));
-            }
-            let h = A::instance().mc_import_fd(fd, bytes)?;
-            // SAFETY: checked non-null above.
-            unsafe { write_out(out, "mc", h) }
-        })
-    }
-    pub unsafe extern "C" fn mc_add_device<A: DeviceMulticast>(
-        mc: McHandle,
-        device: i32,
-    ) -> Status {
-        call("mc_add_device", || A::instance().mc_add_device(mc, device))
-    }
-    pub unsafe extern "C" fn mc_bind<A: DeviceMulticast>(
-        mc: McHandle,
-        mc_offset: usize,
-        mem: VmmHandle,
-        mem_offset: usize,
-        bytes: usize,
-    ) -> Status {
-        call("mc_bind", || {
-            A::instance().mc_bind(mc, mc_offset, mem, mem_offset, bytes)
-        })
-    }
-    pub unsafe extern "C" fn mc_map<A: DeviceMulticast>(
-        mc: McHandle,
-        bytes: usize,
-        out: *mut DevicePtr,
-    ) -> Status {
-        call("mc_map", || {
-            if out.is_null() {
-                return Err(Error::invalid_argument("`ptr` is null"));
-            }
-            let p = A::instance().mc_map(mc, bytes)?;
-            // SAFETY: checked non-null above.
-            unsafe { write_out(out, "ptr", p) }
-        })
-    }
-    pub unsafe extern "C" fn mc_unmap<A: DeviceMulticast>(ptr: DevicePtr, bytes: usize) -> Status {
-        call("mc_unmap", || A::instance().mc_unmap(ptr, bytes))
-    }
-    pub unsafe extern "C" fn mc_unbind<A: DeviceMulticast>(
-        mc: McHandle,
-        device: i32,
-        mc_offset: usize,
-        bytes: usize,
-    ) -> Status {
-        call("mc_unbind", || {
-            A::instance().mc_unbind(mc, device, mc_offset, bytes)
-        })
-    }
-    pub unsafe extern "C" fn mc_release<A: DeviceMulticast>(mc: McHandle) -> Status {
-        call("mc_release", || A::instance().mc_release(mc))
-    }
-
-    pub unsafe extern "C" fn graph_begin_capture<A: DeviceGraph>(s: Stream) -> Status {
-        call("graph_begin_capture", || {
-            A::instance().graph_begin_capture(s)
-        })
-    }
-    pub unsafe extern "C" fn graph_end_capture<A: DeviceGraph>(
-        s: Stream,
-        out: *mut GraphHandle,
-    ) -> Status {
-        call("graph_end_capture", || {
-            // The capture is ended even when `out` is null, so the stream is not left capturing.
-            let g = A::instance().graph_end_capture(s)?;
-            if out.is_null() {
-                // The caller cannot own the graph: release it rather than leak it.
-                let _ = A::instance().graph_destroy(g);
-                return Err(Error::invalid_argument("`graph` is null"));
-            }
-            // SAFETY: checked non-null above; writable by the ABI's contract.
-            unsafe { write_out(out, "graph", g) }
-        })
-    }
-    pub unsafe extern "C" fn graph_launch<A: DeviceGraph>(g: GraphHandle, s: Stream) -> Status {
-        call("graph_launch", || A::instance().graph_launch(g, s))
-    }
-    pub unsafe extern "C" fn graph_destroy<A: DeviceGraph>(g: GraphHandle) -> Status {
-        call("graph_destroy", || A::instance().graph_destroy(g))
-    }
 }
 
 /// Builds the device adaptor table of `A`. Entries named in `absent` are exported as `None`
@@ -731,62 +452,5 @@ pub const fn device_table<A: DeviceAdaptor>(
         ipc_import: entry!(ipc_import),
         ipc_close: entry!(ipc_close),
         mem_get_info: entry!(mem_get_info),
-    }
-}
-
-/// Builds the VMM group table of `A`.
-pub const fn vmm_table<A: DeviceVmm>(name: &'static std::ffi::CStr) -> DeviceVmmV1 {
-    use tramp::*;
-    DeviceVmmV1 {
-        header: AbiHeader::new::<DeviceVmmV1>(name),
-        vmm_granularity: Some(vmm_granularity::<A>),
-        vmm_alloc: Some(vmm_alloc::<A>),
-        vmm_export_fd: Some(vmm_export_fd::<A>),
-        vmm_import_fd: Some(vmm_import_fd::<A>),
-        vmm_release: Some(vmm_release::<A>),
-    }
-}
-
-/// Builds the flat-map group table of `A`.
-pub const fn flatmap_table<A: DeviceFlatMap>(name: &'static std::ffi::CStr) -> DeviceFlatMapV1 {
-    use tramp::*;
-    DeviceFlatMapV1 {
-        header: AbiHeader::new::<DeviceFlatMapV1>(name),
-        flat_reserve: Some(flat_reserve::<A>),
-        flat_map: Some(flat_map::<A>),
-        flat_unmap: Some(flat_unmap::<A>),
-        flat_release: Some(flat_release::<A>),
-    }
-}
-
-/// Builds the multicast group table of `A`.
-pub const fn multicast_table<A: DeviceMulticast>(
-    name: &'static std::ffi::CStr,
-) -> DeviceMulticastV1 {
-    use tramp::*;
-    DeviceMulticastV1 {
-        header: AbiHeader::new::<DeviceMulticastV1>(name),
-        mc_supported: Some(mc_supported::<A>),
-        mc_create: Some(mc_create::<A>),
-        mc_export_fd: Some(mc_export_fd::<A>),
-        mc_import_fd: Some(mc_import_fd::<A>),
-        mc_add_device: Some(mc_add_device::<A>),
-        mc_bind: Some(mc_bind::<A>),
-        mc_map: Some(mc_map::<A>),
-        mc_unmap: Some(mc_unmap::<A>),
-        mc_unbind: Some(mc_unbind::<A>),
-        mc_release: Some(mc_release::<A>),
-    }
-}
-
-/// Builds the graph group table of `A`.
-pub const fn graph_table<A: DeviceGraph>(name: &'static std::ffi::CStr) -> DeviceGraphV1 {
-    use tramp::*;
-    DeviceGraphV1 {
-        header: AbiHeader::new::<DeviceGraphV1>(name),
-        graph_begin_capture: Some(graph_begin_capture::<A>),
-        graph_end_capture: Some(graph_end_capture::<A>),
-        graph_launch: Some(graph_launch::<A>),
-        graph_destroy: Some(graph_destroy::<A>),
     }
 }
