@@ -47,8 +47,8 @@ fn mem_get_info(e: &AdaptorEntry) -> Result<(usize, usize), Status> {
 }
 
 #[test]
-fn this_build_speaks_abi_1_1_and_mem_get_info_is_the_last_device_entry() {
-    assert_eq!((ABI_MAJOR, ABI_MINOR), (1, 1));
+fn this_build_speaks_abi_1_2_and_mem_get_info_is_the_last_device_entry() {
+    assert_eq!((ABI_MAJOR, ABI_MINOR), (1, 2));
     let entries = DeviceAdaptorV1::entries();
     assert_eq!(entries.last(), Some(&("mem_get_info", V1_0_SIZE)));
     assert_eq!(V1_0_SIZE + size_of::<usize>(), size_of::<DeviceAdaptorV1>());
@@ -108,7 +108,7 @@ fn rust_plugins_built_with_the_sdk_export_mem_get_info() {
 
     // The test plugin: 1 GiB, less what is allocated.
     let e = load(&mut r, &rust_plugin());
-    assert_eq!(e.abi_version(), (1, 1));
+    assert_eq!(e.abi_version(), (1, ABI_MINOR));
     assert_eq!(e.checked, Checked::AbiStable);
     let (free, total) = mem_get_info(e).expect("mem_get_info");
     assert_eq!(total, 1 << 30);
@@ -187,7 +187,10 @@ fn ferrocx_info_shows_each_version_and_what_it_ignored() {
         &[],
     );
     let info = ferrocx_cli::ferrocx_ok(&["info"], dir.path());
-    assert!(info.contains("(plugin ABI 1.1)"), "{info}");
+    assert!(
+        info.contains(&format!("(plugin ABI 1.{ABI_MINOR})")),
+        "{info}"
+    );
 
     let abi10 = ferrocx_cli::info_section(&info, "abi10").join("\n");
     assert!(abi10.contains("ABI 1.0, checked by headers"), "{abi10}");
