@@ -291,6 +291,10 @@ mod tests {
         let c: Cached<u32> = Cached::default();
         assert_eq!(*c.get_or_probe(|| (1, false)), 1);
         assert_eq!(*c.get_or_probe(|| (2, true)), 2);
-        assert_eq!(*c.get_or_probe(|| (3, true)), 2, "kept after a complete probe");
+        assert_eq!(
+            *c.get_or_probe(|| (3, true)),
+            2,
+            "kept after a complete probe"
+        );
     }
 }

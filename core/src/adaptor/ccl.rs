@@ -453,7 +453,14 @@ impl Ccl {
         let mut supported = 0i32;
         let mut reason = [0 as std::ffi::c_char; 512];
         // SAFETY: a NUL-terminated name, a writable flag, and `reason.len()` writable bytes.
-        let status = unsafe { f(name.as_ptr(), &mut supported, reason.as_mut_ptr(), reason.len()) };
+        let status = unsafe {
+            f(
+                name.as_ptr(),
+                &mut supported,
+                reason.as_mut_ptr(),
+                reason.len(),
+            )
+        };
         match self.check("query_support", status) {
             Ok(()) if supported != 0 => (RuntimeSupport::Supported, true),
             Ok(()) => {

@@ -437,15 +437,14 @@ impl Device {
 
 impl DeviceTables {
     fn kernel_entry(&self, entry: &str) -> bool {
-        self.kernel.as_ref().is_some_and(|k| k.present().contains(&entry))
+        self.kernel
+            .as_ref()
+            .is_some_and(|k| k.present().contains(&entry))
     }
 }
 
 /// The kernel table of `dev`, or the error of `op` without it.
-fn kernel_table<'a>(
-    dev: &'a Device,
-    op: &'static str,
-) -> Result<&'a DeviceKernelV1, AdaptorError> {
+fn kernel_table<'a>(dev: &'a Device, op: &'static str) -> Result<&'a DeviceKernelV1, AdaptorError> {
     dev.tables
         .kernel
         .as_ref()
@@ -475,7 +474,11 @@ impl DeviceKernel {
         let dev = &self.device;
         let t = kernel_table(dev, "kernel_image_formats")?;
         let mut n = 0usize;
-        call!(dev, t, kernel_image_formats(device, std::ptr::null_mut(), &mut n))?;
+        call!(
+            dev,
+            t,
+            kernel_image_formats(device, std::ptr::null_mut(), &mut n)
+        )?;
         let mut formats = vec![ImageFormat(0); n];
         call!(
             dev,

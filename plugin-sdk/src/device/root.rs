@@ -4,8 +4,8 @@
 use std::ffi::{c_char, c_void};
 
 use ferrocx::abi::{
-    AbiHeader, Capabilities, DeviceAdaptorV1, DeviceProperties, DevicePtr, Event, HostFn,
-    KeyValue, MemKind, Status, Stream,
+    AbiHeader, Capabilities, DeviceAdaptorV1, DeviceProperties, DevicePtr, Event, HostFn, KeyValue,
+    MemKind, Status, Stream,
 };
 
 use crate::boundary::{call, guard, read_bytes, write_bytes, write_out};
@@ -145,7 +145,6 @@ fn copy_c_str<const N: usize>(dst: &mut [c_char; N], s: &str) {
 /// The trampolines of [`DeviceAdaptorV1`], generic over the adaptor.
 mod tramp {
     use super::*;
-
 
     pub unsafe extern "C" fn init<A: DeviceAdaptor>(opts: *const KeyValue, n: usize) -> Status {
         // SAFETY: the caller passes `n` valid options.
