@@ -12,7 +12,7 @@
 //! use ferrocx::abi::{Capabilities, ImageFormat};
 //! let dev = device.caps(); // after `init`
 //! let ordinal = dev.ordinal(0).expect("device 0");
-//! let host = ordinal.properties.capabilities.contains(Capabilities::HOST_ADDRESSABLE);
+//! let host = ordinal.capabilities().contains(Capabilities::HOST_ADDRESSABLE);
 //! let cubin = ordinal.loads(ImageFormat::CUBIN);
 //! let ccl = ccl.caps(); // after `init`
 //! let windows = ccl.supports("window_register");
@@ -21,7 +21,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::abi::{AbiTable, ImageFormat};
+use crate::abi::{AbiTable, Capabilities, ImageFormat};
 use crate::adaptor::Properties;
 use crate::loader::Table;
 
@@ -63,13 +63,26 @@ impl TableCaps {
 pub struct OrdinalCaps {
     /// The device's index (`set_device`'s argument).
     pub ordinal: i32,
-    /// Vendor, name, [`crate::abi::Capabilities`] bits, memory, architecture.
-    pub properties: Properties,
+    /// Vendor, name, [`crate::abi::Capabilities`] bits, memory, architecture (`None` when the
+    /// adaptor has no `get_properties`).
+    pub properties: Option<Properties>,
     /// The kernel image formats the device loads, best first (empty without the kernel group).
     pub image_formats: Vec<ImageFormat>,
 }
 
 impl OrdinalCaps {
+    /// The device's capability bits (none without `get_properties`).
+    pub fn capabilities(&self) -> Capabilities {
+        self.properties
+            .as_ref()
+            .map_or(Capabilities(0), |p| p.capabilities)
+    }
+
+    /// The device's architecture number (0 when not applicable or unknown).
+    pub fn arch(&self) -> u32 {
+        self.properties.as_ref().map_or(0, |p| p.arch)
+    }
+
     /// `true` when the device loads images of `format` through the kernel group.
     pub fn loads(&self, format: ImageFormat) -> bool {
         self.image_formats.contains(&format)

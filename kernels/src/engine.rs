@@ -44,8 +44,8 @@ pub(crate) fn kind_of(device: &Device) -> Option<(Kind, u32)> {
     let caps = device.caps();
     let ordinal = caps.ordinal(index)?;
     let host = Capabilities::HOST_ADDRESSABLE | Capabilities::HOST_FUNC;
-    let arch = ordinal.properties.arch;
-    if ordinal.properties.capabilities.contains(host) {
+    let arch = ordinal.arch();
+    if ordinal.capabilities().contains(host) {
         Some((Kind::Host, 0))
     } else if caps.has_kernels() && ordinal.loads(ImageFormat::CUBIN) && arch > 0 {
         Some((Kind::Cuda, arch))

@@ -392,7 +392,10 @@ impl Device {
             .and_then(|n| {
                 (0..n)
                     .map(|ordinal| {
-                        let properties = self.properties(ordinal)?;
+                        let properties = match t.root.get().get_properties {
+                            Some(_) => Some(self.properties(ordinal)?),
+                            None => None,
+                        };
                         let image_formats = match &kernel {
                             Some(k) if t.kernel_entry("kernel_image_formats") => {
                                 k.image_formats(ordinal).unwrap_or_else(|e| {
