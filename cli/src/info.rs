@@ -171,14 +171,14 @@ fn multicast_status(
 }
 
 /// What a CCL supports with the vendor library its `init` loaded, for the entries whose support
-/// depends on it (NCCL's window registration needs `ncclCommWindowRegister`, 2.27): each present
-/// one is called with the null communicator, which every adaptor refuses before using it, and
-/// `UNSUPPORTED` carries the adaptor's reason (the missing symbol). `None` when it has none.
+/// depends on it (NCCL's window registration needs `ncclCommWindowRegister`, 2.27), from its
+/// capabilities (the adaptor's `query_support`, ABI 1.2; an older table supports what it
+/// exports). `None` when it has none.
 fn ccl_runtime(e: &ferrocx::registry::AdaptorEntry) -> Option<Value> {
     use ferrocx::adaptor::RuntimeSupport;
     let ccl = e.ccl()?;
     let mut out = serde_json::Map::new();
-    for (entry, support) in ccl.runtime_support() {
+    for (entry, support) in ccl.caps().runtime.clone() {
         let v = match support {
             RuntimeSupport::Absent => continue,
             RuntimeSupport::Supported => json!({ "supported": true }),

@@ -16,18 +16,24 @@ pub fn probe(entry: &AdaptorEntry) -> Value {
         } else {
             Ok(())
         };
+        // The capabilities, probed once after init: what every reader (the router, the kit)
+        // sees.
         let info = started.and_then(|()| {
-            let count = dev.device_count().map_err(|e| e.to_string())?;
-            let props = if count > 0 && d.get().get_properties.is_some() {
-                let p = dev.properties(0).map_err(|e| e.to_string())?;
-                json!({
-                    "vendor": p.vendor, "name": p.name, "arch": p.arch,
-                    "total_memory": p.total_memory, "capabilities": p.capabilities.names(),
-                })
-            } else {
-                Value::Null
+            let caps = dev.caps();
+            let ordinals = caps.ordinals.as_ref().map_err(Clone::clone)?;
+            let props = match ordinals.first() {
+                Some(o) => match &o.properties {
+                    Some(p) => json!({
+                        "vendor": p.vendor, "name": p.name, "arch": p.arch,
+                        "total_memory": p.total_memory, "capabilities": p.capabilities.names(),
+                        "kernel_formats": o.image_formats.iter().map(|f| f.to_string())
+                            .collect::<Vec<_>>(),
+                    }),
+                    None => Value::Null,
+                },
+                None => Value::Null,
             };
-            Ok(json!({ "device_count": count, "device0": props }))
+            Ok(json!({ "device_count": ordinals.len(), "device0": props }))
         });
         out.insert(
             "device_probe".into(),
@@ -44,12 +50,12 @@ pub fn probe(entry: &AdaptorEntry) -> Value {
         } else {
             Ok(())
         };
-        let version = started.and_then(|()| {
-            if c.get().get_version.is_some() {
+        let version = started.and_then(|()| match ccl.caps().version {
+            Some(v) => Ok(json!(v)),
+            None if c.get().get_version.is_some() => {
                 ccl.version().map(|v| json!(v)).map_err(|e| e.to_string())
-            } else {
-                Ok(Value::Null)
             }
+            None => Ok(Value::Null),
         });
         out.insert(
             "ccl_probe".into(),
@@ -86,6 +92,7 @@ pub fn describe(entry: &AdaptorEntry) -> Value {
         tables.extend(d.flatmap.as_ref().map(table_json));
         tables.extend(d.multicast.as_ref().map(table_json));
         tables.extend(d.graph.as_ref().map(table_json));
+        tables.extend(d.kernel.as_ref().map(table_json));
     }
     if let Some(c) = &entry.ccl {
         tables.push(table_json(&c.root));
@@ -198,6 +205,19 @@ pub fn adaptor_text(a: &Value, out: &mut String) {
                     caps.join(", ")
                 }
             );
+            let formats: Vec<String> = d0["kernel_formats"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(s)
+                .collect();
+            if !formats.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "    kernels: device 0 loads {} images",
+                    formats.join(", ")
+                );
+            }
         } else {
             let _ = writeln!(out, "    device: unavailable: {}", s(&p["reason"]));
         }

@@ -145,13 +145,14 @@ fn prepare_ccl(target: &Target<'_>, options: &Options) -> Result<Vec<(String, Ro
             "the adaptor has a CCL but no device adaptor to run it on (Target::with_device)".into(),
         )));
     };
-    let present = dev.tables().root.present();
+    // The entries present, from the capabilities every reader shares (probed once).
+    let present = dev.caps().root.present.clone();
     let mut missing: Vec<String> = REQUIRED_DEVICE_ENTRIES
         .iter()
         .filter(|e| !present.contains(e))
         .map(|e| format!("device `{e}`"))
         .collect();
-    let present = ccl.tables().root.present();
+    let present = ccl.caps().root.present.clone();
     missing.extend(
         REQUIRED_CCL_ENTRIES
             .iter()

@@ -25,6 +25,8 @@ pub mod adaptor;
 #[cfg(feature = "runtime")]
 pub mod bootstrap;
 #[cfg(feature = "runtime")]
+pub mod caps;
+#[cfg(feature = "runtime")]
 pub mod comm;
 #[cfg(feature = "runtime")]
 pub mod config;

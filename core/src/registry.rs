@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::abi::{
-    CclAdaptorV1, CclWindowV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceMulticastV1,
-    DeviceVmmV1,
+    CclAdaptorV1, CclWindowV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceKernelV1,
+    DeviceMulticastV1, DeviceVmmV1,
 };
 use crate::adaptor::{Ccl, Device};
 use crate::config::{ClusterConfig, Config, ConfigErrorKind, RuntimeConfig};
@@ -31,6 +31,8 @@ pub struct BuiltinAdaptor {
     pub multicast: Option<&'static DeviceMulticastV1>,
     /// Graph group.
     pub graph: Option<&'static DeviceGraphV1>,
+    /// Kernel group (ABI 1.2).
+    pub kernel: Option<&'static DeviceKernelV1>,
     /// CCL adaptor table.
     pub ccl: Option<&'static CclAdaptorV1>,
     /// Window group.
@@ -47,6 +49,7 @@ impl BuiltinAdaptor {
         flatmap: None,
         multicast: None,
         graph: None,
+        kernel: None,
         ccl: None,
         window: None,
     };
@@ -120,6 +123,7 @@ impl AdaptorEntry {
                 .is_some()
                 .then(|| g.push(DeviceMulticastV1::SYMBOL));
             d.graph.is_some().then(|| g.push(DeviceGraphV1::SYMBOL));
+            d.kernel.is_some().then(|| g.push(DeviceKernelV1::SYMBOL));
         }
         if let Some(c) = &self.ccl {
             g.push(CclAdaptorV1::SYMBOL);
@@ -434,18 +438,19 @@ fn builtin_entry(b: &BuiltinAdaptor) -> Result<AdaptorEntry, LoadError> {
     }
     let device = match opt(&path, b.device)? {
         Some(root) => Some(Arc::new(DeviceTables {
-            root,
             vmm: opt(&path, b.vmm)?,
             flatmap: opt(&path, b.flatmap)?,
             multicast: opt(&path, b.multicast)?,
             graph: opt(&path, b.graph)?,
+            kernel: opt(&path, b.kernel)?,
+            ..DeviceTables::new(root)
         })),
         None => None,
     };
     let ccl = match opt(&path, b.ccl)? {
         Some(root) => Some(Arc::new(CclTables {
-            root,
             window: opt(&path, b.window)?,
+            ..CclTables::new(root)
         })),
         None => None,
     };

@@ -16,7 +16,7 @@
 use std::fmt;
 
 use crate::abi::{DataType, ReduceOp};
-use crate::adaptor::Ccl;
+use crate::caps::CclCaps;
 use crate::config::{Fallback, SmallMessage};
 use crate::window::collectives::{Measured, WindowAlgo, WindowCollectivesConfig};
 
@@ -118,35 +118,24 @@ impl fmt::Display for Route {
     }
 }
 
-/// Which collective entries a CCL's table has, read once when a communicator is made (an
-/// absent entry is the only "unsupported").
+/// Which collectives a CCL's table has, from its capabilities probed once at init
+/// ([`CclCaps`]; an absent entry is the only "unsupported"), as bits the router tests per call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CclEntries {
     bits: u32,
 }
 
 impl CclEntries {
-    /// Reads the table of `ccl`.
-    pub fn of(ccl: &Ccl) -> CclEntries {
-        let t = ccl.tables().root.get();
-        let present = [
-            (Collective::AllReduce, t.all_reduce.is_some()),
-            (Collective::Reduce, t.reduce.is_some()),
-            (Collective::Broadcast, t.broadcast.is_some()),
-            (Collective::AllGather, t.all_gather.is_some()),
-            (Collective::ReduceScatter, t.reduce_scatter.is_some()),
-            (Collective::Gather, t.gather.is_some()),
-            (Collective::Scatter, t.scatter.is_some()),
-            (Collective::AllToAll, t.all_to_all.is_some()),
-            (Collective::AllToAllv, t.all_to_allv.is_some()),
-            (Collective::Send, t.send.is_some()),
-            (Collective::Recv, t.recv.is_some()),
-            // No table entry: the barrier is an all-reduce of one word.
-            (Collective::Barrier, t.all_reduce.is_some()),
-        ];
+    /// The collectives `caps` says the table has (the barrier: where it has `all_reduce`, which
+    /// runs it).
+    pub fn of(caps: &CclCaps) -> CclEntries {
         let mut e = CclEntries::default();
-        for (c, has) in present {
-            e.set(c, has);
+        for c in Collective::ALL {
+            let entry = match c {
+                Collective::Barrier => Collective::AllReduce.name(),
+                c => c.name(),
+            };
+            e.set(c, caps.has(entry));
         }
         e
     }

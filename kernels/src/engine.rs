@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use ferrocx::abi::Capabilities;
+use ferrocx::abi::{Capabilities, ImageFormat};
 use ferrocx::adaptor::Device;
 use ferrocx::window::collectives::{
     AllReduceCall, CollectiveError, Measured, Scratch, WindowAlgo, WindowCollectives,
@@ -29,20 +29,24 @@ pub(crate) enum Kind {
     /// A device whose memory is this process's (the host device): the Rust algorithms, run by
     /// `launch_host_func`.
     Host,
-    /// The built-in CUDA device adaptor (or its plugin): NVRTC-compiled kernels launched on
-    /// its streams.
+    /// A device whose adaptor's kernel group loads CUBIN images (the CUDA adaptor, built in or
+    /// its plugin): NVRTC-compiled kernels launched on its streams through that group.
     Cuda,
 }
 
-/// The backend for `device`, if one runs on it.
+/// The backend for `device`, if one runs on it, decided from its capabilities (probed once):
+/// host-addressable memory with host functions runs the host algorithms; a kernel group that
+/// loads CUBIN images for a device with an architecture number runs the CUDA kernels for it.
 pub(crate) fn kind_of(device: &Device) -> Option<(Kind, u32)> {
     let index = device.get_device().ok()?;
-    let props = device.properties(index).ok()?;
+    let caps = device.caps();
+    let ordinal = caps.ordinal(index)?;
     let host = Capabilities::HOST_ADDRESSABLE | Capabilities::HOST_FUNC;
-    if props.capabilities.contains(host) {
+    let arch = ordinal.arch();
+    if ordinal.capabilities().contains(host) {
         Some((Kind::Host, 0))
-    } else if device.name() == "cuda" && props.vendor == "NVIDIA" {
-        Some((Kind::Cuda, props.arch))
+    } else if caps.has_kernels() && ordinal.loads(ImageFormat::CUBIN) && arch > 0 {
+        Some((Kind::Cuda, arch))
     } else {
         None
     }

@@ -27,9 +27,11 @@
  The ABI minor this build knows. A table of a newer minor is read up to the fields this build
  knows; a table of an older minor has the fields past its `struct_size` treated as absent.
 
- History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table.
+ History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table;
+ 1.2 adds the kernel group (`ferrocx_device_kernel_v1`) and appends `query_support` to the
+ CCL adaptor table.
  */
-#define Ferrocx_ABI_MINOR 1
+#define Ferrocx_ABI_MINOR 2
 
 /*
  A NUL-terminated string with static storage, readable from any thread.
@@ -311,6 +313,40 @@ typedef uint64_t FerrocxMcHandle;
  launch on any stream of the same device any number of times (for CUDA, the `CUgraphExec`).
  */
 typedef void *FerrocxGraphHandle;
+
+/*
+ A module of the kernel group: code loaded from an image onto one device (for CUDA, the
+ `CUmodule`). *Since ABI 1.2.*
+ */
+typedef void *FerrocxModuleHandle;
+
+/*
+ A function of a loaded module, ready to launch (for CUDA, the `CUfunction`). Valid until its
+ module is unloaded. *Since ABI 1.2.*
+ */
+typedef void *FerrocxFunctionHandle;
+
+/*
+ The format of a kernel image given to the kernel group's `module_load`. Values from
+ [`ImageFormat::VENDOR_BASE`] up are a vendor's own formats. *Since ABI 1.2.*
+ */
+typedef uint32_t FerrocxImageFormat;
+/*
+ NVIDIA PTX assembly text (the image need not be NUL-terminated: its length is given).
+ */
+#define FerrocxImageFormat_PTX 1
+/*
+ An NVIDIA CUBIN for one architecture (what NVRTC's `nvrtcGetCUBIN` returns).
+ */
+#define FerrocxImageFormat_CUBIN 2
+/*
+ An NVIDIA fat binary: CUBINs and PTX for several architectures.
+ */
+#define FerrocxImageFormat_FATBIN 3
+/*
+ The first value of the range left to vendors' own formats.
+ */
+#define FerrocxImageFormat_VENDOR_BASE 4096
 
 /*
  A host function launched on a stream: called once, in stream order, with `user`.
@@ -672,6 +708,99 @@ typedef struct {
 } FerrocxDeviceGraphV1;
 
 /*
+ How a kernel is launched: the grid, the block, dynamic shared memory and the arguments. Read
+ by the kernel group's `launch_kernel`. *Since ABI 1.2.*
+
+ The caller sets `struct_size`; the adaptor reads no byte past it, so later minors can
+ append fields (a field past a caller's `struct_size` takes its zero default).
+ */
+typedef struct {
+  /*
+   Set by the caller: `sizeof(KernelLaunch)` as it was compiled.
+   */
+  uint32_t struct_size;
+  /*
+   Zero.
+   */
+  uint32_t reserved;
+  /*
+   Blocks in x, y, z; each at least 1.
+   */
+  uint32_t grid[3];
+  /*
+   Threads per block in x, y, z; each at least 1.
+   */
+  uint32_t block[3];
+  /*
+   Bytes of dynamic shared memory per block.
+   */
+  uint32_t shared_mem_bytes;
+  /*
+   Zero (room for launch flags).
+   */
+  uint32_t flags;
+  /*
+   One pointer per kernel parameter, in order, each to a value of that parameter's type
+   (CUDA's `kernelParams`); the adaptor copies the values before `launch_kernel` returns.
+   */
+  void **args;
+  /*
+   Number of `args` (the kernel's parameter count).
+   */
+  size_t n_args;
+} FerrocxKernelLaunch;
+
+/*
+ Optional group `ferrocx_device_kernel_v1`: device code loaded from an image and launched on
+ a stream (CUDA's `cuModuleLoadData`, `cuModuleGetFunction`, `cuLaunchKernel`). *Since ABI
+ 1.2*: a plugin of an older minor does not export it.
+
+ Modules belong to the device current on the calling thread when they are loaded; their
+ functions launch on streams of that device. A caller learns which image formats a device
+ loads from `kernel_image_formats` (so it needs no vendor-name check).
+ */
+typedef struct {
+  /*
+   Header: magic, ABI version, `sizeof` this table, adaptor name.
+   */
+  FerrocxAbiHeader header;
+  /*
+   The image formats `device` loads, best first. `formats` receives at most `*len` values
+   and `*len` is set to their number; a null `formats` (or a too-small `*len`:
+   `BUFFER_TOO_SMALL`) queries the number.
+   */
+  FerrocxStatus (*kernel_image_formats)(int32_t device, FerrocxImageFormat *formats, size_t *len);
+  /*
+   Loads the `bytes` of `image`, of `format`, onto the calling thread's current device. An
+   image the device cannot run (another architecture, a format it does not load) is
+   refused with `INVALID_ARGUMENT` and the reason; the image is not used after the call.
+   */
+  FerrocxStatus (*module_load)(const uint8_t *image,
+                               size_t bytes,
+                               FerrocxImageFormat format,
+                               FerrocxModuleHandle *module);
+  /*
+   Unloads a module; its functions are invalid afterwards. Launches already enqueued
+   complete first.
+   */
+  FerrocxStatus (*module_unload)(FerrocxModuleHandle module);
+  /*
+   Looks up the function `name` (NUL-terminated, the symbol's name in the image) of a
+   loaded module; an unknown name is `INVALID_ARGUMENT`.
+   */
+  FerrocxStatus (*module_get_function)(FerrocxModuleHandle module,
+                                       const char *name,
+                                       FerrocxFunctionHandle *function);
+  /*
+   Enqueues one run of `function` on `stream` as `launch` describes. The arguments must
+   match the kernel's parameters in number, order and type: the adaptor cannot check them.
+   */
+  FerrocxStatus (*launch_kernel)(FerrocxFunctionHandle function,
+                                 const FerrocxKernelLaunch *launch,
+                                 FerrocxStream stream);
+} FerrocxDeviceKernelV1;
+
+/*
  Arguments of `comm_init_rank`. The caller sets `struct_size`; the adaptor reads no field past
  it, so later minors can append fields.
  */
@@ -719,6 +848,9 @@ typedef struct {
 
  Collectives are asynchronous on `stream` (NCCL semantics): they return once enqueued.
  Counts are in elements of `dtype`. `send == recv` means in place.
+
+ Fields are only ever appended, one minor at a time: ABI 1.0 and 1.1 end at `mem_deregister`
+ (`struct_size` = `offsetof(query_support)`), ABI 1.2 adds `query_support`.
  */
 typedef struct {
   /*
@@ -917,6 +1049,20 @@ typedef struct {
    Releases a registration.
    */
   FerrocxStatus (*mem_deregister)(FerrocxComm comm, FerrocxRegHandle handle);
+  /*
+   Whether an entry whose support depends on the vendor library `init` loaded works with
+   it: `entry` is the entry's name, NUL-terminated (`"window_register"`, `"mem_register"`);
+   `*supported` is set to 1 or 0, and when 0 the reason (NUL-terminated, truncated to fit)
+   is written to `reason` if it is non-null and `reason_len` > 0. Called after `init`, only
+   for entries the tables provide (an absent entry is the only other "unsupported"); an
+   entry whose support does not depend on the runtime is answered 1; a name that is not an
+   entry of the CCL tables is `INVALID_ARGUMENT`. *Since ABI 1.2*: for an older table,
+   every present entry is supported.
+   */
+  FerrocxStatus (*query_support)(const char *entry,
+                                 int32_t *supported,
+                                 char *reason,
+                                 size_t reason_len);
 } FerrocxCclAdaptorV1;
 
 /*
@@ -930,9 +1076,10 @@ typedef struct {
   /*
    Registers `bytes` at `buf` as a window; collective over the communicator. An adaptor
    may require `buf` to come from its `mem_alloc` (NCCL registers windows only over
-   `ncclMemAlloc` or VMM memory). Called with the null communicator, it must refuse before
-   any use: `UNSUPPORTED` with the reason when the loaded vendor library cannot register
-   windows (the core probes this after `init`), another error otherwise.
+   `ncclMemAlloc` or VMM memory). Where the loaded vendor library may lack window
+   registration (NCCL before 2.27), the adaptor answers the CCL table's `query_support`
+   for `"window_register"`; the core asks that after `init` and never calls this entry
+   to find out.
    */
   FerrocxStatus (*window_register)(FerrocxComm comm,
                                    FerrocxDevicePtr buf,

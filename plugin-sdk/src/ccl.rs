@@ -197,6 +197,15 @@ pub trait CclAdaptor: Send + Sync + Sized + 'static {
     fn mem_register(&self, comm: Comm, buf: DevicePtr, bytes: usize) -> Result<RegHandle>;
     /// Releases a registration.
     fn mem_deregister(&self, comm: Comm, handle: RegHandle) -> Result<()>;
+    /// Whether `entry` (an entry name of the CCL tables, e.g. `"window_register"`) works with
+    /// the vendor library `init` loaded: `Ok(None)` when it does, `Ok(Some(reason))` when it
+    /// does not (ABI 1.2's `query_support`). Called after `init`. The default says every entry
+    /// works: override it only where support depends on the runtime (NCCL's windows need
+    /// 2.27); the trampoline refuses a name that is not an entry before calling it.
+    fn query_support(&self, entry: &str) -> Result<Option<String>> {
+        let _ = entry;
+        Ok(None)
+    }
 }
 
 /// The window group (`ferrocx_ccl_window_v1`).
@@ -510,6 +519,42 @@ mod tramp {
     pub unsafe extern "C" fn mem_deregister<A: CclAdaptor>(c: Comm, h: RegHandle) -> Status {
         call("mem_deregister", || A::instance().mem_deregister(c, h))
     }
+    pub unsafe extern "C" fn query_support<A: CclAdaptor>(
+        entry: *const c_char,
+        supported: *mut i32,
+        reason: *mut c_char,
+        reason_len: usize,
+    ) -> Status {
+        use ferrocx::abi::AbiTable;
+        call("query_support", || {
+            if entry.is_null() || supported.is_null() {
+                return Err(Error::invalid_argument("`entry` or `supported` is null"));
+            }
+            // SAFETY: non-null and NUL-terminated by the ABI's contract.
+            let name = unsafe { std::ffi::CStr::from_ptr(entry) }.to_string_lossy();
+            let known = CclAdaptorV1::entries()
+                .iter()
+                .chain(CclWindowV1::entries())
+                .any(|(e, _)| *e == name);
+            if !known {
+                return Err(Error::invalid_argument(format!(
+                    "{name:?} is not an entry of the CCL tables"
+                )));
+            }
+            let answer = A::instance().query_support(&name)?;
+            // SAFETY: checked non-null above; writable by the ABI's contract.
+            unsafe { write_out(supported, "supported", i32::from(answer.is_none())) }?;
+            if let (Some(why), false) = (answer, reason.is_null() || reason_len == 0) {
+                let n = why.len().min(reason_len - 1);
+                // SAFETY: `reason` holds `reason_len` > `n` writable bytes by the contract.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(why.as_ptr().cast::<c_char>(), reason, n);
+                    reason.add(n).write(0);
+                }
+            }
+            Ok(())
+        })
+    }
     pub unsafe extern "C" fn window_register<A: CclWindow>(
         c: Comm,
         b: DevicePtr,
@@ -580,6 +625,7 @@ pub const fn ccl_table<A: CclAdaptor>(
         mem_free: entry!(mem_free),
         mem_register: entry!(mem_register),
         mem_deregister: entry!(mem_deregister),
+        query_support: entry!(query_support),
     }
 }
 

@@ -47,8 +47,8 @@ fn mem_get_info(e: &AdaptorEntry) -> Result<(usize, usize), Status> {
 }
 
 #[test]
-fn this_build_speaks_abi_1_1_and_mem_get_info_is_the_last_device_entry() {
-    assert_eq!((ABI_MAJOR, ABI_MINOR), (1, 1));
+fn this_build_speaks_abi_1_2_and_mem_get_info_is_the_last_device_entry() {
+    assert_eq!((ABI_MAJOR, ABI_MINOR), (1, 2));
     let entries = DeviceAdaptorV1::entries();
     assert_eq!(entries.last(), Some(&("mem_get_info", V1_0_SIZE)));
     assert_eq!(V1_0_SIZE + size_of::<usize>(), size_of::<DeviceAdaptorV1>());
@@ -108,7 +108,7 @@ fn rust_plugins_built_with_the_sdk_export_mem_get_info() {
 
     // The test plugin: 1 GiB, less what is allocated.
     let e = load(&mut r, &rust_plugin());
-    assert_eq!(e.abi_version(), (1, 1));
+    assert_eq!(e.abi_version(), (1, ABI_MINOR));
     assert_eq!(e.checked, Checked::AbiStable);
     let (free, total) = mem_get_info(e).expect("mem_get_info");
     assert_eq!(total, 1 << 30);
@@ -187,7 +187,10 @@ fn ferrocx_info_shows_each_version_and_what_it_ignored() {
         &[],
     );
     let info = ferrocx_cli::ferrocx_ok(&["info"], dir.path());
-    assert!(info.contains("(plugin ABI 1.1)"), "{info}");
+    assert!(
+        info.contains(&format!("(plugin ABI 1.{ABI_MINOR})")),
+        "{info}"
+    );
 
     let abi10 = ferrocx_cli::info_section(&info, "abi10").join("\n");
     assert!(abi10.contains("ABI 1.0, checked by headers"), "{abi10}");
@@ -212,4 +215,76 @@ fn ferrocx_info_shows_each_version_and_what_it_ignored() {
         "{two}"
     );
     assert!(two.contains("device: 1 device(s)"), "{two}");
+}
+
+#[test]
+fn the_kernel_group_is_probed_and_launches_through_the_table() {
+    use ferrocx::abi::{DeviceKernelV1, ImageFormat};
+    let mut r = Registry::empty();
+    let e = load(&mut r, &rust_plugin());
+    assert!(e.groups().contains(&DeviceKernelV1::SYMBOL));
+    let tables = e.device.as_ref().expect("device");
+    let kernel = tables.kernel.as_ref().expect("kernel group");
+    assert_eq!(kernel.version(), (1, ABI_MINOR));
+    assert!(kernel.absent().is_empty() && kernel.beyond_size().is_empty());
+
+    let dev = e.device().expect("device");
+    dev.init(&[]).expect("init");
+    let caps = dev.caps();
+    assert!(caps.has_kernels());
+    let fake = ImageFormat(0x1001);
+    assert_eq!(caps.ordinal(0).expect("device 0").image_formats, [fake]);
+    assert!(!caps.ordinal(0).expect("device 0").loads(ImageFormat::CUBIN));
+
+    let k = dev.kernel().expect("kernel group");
+    let err = k
+        .load(b"fill_u32", ImageFormat::CUBIN)
+        .err()
+        .expect("not its format");
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+    let module = k.load(b"fill_u32\nother", fake).expect("load");
+    assert_eq!(
+        module.function("missing").err().expect("unknown").status(),
+        Status::INVALID_ARGUMENT
+    );
+    let fill = module.function("fill_u32").expect("function");
+    drop(module); // the function keeps its module loaded
+    let n = 37usize;
+    let buf = dev.mem_alloc(4 * n, MemKind::DEVICE).expect("alloc");
+    // The test device runs work at once, on the null stream too.
+    let stream = ferrocx::abi::Stream::NULL;
+    let (mut dst, mut value, mut count) = (buf.0, 0xfeed_u32, n as u64);
+    let mut args = [
+        (&mut dst as *mut u64).cast(),
+        (&mut value as *mut u32).cast(),
+        (&mut count as *mut u64).cast(),
+    ];
+    // SAFETY: fill_u32(u64, u32, u64) writes `count` u32 at `dst`, an allocation of 4n bytes.
+    unsafe { fill.launch([1, 1, 1], [32, 1, 1], 0, &mut args, stream) }.expect("launch");
+    // SAFETY: the test device's memory is a live host allocation of 4n bytes, written above.
+    let back = unsafe { std::slice::from_raw_parts(buf.0 as *const u32, n) }.to_vec();
+    assert!(back.iter().all(|&v| v == 0xfeed), "{back:x?}");
+    // A zero grid is refused by the SDK before the adaptor sees it.
+    // SAFETY: refused before any argument is read.
+    let err =
+        unsafe { fill.launch([0, 1, 1], [1, 1, 1], 0, &mut args, stream) }.expect_err("zero grid");
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT);
+    dev.mem_free(buf, MemKind::DEVICE).expect("free");
+}
+
+#[test]
+fn a_1_1_ccl_without_query_support_supports_what_it_exports() {
+    // The C test plugin's CCL table leaves query_support NULL, as a 1.1 table has none.
+    let mut r = Registry::empty();
+    let e = load(&mut r, &ferrocx_tests::c_plugin("testc"));
+    let ccl = e.ccl().expect("ccl");
+    let caps = ccl.caps();
+    assert!(!caps.root.has("query_support"));
+    // It exports neither window_register nor mem_register: both absent, nothing probed.
+    assert!(caps
+        .runtime
+        .iter()
+        .all(|(_, s)| *s == ferrocx::adaptor::RuntimeSupport::Absent));
+    assert!(caps.supports("get_version"));
+    assert!(!caps.supports("all_reduce"));
 }

@@ -289,7 +289,13 @@ fn rank_main() {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
+    ferrocx_kernels::link();
     let comm = communicator();
+    // Probed once at init: what the router decides from.
+    let caps = comm.caps();
+    assert!(caps.ccl.has("all_to_allv") && caps.ccl.has("group_start"));
+    assert!(caps.device.root.has("launch_host_func"));
+    assert_eq!(caps.window_collectives, Some("ferrocx-kernels"));
     tracing::subscriber::with_default(subscriber, || {
         every_collective(&comm, comm.call(), comm.stream(), 1);
         let stream = comm.device().stream_create().expect("stream_create");

@@ -53,6 +53,7 @@ fn rust_plugin_loads_reports_groups_and_answers() {
             "ferrocx_device_adaptor_v1",
             "ferrocx_device_vmm_v1",
             "ferrocx_device_graph_v1",
+            "ferrocx_device_kernel_v1",
             "ferrocx_ccl_adaptor_v1"
         ]
     );

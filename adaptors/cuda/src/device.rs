@@ -109,7 +109,7 @@ impl State {
 
     /// Makes `device`'s primary context current on this thread, unless it already is (another
     /// library on the thread may have changed it since).
-    fn make_current(&self, device: i32) -> Result<()> {
+    pub(crate) fn make_current(&self, device: i32) -> Result<()> {
         let ctx = self.context(device)?;
         let mut current: CUcontext = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.

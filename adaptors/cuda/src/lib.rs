@@ -4,7 +4,8 @@
 //! first `init`, so this crate builds, links and runs on a machine without CUDA: there `init`
 //! fails with "libcuda.so.1 not found: …" and `ferrocx info` lists the device as unavailable.
 //! See [`CudaDevice`] for what each entry does. The root device table, the graph group (stream
-//! capture into CUDA graphs), the VMM and flat-map groups ([`vmm`], [`flatmap`]) and the
+//! capture into CUDA graphs), the kernel group (modules from CUBIN/PTX images launched on
+//! streams), the VMM and flat-map groups ([`vmm`], [`flatmap`]) and the
 //! multicast group ([`multicast`]) are exported. Whether a device supports VMM and multicast is
 //! probed at run time (device attributes, driver symbols through `cuGetProcAddress`); where it
 //! does not, the entries return `UNSUPPORTED` with the reason. Multicast is refused before any
@@ -28,6 +29,7 @@ mod device;
 mod driver;
 pub mod flatmap;
 mod graph;
+mod kernel;
 pub mod multicast;
 pub mod vmm;
 
@@ -54,6 +56,7 @@ ferrocx::register_builtin!(BuiltinAdaptor {
     flatmap: Some(&FLATMAP),
     multicast: Some(&MULTICAST),
     graph: Some(&graph::GRAPH),
+    kernel: Some(&kernel::KERNEL),
     ..BuiltinAdaptor::EMPTY
 });
 

@@ -10,19 +10,20 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ferrocx::abi::{
-    DeviceAdaptorV1, DeviceProperties, DevicePtr, Event, McHandle, MemKind, Status, Stream,
-    VmmHandle,
+    DeviceAdaptorV1, DeviceProperties, DevicePtr, Event, FunctionHandle, ImageFormat, KernelLaunch,
+    McHandle, MemKind, ModuleHandle, Status, Stream, VmmHandle,
 };
 use ferrocx::loader::{Checked, DeviceTables};
 use ferrocx::registry::{Registry, Source};
 
 /// Every table the adaptor exports, in the order `groups()` lists them.
-const GROUPS: [&str; 5] = [
+const GROUPS: [&str; 6] = [
     "ferrocx_device_adaptor_v1",
     "ferrocx_device_vmm_v1",
     "ferrocx_device_flatmap_v1",
     "ferrocx_device_multicast_v1",
     "ferrocx_device_graph_v1",
+    "ferrocx_device_kernel_v1",
 ];
 
 fn skip_on_gpu() -> bool {
@@ -136,6 +137,11 @@ fn check_groups_uninitialised(d: &DeviceTables) {
     let vmm = d.vmm.as_ref().expect("VMM group").get();
     let flat = d.flatmap.as_ref().expect("flat-map group").get();
     let mc = d.multicast.as_ref().expect("multicast group").get();
+    let kernel = d.kernel.as_ref().expect("kernel group").get();
+    let (mut formats, mut module, mut function) =
+        (0usize, ModuleHandle::NULL, FunctionHandle::NULL);
+    let launch = KernelLaunch::default();
+    let image = [0u8; 16];
     let (mut g, mut h, mut fd, mut base, mut yes) =
         (0usize, VmmHandle(0), -1i32, DevicePtr::NULL, -1i32);
     let (a, m) = (DevicePtr(0x20_0000), McHandle(1));
@@ -143,6 +149,30 @@ fn check_groups_uninitialised(d: &DeviceTables) {
     // initialised, so none of them reaches the driver.
     let results = unsafe {
         [
+            (
+                "kernel_image_formats",
+                kernel.kernel_image_formats.unwrap()(0, std::ptr::null_mut(), &mut formats),
+            ),
+            (
+                "module_load",
+                kernel.module_load.unwrap()(image.as_ptr(), 16, ImageFormat::CUBIN, &mut module),
+            ),
+            (
+                "module_get_function",
+                kernel.module_get_function.unwrap()(
+                    ModuleHandle::NULL,
+                    c"f".as_ptr(),
+                    &mut function,
+                ),
+            ),
+            (
+                "launch_kernel",
+                kernel.launch_kernel.unwrap()(FunctionHandle::NULL, &launch, Stream::NULL),
+            ),
+            (
+                "module_unload",
+                kernel.module_unload.unwrap()(ModuleHandle::NULL),
+            ),
             ("vmm_granularity", vmm.vmm_granularity.unwrap()(0, &mut g)),
             ("vmm_alloc", vmm.vmm_alloc.unwrap()(1 << 21, &mut h)),
             (

@@ -970,8 +970,8 @@ impl CclAdaptor for NcclCcl {
         api.check("ncclMemFree", unsafe { f(ptr(p)) }, std::ptr::null_mut())
     }
 
-    /// `ncclCommRegister` (NCCL >= 2.19). A libnccl without it answers `UNSUPPORTED` before the
-    /// communicator is looked at, so a call with the null communicator tells whether it exists.
+    /// `ncclCommRegister` (NCCL >= 2.19). A libnccl without it answers `UNSUPPORTED` (and
+    /// `query_support("mem_register")` says so up front).
     fn mem_register(&self, c: Comm, buf: DevicePtr, bytes: usize) -> Result<RegHandle> {
         let api = self.api()?;
         let f = api
@@ -1003,6 +1003,39 @@ impl CclAdaptor for NcclCcl {
                 comm.raw,
             )
         })
+    }
+
+    /// Which optional NCCL symbols an entry needs, answered from the loaded libnccl: the
+    /// window group needs `ncclCommWindowRegister`/`Deregister` (2.27), registration
+    /// `ncclCommRegister`/`Deregister` (2.19), `mem_alloc`/`mem_free` `ncclMemAlloc`/`Free`
+    /// (2.19). Every other entry works with any supported libnccl.
+    fn query_support(&self, entry: &str) -> Result<Option<String>> {
+        let api = self.api()?;
+        let needs: &[(&str, bool)] = match entry {
+            "window_register" | "window_deregister" => &[
+                (
+                    "ncclCommWindowRegister",
+                    api.ncclCommWindowRegister.is_some(),
+                ),
+                (
+                    "ncclCommWindowDeregister",
+                    api.ncclCommWindowDeregister.is_some(),
+                ),
+            ],
+            "mem_register" | "mem_deregister" => &[
+                ("ncclCommRegister", api.ncclCommRegister.is_some()),
+                ("ncclCommDeregister", api.ncclCommDeregister.is_some()),
+            ],
+            "mem_alloc" | "mem_free" => &[
+                ("ncclMemAlloc", api.ncclMemAlloc.is_some()),
+                ("ncclMemFree", api.ncclMemFree.is_some()),
+            ],
+            _ => &[],
+        };
+        Ok(needs
+            .iter()
+            .find(|(_, has)| !has)
+            .map(|(symbol, _)| api.lacks(symbol).message().to_string()))
     }
 }
 

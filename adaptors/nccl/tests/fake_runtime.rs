@@ -447,6 +447,31 @@ fn entries_of_missing_symbols_name_them_and_the_release_that_has_them() {
         ccl.mem_alloc(64).expect_err("no ncclMemAlloc").message(),
         "libnccl 2.26.5 lacks ncclMemAlloc (needs 2.19)"
     );
+    // query_support (ABI 1.2) says the same up front, without a communicator.
+    for (entry, why) in [
+        (
+            "window_register",
+            "libnccl 2.26.5 lacks ncclCommWindowRegister (needs 2.27)",
+        ),
+        (
+            "window_deregister",
+            "libnccl 2.26.5 lacks ncclCommWindowRegister (needs 2.27)",
+        ),
+        (
+            "mem_register",
+            "libnccl 2.26.5 lacks ncclCommRegister (needs 2.19)",
+        ),
+        ("mem_free", "libnccl 2.26.5 lacks ncclMemAlloc (needs 2.19)"),
+    ] {
+        assert_eq!(
+            ccl.query_support(entry).expect("query_support"),
+            Some(why.to_string()),
+            "{entry}"
+        );
+    }
+    for entry in ["all_reduce", "send", "comm_abort"] {
+        assert_eq!(ccl.query_support(entry).expect("query_support"), None);
+    }
     assert_eq!(ccl.comm_timeout_ms(c), Some(0), "0 asks for the default");
     ccl.comm_destroy(c).expect("destroy");
 }

@@ -132,6 +132,10 @@ fn every_entry_is_not_initialized() {
             "window_deregister",
             status(ccl.window_deregister(c, WindowHandle::NULL)),
         ),
+        (
+            "query_support",
+            status(ccl.query_support("window_register")),
+        ),
     ];
     for (entry, st) in results {
         assert_eq!(st, Status::NOT_INITIALIZED, "{entry}");
@@ -174,6 +178,26 @@ fn plugin_loads_in_an_empty_registry() {
     assert!(tables.root.absent().is_empty(), "every entry exported");
     let window = tables.window.as_ref().expect("window group");
     assert!(window.absent().is_empty(), "both window entries exported");
+
+    // Before a successful init, query_support cannot answer: the capabilities say why and are
+    // not kept (the next call after init probes again).
+    let caps = e.ccl().expect("ccl").caps();
+    assert_eq!(caps.root.version, (1, ferrocx::abi::ABI_MINOR));
+    assert!(caps.root.has("query_support"));
+    assert!(caps.windows && caps.registration && caps.p2p && caps.group);
+    assert_eq!(caps.collectives.len(), 9);
+    for (entry, support) in &caps.runtime {
+        match support {
+            ferrocx::adaptor::RuntimeSupport::Unsupported(why) => {
+                assert!(why.contains("NOT_INITIALIZED"), "{entry}: {why}")
+            }
+            other => panic!("{entry}: {other:?}"),
+        }
+    }
+    assert!(!std::sync::Arc::ptr_eq(
+        &caps,
+        &e.ccl().expect("ccl").caps()
+    ));
 
     let root = tables.root.get();
     let init = root.init.expect("init entry");

@@ -179,8 +179,9 @@ fn select(api: &DeviceApi) -> Verdict {
 /// would act on.
 fn capabilities(api: &DeviceApi) -> Verdict {
     let caps = api.seen(api.dev.properties(0))?.capabilities;
-    let t = api.dev.tables();
-    let root = t.root.present();
+    // The entries present, from the capabilities every reader shares (probed once).
+    let t = api.dev.caps();
+    let root = t.root.present.clone();
     let group = |present: Option<Vec<&'static str>>, all: &[(&'static str, usize)]| {
         let present = present.unwrap_or_default();
         all.iter()
@@ -221,7 +222,7 @@ fn capabilities(api: &DeviceApi) -> Verdict {
             Capabilities::VMM,
             "vmm",
             group(
-                t.vmm.as_ref().map(|g| g.present()),
+                t.vmm.as_ref().map(|g| g.present.clone()),
                 ferrocx::abi::DeviceVmmV1::entries(),
             ),
         ),
@@ -229,7 +230,7 @@ fn capabilities(api: &DeviceApi) -> Verdict {
             Capabilities::FLAT_MAP,
             "flat_map",
             group(
-                t.flatmap.as_ref().map(|g| g.present()),
+                t.flatmap.as_ref().map(|g| g.present.clone()),
                 ferrocx::abi::DeviceFlatMapV1::entries(),
             ),
         ),
@@ -237,7 +238,7 @@ fn capabilities(api: &DeviceApi) -> Verdict {
             Capabilities::MULTICAST,
             "multicast",
             group(
-                t.multicast.as_ref().map(|g| g.present()),
+                t.multicast.as_ref().map(|g| g.present.clone()),
                 ferrocx::abi::DeviceMulticastV1::entries(),
             ),
         ),

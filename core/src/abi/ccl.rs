@@ -40,6 +40,9 @@ pub struct CommInitArgs {
 ///
 /// Collectives are asynchronous on `stream` (NCCL semantics): they return once enqueued.
 /// Counts are in elements of `dtype`. `send == recv` means in place.
+///
+/// Fields are only ever appended, one minor at a time: ABI 1.0 and 1.1 end at `mem_deregister`
+/// (`struct_size` = `offsetof(query_support)`), ABI 1.2 adds `query_support`.
 #[repr(C)]
 pub struct CclAdaptorV1 {
     /// Header: magic, ABI version, `sizeof` this table, adaptor name.
@@ -230,6 +233,23 @@ pub struct CclAdaptorV1 {
     >,
     /// Releases a registration.
     pub mem_deregister: Option<unsafe extern "C" fn(comm: Comm, handle: RegHandle) -> Status>,
+
+    /// Whether an entry whose support depends on the vendor library `init` loaded works with
+    /// it: `entry` is the entry's name, NUL-terminated (`"window_register"`, `"mem_register"`);
+    /// `*supported` is set to 1 or 0, and when 0 the reason (NUL-terminated, truncated to fit)
+    /// is written to `reason` if it is non-null and `reason_len` > 0. Called after `init`, only
+    /// for entries the tables provide (an absent entry is the only other "unsupported"); an
+    /// entry whose support does not depend on the runtime is answered 1; a name that is not an
+    /// entry of the CCL tables is `INVALID_ARGUMENT`. *Since ABI 1.2*: for an older table,
+    /// every present entry is supported.
+    pub query_support: Option<
+        unsafe extern "C" fn(
+            entry: *const c_char,
+            supported: *mut i32,
+            reason: *mut c_char,
+            reason_len: usize,
+        ) -> Status,
+    >,
 }
 
 /// Optional group `ferrocx_ccl_window_v1`: the CCL's own window registration.
@@ -239,9 +259,10 @@ pub struct CclWindowV1 {
     pub header: AbiHeader,
     /// Registers `bytes` at `buf` as a window; collective over the communicator. An adaptor
     /// may require `buf` to come from its `mem_alloc` (NCCL registers windows only over
-    /// `ncclMemAlloc` or VMM memory). Called with the null communicator, it must refuse before
-    /// any use: `UNSUPPORTED` with the reason when the loaded vendor library cannot register
-    /// windows (the core probes this after `init`), another error otherwise.
+    /// `ncclMemAlloc` or VMM memory). Where the loaded vendor library may lack window
+    /// registration (NCCL before 2.27), the adaptor answers the CCL table's `query_support`
+    /// for `"window_register"`; the core asks that after `init` and never calls this entry
+    /// to find out.
     pub window_register: Option<
         unsafe extern "C" fn(
             comm: Comm,

@@ -1,4 +1,5 @@
-//! The device adaptor table and its optional groups (VMM, flat mapping, multicast, graphs).
+//! The device adaptor table and its optional groups (VMM, flat mapping, multicast, graphs,
+//! kernels).
 //!
 //! The device adaptor is process-wide, like the CUDA runtime: `init` once, then `set_device`
 //! selects the device the calling thread works on.
@@ -7,8 +8,8 @@ use std::ffi::{c_char, c_void};
 
 use super::header::AbiHeader;
 use super::types::{
-    Capabilities, DevicePtr, Event, GraphHandle, HostFn, KeyValue, McHandle, MemKind, Status,
-    Stream, VmmHandle,
+    Capabilities, DevicePtr, Event, FunctionHandle, GraphHandle, HostFn, ImageFormat, KeyValue,
+    McHandle, MemKind, ModuleHandle, Status, Stream, VmmHandle,
 };
 
 /// Properties of one device, filled by `get_properties`.
@@ -259,4 +260,97 @@ pub struct DeviceGraphV1 {
     pub graph_launch: Option<unsafe extern "C" fn(graph: GraphHandle, stream: Stream) -> Status>,
     /// Destroys a graph; launches already enqueued complete first.
     pub graph_destroy: Option<unsafe extern "C" fn(graph: GraphHandle) -> Status>,
+}
+
+/// How a kernel is launched: the grid, the block, dynamic shared memory and the arguments. Read
+/// by the kernel group's `launch_kernel`. *Since ABI 1.2.*
+///
+/// The caller sets `struct_size`; the adaptor reads no byte past it, so later minors can
+/// append fields (a field past a caller's `struct_size` takes its zero default).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KernelLaunch {
+    /// Set by the caller: `sizeof(KernelLaunch)` as it was compiled.
+    pub struct_size: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Blocks in x, y, z; each at least 1.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z; each at least 1.
+    pub block: [u32; 3],
+    /// Bytes of dynamic shared memory per block.
+    pub shared_mem_bytes: u32,
+    /// Zero (room for launch flags).
+    pub flags: u32,
+    /// One pointer per kernel parameter, in order, each to a value of that parameter's type
+    /// (CUDA's `kernelParams`); the adaptor copies the values before `launch_kernel` returns.
+    pub args: *mut *mut c_void,
+    /// Number of `args` (the kernel's parameter count).
+    pub n_args: usize,
+}
+
+impl Default for KernelLaunch {
+    fn default() -> Self {
+        KernelLaunch {
+            struct_size: std::mem::size_of::<KernelLaunch>() as u32,
+            reserved: 0,
+            grid: [1; 3],
+            block: [1; 3],
+            shared_mem_bytes: 0,
+            flags: 0,
+            args: std::ptr::null_mut(),
+            n_args: 0,
+        }
+    }
+}
+
+/// Optional group `ferrocx_device_kernel_v1`: device code loaded from an image and launched on
+/// a stream (CUDA's `cuModuleLoadData`, `cuModuleGetFunction`, `cuLaunchKernel`). *Since ABI
+/// 1.2*: a plugin of an older minor does not export it.
+///
+/// Modules belong to the device current on the calling thread when they are loaded; their
+/// functions launch on streams of that device. A caller learns which image formats a device
+/// loads from `kernel_image_formats` (so it needs no vendor-name check).
+#[repr(C)]
+pub struct DeviceKernelV1 {
+    /// Header: magic, ABI version, `sizeof` this table, adaptor name.
+    pub header: AbiHeader,
+    /// The image formats `device` loads, best first. `formats` receives at most `*len` values
+    /// and `*len` is set to their number; a null `formats` (or a too-small `*len`:
+    /// `BUFFER_TOO_SMALL`) queries the number.
+    pub kernel_image_formats: Option<
+        unsafe extern "C" fn(device: i32, formats: *mut ImageFormat, len: *mut usize) -> Status,
+    >,
+    /// Loads the `bytes` of `image`, of `format`, onto the calling thread's current device. An
+    /// image the device cannot run (another architecture, a format it does not load) is
+    /// refused with `INVALID_ARGUMENT` and the reason; the image is not used after the call.
+    pub module_load: Option<
+        unsafe extern "C" fn(
+            image: *const u8,
+            bytes: usize,
+            format: ImageFormat,
+            module: *mut ModuleHandle,
+        ) -> Status,
+    >,
+    /// Unloads a module; its functions are invalid afterwards. Launches already enqueued
+    /// complete first.
+    pub module_unload: Option<unsafe extern "C" fn(module: ModuleHandle) -> Status>,
+    /// Looks up the function `name` (NUL-terminated, the symbol's name in the image) of a
+    /// loaded module; an unknown name is `INVALID_ARGUMENT`.
+    pub module_get_function: Option<
+        unsafe extern "C" fn(
+            module: ModuleHandle,
+            name: *const c_char,
+            function: *mut FunctionHandle,
+        ) -> Status,
+    >,
+    /// Enqueues one run of `function` on `stream` as `launch` describes. The arguments must
+    /// match the kernel's parameters in number, order and type: the adaptor cannot check them.
+    pub launch_kernel: Option<
+        unsafe extern "C" fn(
+            function: FunctionHandle,
+            launch: *const KernelLaunch,
+            stream: Stream,
+        ) -> Status,
+    >,
 }

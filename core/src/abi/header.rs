@@ -11,8 +11,10 @@ pub const ABI_MAJOR: u16 = 1;
 /// The ABI minor this build knows. A table of a newer minor is read up to the fields this build
 /// knows; a table of an older minor has the fields past its `struct_size` treated as absent.
 ///
-/// History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table.
-pub const ABI_MINOR: u16 = 1;
+/// History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table;
+/// 1.2 adds the kernel group (`ferrocx_device_kernel_v1`) and appends `query_support` to the
+/// CCL adaptor table.
+pub const ABI_MINOR: u16 = 2;
 
 /// The first field of every table (`#[repr(C)]`, 24 bytes on 64-bit targets).
 #[repr(C)]

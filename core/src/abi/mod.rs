@@ -3,7 +3,7 @@
 //! A plugin exports one table per symbol: the root tables [`DeviceAdaptorV1`]
 //! (`ferrocx_device_adaptor_v1`) and [`CclAdaptorV1`] (`ferrocx_ccl_adaptor_v1`), and optional
 //! groups, each its own symbol ([`DeviceVmmV1`], [`DeviceFlatMapV1`], [`DeviceMulticastV1`],
-//! [`DeviceGraphV1`], [`CclWindowV1`]). Every table starts with an [`AbiHeader`]; every other field is an
+//! [`DeviceGraphV1`], [`DeviceKernelV1`], [`CclWindowV1`]). Every table starts with an [`AbiHeader`]; every other field is an
 //! `Option<unsafe extern "C" fn …>` where `None` means "not supported". A table of another
 //! major is refused; fields past a table's `struct_size` are treated as absent.
 //!
@@ -17,14 +17,15 @@ mod types;
 
 pub use ccl::{CclAdaptorV1, CclWindowV1, CommInitArgs};
 pub use device::{
-    DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceMulticastV1, DeviceProperties,
-    DeviceVmmV1,
+    DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceKernelV1, DeviceMulticastV1,
+    DeviceProperties, DeviceVmmV1, KernelLaunch,
 };
 pub use header::{AbiHeader, AbiTable, ABI_MAGIC, ABI_MAJOR, ABI_MINOR};
 pub use root::{AbiScalars, ExportedTable, PluginModule, PluginModuleRef};
 pub use types::{
-    Capabilities, Comm, DataType, DevicePtr, Event, GraphHandle, HostFn, KeyValue, McHandle,
-    MemKind, ReduceOp, RegHandle, StaticCStr, Status, Stream, VmmHandle, WindowHandle,
+    Capabilities, Comm, DataType, DevicePtr, Event, FunctionHandle, GraphHandle, HostFn,
+    ImageFormat, KeyValue, McHandle, MemKind, ModuleHandle, ReduceOp, RegHandle, StaticCStr,
+    Status, Stream, VmmHandle, WindowHandle,
 };
 
 /// Implements [`AbiTable`] for a table, listing its entries in field order.
@@ -134,6 +135,18 @@ abi_table!(
     ]
 );
 abi_table!(
+    DeviceKernelV1,
+    "ferrocx_device_kernel_v1",
+    "kernel group",
+    [
+        kernel_image_formats,
+        module_load,
+        module_unload,
+        module_get_function,
+        launch_kernel,
+    ]
+);
+abi_table!(
     CclAdaptorV1,
     "ferrocx_ccl_adaptor_v1",
     "CCL adaptor",
@@ -168,6 +181,8 @@ abi_table!(
         mem_free,
         mem_register,
         mem_deregister,
+        // ABI 1.2
+        query_support,
     ]
 );
 abi_table!(
@@ -208,6 +223,7 @@ mod tests {
         covers::<DeviceFlatMapV1>();
         covers::<DeviceMulticastV1>();
         covers::<DeviceGraphV1>();
+        covers::<DeviceKernelV1>();
         covers::<CclAdaptorV1>();
         covers::<CclWindowV1>();
     }
@@ -218,6 +234,19 @@ mod tests {
         assert_eq!(std::mem::offset_of!(AbiHeader, struct_size), 8);
         assert_eq!(std::mem::offset_of!(AbiHeader, name), 16);
         assert_eq!(&ABI_MAGIC.to_le_bytes(), b"FRCX");
+    }
+
+    #[test]
+    fn kernel_launch_layout_is_frozen() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(offset_of!(KernelLaunch, grid), 8);
+        assert_eq!(offset_of!(KernelLaunch, block), 20);
+        assert_eq!(offset_of!(KernelLaunch, shared_mem_bytes), 32);
+        assert_eq!(offset_of!(KernelLaunch, args), 40);
+        assert_eq!(size_of::<KernelLaunch>(), 56);
+        assert_eq!(format!("{:?}", ImageFormat::CUBIN), "cubin");
+        assert_eq!(format!("{:?}", ImageFormat(0x1002)), "vendor(0x1002)");
+        assert_eq!(format!("{:?}", ImageFormat(7)), "ImageFormat(7)");
     }
 
     #[test]

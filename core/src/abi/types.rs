@@ -356,6 +356,69 @@ opaque_handle!(WindowHandle);
 pub struct GraphHandle(pub *mut c_void);
 opaque_handle!(GraphHandle);
 
+/// A module of the kernel group: code loaded from an image onto one device (for CUDA, the
+/// `CUmodule`). *Since ABI 1.2.*
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]
+pub struct ModuleHandle(pub *mut c_void);
+opaque_handle!(ModuleHandle);
+
+/// A function of a loaded module, ready to launch (for CUDA, the `CUfunction`). Valid until its
+/// module is unloaded. *Since ABI 1.2.*
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]
+pub struct FunctionHandle(pub *mut c_void);
+opaque_handle!(FunctionHandle);
+
+/// The format of a kernel image given to the kernel group's `module_load`. Values from
+/// [`ImageFormat::VENDOR_BASE`] up are a vendor's own formats. *Since ABI 1.2.*
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, StableAbi)]
+pub struct ImageFormat(pub u32);
+
+impl ImageFormat {
+    /// NVIDIA PTX assembly text (the image need not be NUL-terminated: its length is given).
+    pub const PTX: ImageFormat = ImageFormat(1);
+    /// An NVIDIA CUBIN for one architecture (what NVRTC's `nvrtcGetCUBIN` returns).
+    pub const CUBIN: ImageFormat = ImageFormat(2);
+    /// An NVIDIA fat binary: CUBINs and PTX for several architectures.
+    pub const FATBIN: ImageFormat = ImageFormat(3);
+    /// The first value of the range left to vendors' own formats.
+    pub const VENDOR_BASE: ImageFormat = ImageFormat(0x1000);
+
+    /// Short lowercase name (`ptx`, `cubin`, `fatbin`), or `None` for a vendor's or an unknown
+    /// value.
+    pub fn name(self) -> Option<&'static str> {
+        Some(match self {
+            Self::PTX => "ptx",
+            Self::CUBIN => "cubin",
+            Self::FATBIN => "fatbin",
+            _ => return None,
+        })
+    }
+
+    /// `true` for a value of the vendors' range.
+    pub fn is_vendor(self) -> bool {
+        self.0 >= Self::VENDOR_BASE.0
+    }
+}
+
+impl fmt::Debug for ImageFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => f.write_str(n),
+            None if self.is_vendor() => write!(f, "vendor({:#x})", self.0),
+            None => write!(f, "ImageFormat({})", self.0),
+        }
+    }
+}
+
+impl fmt::Display for ImageFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
 /// A physical allocation of the VMM group (exportable, mappable).
 #[repr(transparent)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, StableAbi)]

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::abi::{Comm, CommInitArgs, DataType, DevicePtr, ReduceOp, Status, Stream};
+use crate::caps::{CclCaps, RuntimeSupport, TableCaps, COLLECTIVES, RUNTIME_DEPENDENT};
 use crate::loader::CclTables;
 
 use super::device::last_error;
@@ -385,63 +386,99 @@ impl Ccl {
     }
 }
 
-/// Whether an entry whose support depends on the vendor library the CCL's `init` loaded (NCCL's
-/// window registration needs `ncclCommWindowRegister`, 2.27) works with that library.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuntimeSupport {
-    /// The entry is absent from the table.
-    Absent,
-    /// Present and not refused.
-    Supported,
-    /// Present, but the loaded library lacks what it needs: the adaptor's reason.
-    Unsupported(String),
-}
-
 impl Ccl {
-    /// Probes `window_register` and `mem_register` after `init`: each present entry is called
-    /// with the null communicator, which the ABI requires an adaptor to refuse before any use;
-    /// `UNSUPPORTED` carries the adaptor's reason (e.g. the missing symbol), any other refusal
-    /// means the entry works with the loaded library. Returns `(entry, support)` pairs.
+    /// The adaptor's capabilities: its tables' entries, the collectives, point-to-point, group,
+    /// registration and window entries present, and the runtime support of
+    /// [`crate::caps::RUNTIME_DEPENDENT`] entries from `query_support`. Probed once, after
+    /// `init` (a probe whose queries fail, as before `init`, is not kept).
+    pub fn caps(&self) -> Arc<CclCaps> {
+        self.tables.caps.get_or_probe(|| self.probe_caps())
+    }
+
+    fn probe_caps(&self) -> (CclCaps, bool) {
+        let root = TableCaps::of(&self.tables.root);
+        let window = self.tables.window.as_ref().map(TableCaps::of);
+        let both = |t: &TableCaps, a: &str, b: &str| t.has(a) && t.has(b);
+        let mut complete = true;
+        let runtime = RUNTIME_DEPENDENT
+            .iter()
+            .map(|&entry| {
+                let (support, answered) = self.query_support(entry);
+                complete &= answered;
+                (entry, support)
+            })
+            .collect();
+        let caps = CclCaps {
+            adaptor: self.name().to_string(),
+            version: self.version().ok(),
+            collectives: COLLECTIVES
+                .iter()
+                .copied()
+                .filter(|c| root.has(c))
+                .collect(),
+            p2p: both(&root, "send", "recv"),
+            group: both(&root, "group_start", "group_end"),
+            registration: both(&root, "mem_register", "mem_deregister"),
+            windows: window
+                .as_ref()
+                .is_some_and(|w| both(w, "window_register", "window_deregister")),
+            root,
+            window,
+            runtime,
+        };
+        (caps, complete)
+    }
+
+    /// Whether `entry` works with the loaded vendor library, and whether the adaptor answered:
+    /// absent is [`RuntimeSupport::Absent`]; present in a table without `query_support` (ABI
+    /// 1.1) is supported; otherwise the adaptor's answer.
+    fn query_support(&self, entry: &'static str) -> (RuntimeSupport, bool) {
+        let present = match entry {
+            "window_register" => self
+                .tables
+                .window
+                .as_ref()
+                .is_some_and(|w| w.get().window_register.is_some()),
+            _ => self.tables.root.present().contains(&entry),
+        };
+        if !present {
+            return (RuntimeSupport::Absent, true);
+        }
+        let Some(f) = self.tables.root.get().query_support else {
+            return (RuntimeSupport::Supported, true);
+        };
+        let Ok(name) = std::ffi::CString::new(entry) else {
+            return (RuntimeSupport::Supported, true);
+        };
+        let mut supported = 0i32;
+        let mut reason = [0 as std::ffi::c_char; 512];
+        // SAFETY: a NUL-terminated name, a writable flag, and `reason.len()` writable bytes.
+        let status = unsafe {
+            f(
+                name.as_ptr(),
+                &mut supported,
+                reason.as_mut_ptr(),
+                reason.len(),
+            )
+        };
+        match self.check("query_support", status) {
+            Ok(()) if supported != 0 => (RuntimeSupport::Supported, true),
+            Ok(()) => {
+                let bytes: Vec<u8> = reason
+                    .iter()
+                    .take_while(|&&c| c != 0)
+                    .map(|&c| c as u8)
+                    .collect();
+                let why = String::from_utf8_lossy(&bytes).into_owned();
+                (RuntimeSupport::Unsupported(why), true)
+            }
+            Err(e) => (RuntimeSupport::Unsupported(e.to_string()), false),
+        }
+    }
+
+    /// [`CclCaps::runtime`] of [`Ccl::caps`]: `(entry, support)` for `window_register` and
+    /// `mem_register`, from the adaptor's `query_support` (never by calling the entries).
     pub fn runtime_support(&self) -> Vec<(&'static str, RuntimeSupport)> {
-        use crate::abi::{RegHandle, WindowHandle};
-        let judge = |entry: &'static str, st: Status| {
-            if st == Status::UNSUPPORTED {
-                let m = last_error(self.tables.root.get().get_last_error);
-                let why = m
-                    .strip_prefix(&format!("{entry}: "))
-                    .unwrap_or(&m)
-                    .to_string();
-                RuntimeSupport::Unsupported(why)
-            } else {
-                RuntimeSupport::Supported
-            }
-        };
-        let window = match self
-            .tables
-            .window
-            .as_ref()
-            .and_then(|w| w.get().window_register)
-        {
-            Some(f) => {
-                let mut w = WindowHandle::NULL;
-                // SAFETY: the null communicator (refused before any use), no buffer, a valid
-                // out-pointer.
-                judge("window_register", unsafe {
-                    f(Comm::NULL, DevicePtr::NULL, 0, 0, &mut w)
-                })
-            }
-            None => RuntimeSupport::Absent,
-        };
-        let register = match self.tables.root.get().mem_register {
-            Some(f) => {
-                let mut h = RegHandle::NULL;
-                // SAFETY: as above.
-                judge("mem_register", unsafe {
-                    f(Comm::NULL, DevicePtr::NULL, 0, &mut h)
-                })
-            }
-            None => RuntimeSupport::Absent,
-        };
-        vec![("window_register", window), ("mem_register", register)]
+        self.caps().runtime.clone()
     }
 }

@@ -1,12 +1,13 @@
 //! Safe calls through a device adaptor's table.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::Arc;
 
 use crate::abi::{
-    Capabilities, DeviceGraphV1, DeviceProperties, DevicePtr, Event, GraphHandle, MemKind, Status,
-    Stream,
+    Capabilities, DeviceGraphV1, DeviceKernelV1, DeviceProperties, DevicePtr, Event,
+    FunctionHandle, GraphHandle, ImageFormat, KernelLaunch, MemKind, ModuleHandle, Status, Stream,
 };
+use crate::caps::{DeviceCaps, OrdinalCaps, TableCaps};
 use crate::loader::DeviceTables;
 
 use super::error::AdaptorError;
@@ -371,6 +372,243 @@ impl Drop for Graph {
                 let _ = unsafe { destroy(self.handle) };
             }
         }
+    }
+}
+
+impl Device {
+    /// The adaptor's capabilities: its tables' entries, and for every device its properties
+    /// ([`Capabilities`] bits, architecture) and the kernel image formats it loads. Probed once,
+    /// after `init` (a probe that cannot list the devices, as before `init`, is not kept).
+    pub fn caps(&self) -> Arc<DeviceCaps> {
+        self.tables.caps.get_or_probe(|| self.probe_caps())
+    }
+
+    fn probe_caps(&self) -> (DeviceCaps, bool) {
+        let t = &self.tables;
+        let mut notes = Vec::new();
+        let kernel = self.kernel();
+        let ordinals = self
+            .device_count()
+            .and_then(|n| {
+                (0..n)
+                    .map(|ordinal| {
+                        let properties = match t.root.get().get_properties {
+                            Some(_) => Some(self.properties(ordinal)?),
+                            None => None,
+                        };
+                        let image_formats = match &kernel {
+                            Some(k) if t.kernel_entry("kernel_image_formats") => {
+                                k.image_formats(ordinal).unwrap_or_else(|e| {
+                                    notes.push(format!("device {ordinal}: {e}"));
+                                    Vec::new()
+                                })
+                            }
+                            _ => Vec::new(),
+                        };
+                        Ok(OrdinalCaps {
+                            ordinal,
+                            properties,
+                            image_formats,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, AdaptorError>>()
+            })
+            .map_err(|e| e.to_string());
+        let complete = ordinals.is_ok();
+        let caps = DeviceCaps {
+            adaptor: self.name().to_string(),
+            root: TableCaps::of(&t.root),
+            vmm: t.vmm.as_ref().map(TableCaps::of),
+            flatmap: t.flatmap.as_ref().map(TableCaps::of),
+            multicast: t.multicast.as_ref().map(TableCaps::of),
+            graph: t.graph.as_ref().map(TableCaps::of),
+            kernel: t.kernel.as_ref().map(TableCaps::of),
+            ordinals,
+            notes,
+        };
+        (caps, complete)
+    }
+
+    /// The kernel group (`ferrocx_device_kernel_v1`, ABI 1.2: modules loaded from images,
+    /// functions launched on streams), or `None` when the adaptor does not export it.
+    pub fn kernel(&self) -> Option<DeviceKernel> {
+        self.tables.kernel.as_ref().map(|_| DeviceKernel {
+            device: self.clone(),
+        })
+    }
+}
+
+impl DeviceTables {
+    fn kernel_entry(&self, entry: &str) -> bool {
+        self.kernel
+            .as_ref()
+            .is_some_and(|k| k.present().contains(&entry))
+    }
+}
+
+/// The kernel table of `dev`, or the error of `op` without it.
+fn kernel_table<'a>(dev: &'a Device, op: &'static str) -> Result<&'a DeviceKernelV1, AdaptorError> {
+    dev.tables
+        .kernel
+        .as_ref()
+        .map(|t| t.get())
+        .ok_or_else(|| dev.unsupported(op))
+}
+
+/// The kernel group of a device adaptor, from [`Device::kernel`].
+///
+/// ```ignore
+/// let kernels = device.kernel().ok_or("no kernel group")?;
+/// let module = kernels.load(&cubin, ImageFormat::CUBIN)?; // onto the thread's device
+/// let fill = module.function("fill")?;
+/// let (mut ptr, mut n) = (buffer.0, count as u64);
+/// let mut args = [(&mut ptr as *mut u64).cast(), (&mut n as *mut u64).cast()];
+/// // SAFETY: `fill(u64 ptr, u64 n)` writes `n` words at `ptr`, a live allocation.
+/// unsafe { fill.launch([blocks, 1, 1], [256, 1, 1], 0, &mut args, stream) }?;
+/// ```
+#[derive(Clone)]
+pub struct DeviceKernel {
+    device: Device,
+}
+
+impl DeviceKernel {
+    /// The image formats `device` loads, best first.
+    pub fn image_formats(&self, device: i32) -> Result<Vec<ImageFormat>, AdaptorError> {
+        let dev = &self.device;
+        let t = kernel_table(dev, "kernel_image_formats")?;
+        let mut n = 0usize;
+        call!(
+            dev,
+            t,
+            kernel_image_formats(device, std::ptr::null_mut(), &mut n)
+        )?;
+        let mut formats = vec![ImageFormat(0); n];
+        call!(
+            dev,
+            t,
+            kernel_image_formats(device, formats.as_mut_ptr(), &mut n)
+        )?;
+        formats.truncate(n);
+        Ok(formats)
+    }
+
+    /// Loads `image` of `format` onto the calling thread's current device; unloaded when the
+    /// [`Module`] and every [`Function`] of it are dropped.
+    pub fn load(&self, image: &[u8], format: ImageFormat) -> Result<Module, AdaptorError> {
+        let dev = &self.device;
+        let t = kernel_table(dev, "module_load")?;
+        let mut handle = ModuleHandle::NULL;
+        call!(
+            dev,
+            t,
+            module_load(image.as_ptr(), image.len(), format, &mut handle)
+        )?;
+        Ok(Module {
+            inner: Arc::new(LoadedModule {
+                device: dev.clone(),
+                handle,
+            }),
+        })
+    }
+}
+
+struct LoadedModule {
+    device: Device,
+    handle: ModuleHandle,
+}
+
+impl Drop for LoadedModule {
+    fn drop(&mut self) {
+        if let Some(unload) = self
+            .device
+            .tables
+            .kernel
+            .as_ref()
+            .and_then(|t| t.get().module_unload)
+        {
+            // SAFETY: a module this adaptor's `module_load` returned, unloaded once, after its
+            // last `Function` is gone. A failure at drop is not actionable.
+            let _ = unsafe { unload(self.handle) };
+        }
+    }
+}
+
+/// A module loaded through the kernel group; unloaded when it and its functions are dropped.
+#[derive(Clone)]
+pub struct Module {
+    inner: Arc<LoadedModule>,
+}
+
+impl Module {
+    /// The function `name` of the module.
+    pub fn function(&self, name: &str) -> Result<Function, AdaptorError> {
+        let dev = &self.inner.device;
+        let t = kernel_table(dev, "module_get_function")?;
+        let c = CString::new(name).map_err(|_| AdaptorError::Failed {
+            adaptor: dev.name().to_string(),
+            op: "module_get_function",
+            status: Status::INVALID_ARGUMENT,
+            message: format!("the name {name:?} contains a NUL byte"),
+        })?;
+        let mut handle = FunctionHandle::NULL;
+        call!(
+            dev,
+            t,
+            module_get_function(self.inner.handle, c.as_ptr(), &mut handle)
+        )?;
+        Ok(Function {
+            module: self.inner.clone(),
+            handle,
+        })
+    }
+
+    /// The adaptor's handle.
+    pub fn handle(&self) -> ModuleHandle {
+        self.inner.handle
+    }
+}
+
+/// A function of a loaded [`Module`] (which it keeps loaded). Cheap to clone.
+#[derive(Clone)]
+pub struct Function {
+    module: Arc<LoadedModule>,
+    handle: FunctionHandle,
+}
+
+impl Function {
+    /// Enqueues one run of the function on `stream`: `grid` blocks of `block` threads with
+    /// `shared_mem_bytes` of dynamic shared memory per block, and `args[i]` pointing at the
+    /// value of the kernel's parameter `i` (the adaptor copies the values before returning).
+    ///
+    /// # Safety
+    /// The kernel runs with whatever it is given: `args` must have one pointer per parameter of
+    /// the kernel, in order, each to a value of that parameter's type; every address the
+    /// values carry must be valid for what the kernel does with it until the launch completes
+    /// on `stream`; `stream` must be a stream of this adaptor on the module's device.
+    pub unsafe fn launch(
+        &self,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        args: &mut [*mut c_void],
+        stream: Stream,
+    ) -> Result<(), AdaptorError> {
+        let dev = &self.module.device;
+        let t = kernel_table(dev, "launch_kernel")?;
+        let launch = KernelLaunch {
+            grid,
+            block,
+            shared_mem_bytes,
+            args: args.as_mut_ptr(),
+            n_args: args.len(),
+            ..KernelLaunch::default()
+        };
+        call!(dev, t, launch_kernel(self.handle, &launch, stream))
+    }
+
+    /// The adaptor's handle.
+    pub fn handle(&self) -> FunctionHandle {
+        self.handle
     }
 }
 

@@ -6,6 +6,7 @@ mod device;
 mod error;
 mod options;
 
-pub use ccl::{Ccl, RuntimeSupport};
-pub use device::{Device, DeviceGraph, Graph, Properties};
+pub use crate::caps::{CclCaps, DeviceCaps, RuntimeSupport};
+pub use ccl::Ccl;
+pub use device::{Device, DeviceGraph, DeviceKernel, Function, Graph, Module, Properties};
 pub use error::AdaptorError;

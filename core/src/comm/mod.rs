@@ -26,6 +26,7 @@ use std::time::Duration;
 use crate::abi::{Comm, DataType, DevicePtr, MemKind, ReduceOp, Stream};
 use crate::adaptor::{AdaptorError, Ccl, Device};
 use crate::bootstrap::{BootstrapError, JobInfo, RankInfo, Store, StoreServer};
+use crate::caps::{CclCaps, DeviceCaps};
 use crate::config::{Config, ConfigError};
 use crate::registry::Registry;
 use crate::route::{CclEntries, Collective, Route, Router, WindowRoute};
@@ -63,6 +64,19 @@ pub enum CommError {
     Collective(#[from] CollectiveError),
 }
 
+/// What a communicator works with, probed once when it was made: its adaptors' capabilities
+/// and the window-collective provider its router may take (the router's inputs are in
+/// [`Communicator::router`]).
+#[derive(Clone, Debug)]
+pub struct CommCaps {
+    /// The device adaptor's tables, groups and devices.
+    pub device: Arc<DeviceCaps>,
+    /// The CCL adaptor's entries and their runtime support.
+    pub ccl: Arc<CclCaps>,
+    /// The window-collective provider that runs on the device, if one.
+    pub window_collectives: Option<&'static str>,
+}
+
 /// One rank's communicator over its cluster's CCL, with a stream of its device.
 pub struct Communicator {
     rank: usize,
@@ -73,6 +87,7 @@ pub struct Communicator {
     comm: Comm,
     stream: Stream,
     store: Store,
+    caps: CommCaps,
     router: Router,
     windows: Windows,
     collectives: Collectives,
@@ -188,8 +203,13 @@ impl Communicator {
         }
         tracing::debug!(cluster = %cluster.name, "windows: {plan}");
         let provider = collectives::provider_for(&sel.device, world);
+        let caps = CommCaps {
+            device: sel.device.caps(),
+            ccl: sel.ccl.caps(),
+            window_collectives: provider.map(|(p, _)| p.name),
+        };
         let router = Router {
-            ccl: CclEntries::of(&sel.ccl),
+            ccl: CclEntries::of(&caps.ccl),
             config: WindowCollectivesConfig {
                 small_message: cluster.small_message,
                 one_shot_max: cluster.window_one_shot_max,
@@ -212,6 +232,7 @@ impl Communicator {
             comm,
             stream,
             store,
+            caps,
             router,
             windows: Windows {
                 device: local_device,
@@ -253,6 +274,10 @@ impl Communicator {
     /// [`Communicator`]'s methods, which route them).
     pub fn ccl(&self) -> &Ccl {
         &self.ccl
+    }
+    /// What this communicator's adaptors can do, probed once when it was made.
+    pub fn caps(&self) -> &CommCaps {
+        &self.caps
     }
     /// The router that decides where each collective goes.
     pub fn router(&self) -> &Router {

@@ -10,7 +10,7 @@ use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use crate::abi::{
     AbiTable, CclAdaptorV1, CclWindowV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1,
-    DeviceMulticastV1, DeviceVmmV1, PluginModuleRef, ABI_MAJOR, CCL_ROOT_PREFIX,
+    DeviceKernelV1, DeviceMulticastV1, DeviceVmmV1, PluginModuleRef, ABI_MAJOR, CCL_ROOT_PREFIX,
     DEVICE_ROOT_PREFIX,
 };
 
@@ -29,6 +29,10 @@ pub struct DeviceTables {
     pub multicast: Option<Table<DeviceMulticastV1>>,
     /// `ferrocx_device_graph_v1`, if exported.
     pub graph: Option<Table<DeviceGraphV1>>,
+    /// `ferrocx_device_kernel_v1`, if exported (ABI 1.2).
+    pub kernel: Option<Table<DeviceKernelV1>>,
+    /// The capabilities, probed once after `init` (see [`crate::caps`]).
+    pub(crate) caps: crate::caps::Cached<crate::caps::DeviceCaps>,
 }
 
 /// The CCL tables of one adaptor.
@@ -37,6 +41,34 @@ pub struct CclTables {
     pub root: Table<CclAdaptorV1>,
     /// `ferrocx_ccl_window_v1`, if exported.
     pub window: Option<Table<CclWindowV1>>,
+    /// The capabilities, probed once after `init` (see [`crate::caps`]).
+    pub(crate) caps: crate::caps::Cached<crate::caps::CclCaps>,
+}
+
+impl DeviceTables {
+    /// Tables with no capabilities probed yet.
+    pub fn new(root: Table<DeviceAdaptorV1>) -> Self {
+        DeviceTables {
+            root,
+            vmm: None,
+            flatmap: None,
+            multicast: None,
+            graph: None,
+            kernel: None,
+            caps: Default::default(),
+        }
+    }
+}
+
+impl CclTables {
+    /// Tables with no capabilities probed yet.
+    pub fn new(root: Table<CclAdaptorV1>) -> Self {
+        CclTables {
+            root,
+            window: None,
+            caps: Default::default(),
+        }
+    }
 }
 
 /// How a plugin's types were checked before any call.
@@ -224,17 +256,18 @@ fn probe(lib: &Opened) -> Result<LoadedPlugin, LoadError> {
     }
     let device = device_root.map(|root| {
         Arc::new(DeviceTables {
-            root,
             vmm: group::<DeviceVmmV1>(lib, &mut notes),
             flatmap: group::<DeviceFlatMapV1>(lib, &mut notes),
             multicast: group::<DeviceMulticastV1>(lib, &mut notes),
             graph: group::<DeviceGraphV1>(lib, &mut notes),
+            kernel: group::<DeviceKernelV1>(lib, &mut notes),
+            ..DeviceTables::new(root)
         })
     });
     let ccl = ccl_root.map(|root| {
         Arc::new(CclTables {
-            root,
             window: group::<CclWindowV1>(lib, &mut notes),
+            ..CclTables::new(root)
         })
     });
     Ok(LoadedPlugin {
@@ -296,6 +329,7 @@ fn check_root_module(lib: &Opened) -> Result<Checked, LoadError> {
         DeviceFlatMapV1::SYMBOL,
         DeviceMulticastV1::SYMBOL,
         DeviceGraphV1::SYMBOL,
+        DeviceKernelV1::SYMBOL,
         CclAdaptorV1::SYMBOL,
         CclWindowV1::SYMBOL,
     ] {

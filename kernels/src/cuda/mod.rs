@@ -1,24 +1,22 @@
 //! The CUDA backend: `cuda/*.cu` compiled by NVRTC for the device's architecture at first use
-//! (and cached on disk), loaded with `cuModuleLoadData`, launched with `cuLaunchKernel` on the
-//! communicator's stream.
+//! (and cached on disk) into a CUBIN, loaded and launched on the communicator's stream through
+//! the device adaptor's kernel group (`ferrocx_device_kernel_v1`: `module_load`,
+//! `module_get_function`, `launch_kernel`).
 //!
-//! How the kernels reach CUDA: a kernel launch is not part of the device ABI, so this backend
-//! runs only where the device adaptor is ferrocx's own `cuda` (built in or its plugin), whose
-//! handles are CUDA's own values: a `Stream` is the `CUstream`, a `DevicePtr` the
-//! `CUdeviceptr`, and `set_device` makes the device's primary context current. The backend
-//! opens the same `libcuda.so.1` (the driver is one per process) and launches on those values.
-//! Everything else — memory, the scratch window, the failure record — goes through the device
-//! table. A vendor's own device adaptor would need a launch entry in the ABI instead.
+//! The backend runs on a device whose adaptor exports the kernel group and loads CUBIN images
+//! (see `engine::kind_of`); the kernels address memory by the adaptor's `DevicePtr` values,
+//! which for the CUDA adaptor are `CUdeviceptr`s. This crate opens no driver: only NVRTC, to
+//! compile. Everything else — memory, the scratch window, the failure record — goes through
+//! the device table too.
 
 mod cache;
-mod driver;
 mod nvrtc;
 
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 
-use ferrocx::abi::{DevicePtr, MemKind};
-use ferrocx::adaptor::Device;
+use ferrocx::abi::{DevicePtr, ImageFormat, MemKind};
+use ferrocx::adaptor::{Device, Function};
 use ferrocx::window::collectives::{AllReduceCall, CollectiveError, WindowAlgo};
 
 use crate::element::{Elem, Op};
@@ -212,9 +210,9 @@ pub fn kernel_names() -> Vec<(String, WindowAlgo, Elem, Op)> {
     v
 }
 
-/// `true` when the driver and NVRTC can be opened here.
+/// `true` when NVRTC can be opened here (the device adaptor's kernel group does the rest).
 pub fn available() -> bool {
-    driver::load().is_ok() && nvrtc::load().is_ok()
+    nvrtc::load().is_ok()
 }
 
 /// NVRTC's path and `(major, minor)` version, or why it cannot be opened (compiling needs no
@@ -275,44 +273,28 @@ pub fn compile(arch: u32, dir: Option<&std::path::Path>) -> Result<(Vec<u8>, boo
     Ok((cubin, false))
 }
 
-/// The kernels, loaded in the context of the device the caller works on.
+/// The kernels, loaded through the device adaptor's kernel group onto the device the caller
+/// works on (the module stays loaded while a function of it is held).
 pub(crate) struct Module {
-    ctx: driver::Handle,
-    module: driver::Handle,
-    functions: HashMap<(WindowAlgo, Elem, Op), driver::Handle>,
+    functions: HashMap<(WindowAlgo, Elem, Op), Function>,
 }
 
-// SAFETY: driver handles, usable from any thread (the context is made current before use).
-unsafe impl Send for Module {}
-// SAFETY: as above; the map is read-only after loading.
-unsafe impl Sync for Module {}
-
 impl Module {
-    /// Compiles (or reads from the cache) and loads the kernels for `sm_<arch>` into the
-    /// primary context of the device `device` works on for this thread.
+    /// Compiles (or reads from the cache) and loads the kernels for `sm_<arch>` onto the
+    /// device `device` works on for this thread.
     pub(crate) fn load(device: &Device, arch: u32) -> Result<Module, CollectiveError> {
-        let drv = driver::load().map_err(unavailable)?;
+        let kernels = device.kernel().ok_or_else(|| {
+            unavailable(format!(
+                "the device adaptor `{}` has no kernel group",
+                device.name()
+            ))
+        })?;
         device
             .get_device()
             .and_then(|d| device.set_device(d))
             .map_err(|e| unavailable(e.to_string()))?;
-        let mut ctx: driver::Handle = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        drv.check("cuCtxGetCurrent", unsafe {
-            (drv.ctx_get_current)(&mut ctx)
-        })
-        .map_err(unavailable)?;
-        if ctx.is_null() {
-            return Err(unavailable(
-                "no CUDA context is current on this thread".into(),
-            ));
-        }
         let (cubin, cached) = compile(arch, cache_dir().as_deref()).map_err(unavailable)?;
-        let mut module: driver::Handle = std::ptr::null_mut();
-        // SAFETY: a complete CUBIN image (NVRTC's output or a whole cached file; the driver
-        // validates it) and a valid out-pointer, in the current context.
-        let r = unsafe { (drv.module_load_data)(&mut module, cubin.as_ptr().cast()) };
-        drv.check("cuModuleLoadData", r).map_err(|e| {
+        let module = kernels.load(&cubin, ImageFormat::CUBIN).map_err(|e| {
             unavailable(format!(
                 "{e} (the kernels for sm_{arch}, {})",
                 if cached {
@@ -322,31 +304,14 @@ impl Module {
                 }
             ))
         })?;
-        let mut loaded = Module {
-            ctx,
-            module,
-            functions: HashMap::new(),
-        };
+        let mut functions = HashMap::new();
         for (name, algo, elem, op) in kernel_names() {
-            let c = CString::new(name.as_str()).map_err(|_| unavailable(name.clone()))?;
-            let mut f: driver::Handle = std::ptr::null_mut();
-            // SAFETY: a loaded module, a NUL-terminated name, a valid out-pointer.
-            let r = unsafe { (drv.module_get_function)(&mut f, loaded.module, c.as_ptr()) };
-            drv.check(&format!("cuModuleGetFunction({name})"), r)
-                .map_err(unavailable)?;
-            loaded.functions.insert((algo, elem, op), f);
+            let f = module
+                .function(&name)
+                .map_err(|e| unavailable(e.to_string()))?;
+            functions.insert((algo, elem, op), f);
         }
-        Ok(loaded)
-    }
-}
-
-impl Drop for Module {
-    fn drop(&mut self) {
-        if let Ok(drv) = driver::load() {
-            // SAFETY: a module this value loaded, unloaded once, after the communicator's
-            // stream (the only one its kernels ran on) was synchronized.
-            let _ = unsafe { (drv.module_unload)(self.module) };
-        }
+        Ok(Module { functions })
     }
 }
 
@@ -449,14 +414,12 @@ impl Cuda {
         elem: Elem,
         op: Op,
     ) -> Result<(), CollectiveError> {
-        let drv = driver::load().map_err(unavailable)?;
         let fail = |message: String| CollectiveError::Failed { algo, message };
-        let f = *self
+        let f = self
             .module
             .functions
             .get(&(algo, elem, op))
             .ok_or_else(|| fail(format!("no kernel for {elem:?} {op:?}")))?;
-        self.make_current(drv).map_err(fail)?;
         let es = elem.size();
         let world = self.layout.world();
         let mut args = self.base;
@@ -498,42 +461,13 @@ impl Cuda {
                 .div_ceil(threads as usize * per_thread)
                 .clamp(1, MAX_BLOCKS) as u32;
             let mut params = [(&mut args as *mut Args).cast::<c_void>()];
-            // SAFETY: a function of the loaded module whose single parameter is `FxArgs`
-            // (the same layout as `Args`, checked by the compile); `params` points at it for
-            // the call (the driver copies it); the stream is the communicator's CUstream; the
-            // module's context is current.
-            let r = unsafe {
-                (drv.launch_kernel)(
-                    f,
-                    blocks,
-                    1,
-                    1,
-                    threads,
-                    1,
-                    1,
-                    0,
-                    call.stream.0,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            };
-            drv.check("cuLaunchKernel", r).map_err(fail)?;
-        }
-        Ok(())
-    }
-
-    fn make_current(&self, drv: &driver::Driver) -> Result<(), String> {
-        let mut ctx: driver::Handle = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        drv.check("cuCtxGetCurrent", unsafe {
-            (drv.ctx_get_current)(&mut ctx)
-        })?;
-        if ctx != self.module.ctx {
-            // SAFETY: the primary context the module was loaded in, still retained by the
-            // device adaptor.
-            drv.check("cuCtxSetCurrent", unsafe {
-                (drv.ctx_set_current)(self.module.ctx)
-            })?;
+            // SAFETY: a function of the loaded module whose single parameter is `FxArgs` (the
+            // same layout as `Args`, checked by the compile); `params` points at it for the
+            // call (the adaptor copies it); the addresses in it (peers' windows, the buffers,
+            // the counter and status words) stay valid until the stream has run the launch;
+            // the stream is the communicator's, of the module's device.
+            unsafe { f.launch([blocks, 1, 1], [threads, 1, 1], 0, &mut params, call.stream) }
+                .map_err(|e| fail(e.to_string()))?;
         }
         Ok(())
     }

@@ -235,4 +235,11 @@ impl CclAdaptor for VendorCcl {
     fn mem_deregister(&self, _comm: Comm, _handle: RegHandle) -> Result<()> {
         Err(Error::unsupported("TODO(vendor): call ncclCommDeregister"))
     }
+    // ABI 1.2: whether an entry works with the library `init` loaded; Ok(None) for yes,
+    // Ok(Some(reason)) for no. (Without this method the SDK answers "yes" for every entry.)
+    fn query_support(&self, _entry: &str) -> Result<Option<String>> {
+        Err(Error::unsupported(
+            "TODO(vendor): say whether the loaded library has what the entry needs (e.g. window_register: ncclCommWindowRegister, NCCL 2.27)",
+        ))
+    }
 }

@@ -1,6 +1,7 @@
 /* C device plugins of several ABI versions, for the ABI evolution tests
  * (tests/tests/abi_evolution.rs). One source, variants chosen with -D:
- *   (none)          ABI 1.1: the whole table of this header, `mem_get_info` set
+ *   (none)          ABI 1.1: the whole device table of this header (which ABI 1.2 left as it
+ *                   was), header minor 1, `mem_get_info` set
  *   FX_ABI_1_0      ABI 1.0: header minor 0 and struct_size = offsetof(mem_get_info), as a plugin
  *                   compiled against the 1.0 header declares; `mem_get_info` is set in the
  *                   initializer anyway and must read as absent (it is past struct_size)
@@ -101,7 +102,7 @@ const FxDeviceAdaptorV1_7 ferrocx_device_adaptor_v1 = {
 #else /* ABI 1.1, alone or with a v2 table */
 
 const FerrocxDeviceAdaptorV1 ferrocx_device_adaptor_v1 = {
-    .header = { Ferrocx_ABI_MAGIC, Ferrocx_ABI_MAJOR, Ferrocx_ABI_MINOR,
+    .header = { Ferrocx_ABI_MAGIC, Ferrocx_ABI_MAJOR, 1,
                 (uint32_t)sizeof(FerrocxDeviceAdaptorV1), 0, FX_NAME },
     FX_V1_ENTRIES,
 };

@@ -3,8 +3,9 @@
 //! Its device keeps "device memory" in host allocations so calls through the table return real
 //! values; `set_device(666)` panics on purpose, to prove the boundary catches it. Its streams run
 //! work at once, and its graph group records the async copies and memsets of a capturing stream
-//! and replays them at each launch. Its CCL is a single-rank communicator and exports
-//! `all_to_allv` as absent.
+//! and replays them at each launch. Its kernel group (ABI 1.2) loads images of a vendor format
+//! ([`FAKE_IMAGE`]: function names, one a line) and runs `fill_u32` on the host. Its CCL is a
+//! single-rank communicator and exports `all_to_allv` as absent.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -510,11 +511,83 @@ impl CclAdaptor for TestCcl {
     }
 }
 
+/// The image format of the fake kernel group: function names, one a line (a vendor format).
+pub const FAKE_IMAGE: ImageFormat = ImageFormat(0x1001);
+
+/// The one function of the fake kernel group that runs: `fill_u32(u64 dst, u32 value, u64
+/// count)`, run at launch on the calling thread (this device's streams run work at once).
+const FILL_U32: usize = 1;
+
+impl DeviceKernel for TestDevice {
+    fn kernel_image_formats(&self, device: i32) -> Result<Vec<ImageFormat>> {
+        if device != 0 {
+            return Err(Error::invalid_argument("one device"));
+        }
+        Ok(vec![FAKE_IMAGE])
+    }
+    fn module_load(&self, image: &[u8], format: ImageFormat) -> Result<ModuleHandle> {
+        if format != FAKE_IMAGE {
+            return Err(Error::invalid_argument(format!(
+                "loads only {FAKE_IMAGE:?} images, not {format:?}"
+            )));
+        }
+        let text = std::str::from_utf8(image).map_err(|_| Error::invalid_argument("not UTF-8"))?;
+        let names: Vec<String> = text.lines().map(str::to_string).collect();
+        Ok(ModuleHandle(Box::into_raw(Box::new(names)).cast()))
+    }
+    fn module_unload(&self, m: ModuleHandle) -> Result<()> {
+        // SAFETY: a handle `module_load` made from a leaked box, unloaded once (the test's
+        // contract with itself).
+        drop(unsafe { Box::from_raw(m.0.cast::<Vec<String>>()) });
+        Ok(())
+    }
+    fn module_get_function(
+        &self,
+        m: ModuleHandle,
+        name: &std::ffi::CStr,
+    ) -> Result<FunctionHandle> {
+        // SAFETY: a live module of `module_load`.
+        let names = unsafe { &*m.0.cast::<Vec<String>>() };
+        let name = name.to_string_lossy();
+        if !names.iter().any(|n| *n == name) {
+            return Err(Error::invalid_argument(format!("no function {name:?}")));
+        }
+        if name != "fill_u32" {
+            return Err(Error::unsupported(format!("{name} does not run here")));
+        }
+        Ok(FunctionHandle(FILL_U32 as *mut c_void))
+    }
+    unsafe fn launch_kernel(&self, f: FunctionHandle, l: &Launch, _s: Stream) -> Result<()> {
+        if f.0 as usize != FILL_U32 {
+            return Err(Error::invalid_handle("not a function of this adaptor"));
+        }
+        if l.n_args != 3 {
+            return Err(Error::invalid_argument(format!(
+                "fill_u32 takes 3 arguments, not {}",
+                l.n_args
+            )));
+        }
+        // SAFETY: the caller's contract: three pointers, to a u64, a u32 and a u64, and `dst`
+        // holds `count` u32 of this device's (host) memory.
+        unsafe {
+            let a = std::slice::from_raw_parts(l.args, 3);
+            let dst = *a[0].cast::<u64>() as *mut u32;
+            let value = *a[1].cast::<u32>();
+            let count = *a[2].cast::<u64>() as usize;
+            for i in 0..count {
+                dst.add(i).write_unaligned(value);
+            }
+        }
+        Ok(())
+    }
+}
+
 export_plugin! {
     name: "testrust",
     device: TestDevice,
     device_vmm: TestDevice,
     device_graph: TestDevice,
+    device_kernel: TestDevice,
     ccl: TestCcl,
     ccl_absent: ["all_to_allv"],
 }
