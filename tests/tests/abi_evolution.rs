@@ -120,8 +120,8 @@ fn rust_plugins_built_with_the_sdk_export_mem_get_info() {
     // The SDK's trampoline refuses a null out-pointer before the adaptor is called.
     let f = e.device.as_ref().unwrap().root.get().mem_get_info.unwrap();
     let mut x = 0usize;
-    // SAFETY: a null `total` is what is being tested; `free` is valid.
     assert_eq!(
+        // SAFETY: a null `total` is what is being tested; `free` is valid.
         unsafe { f(&mut x, std::ptr::null_mut()) },
         Status::INVALID_ARGUMENT
     );

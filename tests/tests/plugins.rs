@@ -160,9 +160,9 @@ fn the_graph_group_records_a_capture_and_replays_it_at_each_launch() {
         .as_ref()
         .expect("graph");
     let t = t.get();
+    let mut made = GraphHandle::NULL;
     // SAFETY: entries of a loaded table, called with a stream handle of the adaptor; the null
     // out-pointer is the bad argument under test.
-    let mut made = GraphHandle::NULL;
     let (refused, again, ended, destroyed, unknown) = unsafe {
         let begin = t.graph_begin_capture.expect("begin");
         let end = t.graph_end_capture.expect("end");

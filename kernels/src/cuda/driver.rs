@@ -55,7 +55,7 @@ fn open() -> Result<Driver, String> {
     // SAFETY: loading the driver runs only its own initialisers.
     let lib = unsafe { libloading::Library::new(path) }
         .map_err(|e| format!("{path} not found: {e} (no NVIDIA driver on this machine)"))?;
-    // SAFETY (every call): the field's type is the driver API's C signature for the name
+    // SAFETY: (every call) the field's type is the driver API's C signature for the name
     // (the `_v2` names where the driver has versioned ones).
     unsafe {
         Ok(Driver {
