@@ -273,9 +273,12 @@ impl Communicator {
                 Err(_) => {}
             }
         }
-        Ok(self
-            .ccl
-            .all_reduce(send, recv, count, dtype, op, self.comm, self.stream)?)
+        // SAFETY: the caller's buffers, passed on as given: this function's contract is
+        // `Ccl::all_reduce`'s (to be spelled out as an `unsafe fn` with the router).
+        Ok(unsafe {
+            self.ccl
+                .all_reduce(send, recv, count, dtype, op, self.comm, self.stream)
+        }?)
     }
 
     /// Where [`Communicator::all_reduce`] sends an all-reduce of `count` elements: the CCL, or

@@ -168,8 +168,15 @@ impl Ccl {
     }
 
     /// All-reduce of `count` elements.
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable and `recv` writable for `count` elements of `dtype`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and written (or, for `recv`, read) by nothing else in that time. `send == recv` is
+    /// the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(
+    pub unsafe fn all_reduce(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -183,7 +190,14 @@ impl Ccl {
     }
 
     /// All-gather of `send_count` elements per rank.
-    pub fn all_gather(
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable for `send_count` and `recv` writable for `send_count * nranks` elements
+    /// of `dtype` ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on
+    /// `stream`: not freed, and written (or, for `recv`, read) by nothing else in that time.
+    /// `send == recv` is the in-place form; the ranges overlap in no other way.
+    pub unsafe fn all_gather(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -199,8 +213,15 @@ impl Ccl {
     }
 
     /// Reduce-scatter of `recv_count` elements per rank.
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable for `recv_count * nranks` and `recv` writable for `recv_count` elements
+    /// of `dtype` ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on
+    /// `stream`: not freed, and written (or, for `recv`, read) by nothing else in that time.
+    /// `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter(
+    pub unsafe fn reduce_scatter(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -217,8 +238,15 @@ impl Ccl {
     }
 
     /// Broadcast from `root`.
+    ///
+    /// # Safety
+    ///
+    /// `recv` is writable for `count` elements of `dtype`, and on `root` `send` is readable for as
+    /// many ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on
+    /// `stream`: not freed, and written (or, for `recv`, read) by nothing else in that time.
+    /// `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn broadcast(
+    pub unsafe fn broadcast(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -235,8 +263,15 @@ impl Ccl {
     }
 
     /// Reduce to `root`.
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable for `count` elements of `dtype`, and on `root` `recv` is writable for as
+    /// many ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on
+    /// `stream`: not freed, and written (or, for `recv`, read) by nothing else in that time.
+    /// `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce(
+    pub unsafe fn reduce(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -254,8 +289,15 @@ impl Ccl {
     }
 
     /// Gather to `root`.
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable for `send_count` elements of `dtype`, and on `root` `recv` is writable
+    /// for `send_count * nranks` ([valid ranges](crate::adaptor#valid-ranges)) until the operation
+    /// completes on `stream`: not freed, and written (or, for `recv`, read) by nothing else in that
+    /// time. `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn gather(
+    pub unsafe fn gather(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -272,8 +314,15 @@ impl Ccl {
     }
 
     /// Scatter from `root`.
+    ///
+    /// # Safety
+    ///
+    /// `recv` is writable for `recv_count` elements of `dtype`, and on `root` `send` is readable
+    /// for `recv_count * nranks` ([valid ranges](crate::adaptor#valid-ranges)) until the operation
+    /// completes on `stream`: not freed, and written (or, for `recv`, read) by nothing else in that
+    /// time. `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn scatter(
+    pub unsafe fn scatter(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -290,7 +339,14 @@ impl Ccl {
     }
 
     /// All-to-all with `count` elements per peer.
-    pub fn all_to_all(
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable and `recv` writable for `count * nranks` elements of `dtype`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and written (or, for `recv`, read) by nothing else in that time. `send == recv` is
+    /// the in-place form; the ranges overlap in no other way.
+    pub unsafe fn all_to_all(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -303,8 +359,16 @@ impl Ccl {
     }
 
     /// All-to-all with per-peer counts and displacements (elements; one entry per rank).
+    ///
+    /// # Safety
+    ///
+    /// For every rank `r`, `send` is readable for `send_counts[r]` elements of `dtype` from element
+    /// `send_displs[r]`, and `recv` writable for `recv_counts[r]` from element `recv_displs[r]`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and written (or, for `recv`, read) by nothing else in that time. `send == recv` is
+    /// the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn all_to_allv(
+    pub unsafe fn all_to_allv(
         &self,
         send: DevicePtr,
         send_counts: &[usize],
@@ -349,7 +413,13 @@ impl Ccl {
     }
 
     /// Sends `count` elements to `peer`.
-    pub fn send(
+    ///
+    /// # Safety
+    ///
+    /// `buf` is readable for `count` elements of `dtype`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and written by nothing else in that time.
+    pub unsafe fn send(
         &self,
         buf: DevicePtr,
         count: usize,
@@ -362,7 +432,13 @@ impl Ccl {
     }
 
     /// Receives `count` elements from `peer`.
-    pub fn recv(
+    ///
+    /// # Safety
+    ///
+    /// `buf` is writable for `count` elements of `dtype`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and used by nothing else in that time.
+    pub unsafe fn recv(
         &self,
         buf: DevicePtr,
         count: usize,

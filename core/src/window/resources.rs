@@ -459,7 +459,9 @@ impl DeviceMem {
 
 impl Drop for DeviceMem {
     fn drop(&mut self) {
-        released("device memory", self.dev.mem_free(self.ptr, self.kind));
+        // SAFETY: the address `mem_alloc` returned with this kind, freed once, here; work that
+        // used it was enqueued by `unsafe` calls whose callers wait for it before this drops.
+        released("device memory", unsafe { self.dev.mem_free(self.ptr, self.kind) });
     }
 }
 

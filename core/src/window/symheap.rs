@@ -678,7 +678,8 @@ fn peer_table(
 ) -> Result<DeviceMem, crate::adaptor::AdaptorError> {
     let bytes: Vec<u8> = addrs.iter().flat_map(|a| a.0.to_le_bytes()).collect();
     let table = DeviceMem::alloc(dev, bytes.len(), MemKind::DEVICE)?;
-    dev.mem_copy(table.ptr(), DevicePtr(bytes.as_ptr() as u64), bytes.len())?;
+    // SAFETY: `table` is a fresh allocation of `bytes.len()` bytes; `bytes` is live host memory.
+    unsafe { dev.mem_copy(table.ptr(), DevicePtr(bytes.as_ptr() as u64), bytes.len()) }?;
     Ok(table)
 }
 
