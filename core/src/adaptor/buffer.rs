@@ -147,7 +147,12 @@ impl DeviceBuffer {
     }
 
     /// The address of `[offset, offset + bytes)`, or the error of `op` when it is not inside.
-    fn range(&self, op: &'static str, offset: usize, bytes: usize) -> Result<DevicePtr, AdaptorError> {
+    fn range(
+        &self,
+        op: &'static str,
+        offset: usize,
+        bytes: usize,
+    ) -> Result<DevicePtr, AdaptorError> {
         match offset.checked_add(bytes) {
             Some(end) if end <= self.len => Ok(DevicePtr(self.ptr.0 + offset as u64)),
             _ => Err(AdaptorError::Failed {

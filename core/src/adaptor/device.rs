@@ -168,7 +168,12 @@ impl Device {
     ///
     /// `dst` is writable for `bytes` bytes (see [valid ranges](crate::adaptor#valid-ranges)), and
     /// no pending work on a stream uses that range.
-    pub unsafe fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<(), AdaptorError> {
+    pub unsafe fn mem_set(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+    ) -> Result<(), AdaptorError> {
         call!(self, self.tables.root.get(), mem_set(dst, value, bytes))
     }
 

@@ -461,7 +461,9 @@ impl Drop for DeviceMem {
     fn drop(&mut self) {
         // SAFETY: the address `mem_alloc` returned with this kind, freed once, here; work that
         // used it was enqueued by `unsafe` calls whose callers wait for it before this drops.
-        released("device memory", unsafe { self.dev.mem_free(self.ptr, self.kind) });
+        released("device memory", unsafe {
+            self.dev.mem_free(self.ptr, self.kind)
+        });
     }
 }
 
