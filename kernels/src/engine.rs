@@ -109,7 +109,9 @@ impl Engine {
         };
         let buffer = comm.alloc_symmetric(layout.scratch_bytes())?;
         // Signal slots start at 0; every peer waits for a value of at least 1.
-        device.mem_set(buffer.ptr(), 0, buffer.size())?;
+        // SAFETY: `buffer` is a live symmetric allocation of `buffer.size()` bytes that no stream
+        // uses yet.
+        unsafe { device.mem_set(buffer.ptr(), 0, buffer.size()) }?;
         let window =
             comm.register_peer_window(buffer.ptr(), buffer.size(), WindowFlags::NO_MULTICAST)?;
         let peers: Vec<u64> = (0..world)
