@@ -107,8 +107,14 @@ impl Op {
     }
 
     /// Enqueues the op on the communicator's stream.
+    ///
+    /// # Safety
+    ///
+    /// As the CCL's call for the op (e.g. [`ferrocx::adaptor::Ccl::all_reduce`]): `send` and
+    /// `recv` hold the op's input and output for `count` (see [`Op::geometry`]) until it
+    /// completes on the communicator's stream.
     #[allow(clippy::too_many_arguments)]
-    pub fn issue(
+    pub unsafe fn issue(
         self,
         comm: &Communicator,
         send: DevicePtr,
@@ -119,13 +125,16 @@ impl Op {
         root: i32,
     ) -> Result<(), ferrocx::adaptor::AdaptorError> {
         let (ccl, h, s) = (comm.ccl(), comm.handle(), comm.stream());
-        match self {
-            Op::AllReduce => ccl.all_reduce(send, recv, count, dtype, redop, h, s),
-            Op::AllGather => ccl.all_gather(send, recv, count, dtype, h, s),
-            Op::ReduceScatter => ccl.reduce_scatter(send, recv, count, dtype, redop, h, s),
-            Op::Broadcast => ccl.broadcast(send, recv, count, dtype, root, h, s),
-            Op::Reduce => ccl.reduce(send, recv, count, dtype, redop, root, h, s),
-            Op::AllToAll => ccl.all_to_all(send, recv, count, dtype, h, s),
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match self {
+                Op::AllReduce => ccl.all_reduce(send, recv, count, dtype, redop, h, s),
+                Op::AllGather => ccl.all_gather(send, recv, count, dtype, h, s),
+                Op::ReduceScatter => ccl.reduce_scatter(send, recv, count, dtype, redop, h, s),
+                Op::Broadcast => ccl.broadcast(send, recv, count, dtype, root, h, s),
+                Op::Reduce => ccl.reduce(send, recv, count, dtype, redop, root, h, s),
+                Op::AllToAll => ccl.all_to_all(send, recv, count, dtype, h, s),
+            }
         }
     }
 }
