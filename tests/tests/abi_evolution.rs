@@ -116,7 +116,8 @@ fn rust_plugins_built_with_the_sdk_export_mem_get_info() {
     let p = dev.mem_alloc(1 << 20, MemKind::DEVICE).expect("alloc");
     let (free_after, _) = mem_get_info(e).expect("mem_get_info");
     assert_eq!(free - free_after, 1 << 20);
-    dev.mem_free(p, MemKind::DEVICE).expect("free");
+    // SAFETY: the allocation made above, unused.
+    unsafe { dev.mem_free(p, MemKind::DEVICE) }.expect("free");
     // The SDK's trampoline refuses a null out-pointer before the adaptor is called.
     let f = e.device.as_ref().unwrap().root.get().mem_get_info.unwrap();
     let mut x = 0usize;

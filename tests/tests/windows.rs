@@ -22,7 +22,9 @@ fn check_flat_reads(comm: &Communicator, win: &Window, w: u64) {
     for p in 0..comm.world() {
         let at = DevicePtr(base.0 + (p * stride) as u64);
         assert_eq!(win.peer(p), Some(at), "rank {p}'s address");
-        let got = download(comm, at, words);
+        // SAFETY: `at` is rank `p`'s window of `words * 8` bytes, mapped in the flat range while
+        // `win` is registered.
+        let got = unsafe { download(comm, at, words) };
         let want: Vec<u64> = (0..words).map(|i| pattern(w, p, i)).collect();
         assert_eq!(
             got, want,
@@ -72,7 +74,8 @@ fn flat_range(test: &str) {
         let mine: Vec<u64> = (0..win.size() / 8)
             .map(|i| pattern(w as u64, me, i))
             .collect();
-        upload(&comm, win.local(), &mine);
+        // SAFETY: `win.local()` is this rank's buffer of `win.size()` bytes, `mine`'s size.
+        unsafe { upload(&comm, win.local(), &mine) };
     }
     comm.barrier().unwrap();
     for (w, win) in wins.iter().enumerate() {
@@ -83,11 +86,14 @@ fn flat_range(test: &str) {
     let right = (me + 1) % world;
     let big = &wins[2];
     let token = 0xfeed_0000_0000_0000 | me as u64;
-    upload(&comm, DevicePtr(big.peer(right).unwrap().0 + 8), &[token]);
+    // SAFETY: word 1 of the right neighbour's window of `sizes[2]` bytes, mapped while `big` is
+    // registered.
+    unsafe { upload(&comm, DevicePtr(big.peer(right).unwrap().0 + 8), &[token]) };
     comm.barrier().unwrap();
     let left = (me + world - 1) % world;
     assert_eq!(
-        download(&comm, DevicePtr(big.local().0 + 8), 1),
+        // SAFETY: word 1 of this rank's own window.
+        unsafe { download(&comm, DevicePtr(big.local().0 + 8), 1) },
         vec![0xfeed_0000_0000_0000 | left as u64],
         "rank {left}'s write through the flat range"
     );
@@ -151,7 +157,8 @@ fn register_deregister_1000_times() {
     let comm = communicator();
     let buf = comm.alloc_symmetric(2 * 4096).unwrap();
     let mine: Vec<u64> = (0..1024).map(|i| pattern(7, me, i)).collect();
-    upload(&comm, buf.ptr(), &mine);
+    // SAFETY: `buf` is a symmetric allocation of `2 * 4096` bytes, `mine`'s size.
+    unsafe { upload(&comm, buf.ptr(), &mine) };
     // Warm up: the first rounds make the thread stacks, arenas and store connections that
     // later ones reuse.
     for i in 0..3 {
@@ -165,7 +172,9 @@ fn register_deregister_1000_times() {
         let w = register_once(&comm, buf.ptr(), buf.size(), i);
         if i % 250 == 0 {
             let peer = (me + 1) % comm.world();
-            let got = download(&comm, w.peer(peer).unwrap(), 1024);
+            // SAFETY: the peer's window of `buf.size() >= 1024 * 8` bytes, mapped while `w` is
+            // registered.
+            let got = unsafe { download(&comm, w.peer(peer).unwrap(), 1024) };
             assert_eq!(
                 got,
                 (0..1024).map(|i| pattern(7, peer, i)).collect::<Vec<_>>()
@@ -240,13 +249,15 @@ fn check_ipc(comm: &Communicator, win: &Window, w: u64) {
     assert!(!win.has_multicast());
     let v = win.view();
     assert_eq!(v.kind, WindowKind::Ipc as u32);
-    let table = download(comm, v.peers, comm.world());
+    // SAFETY: `v.peers` is the window's device table of one address per rank.
+    let table = unsafe { download(comm, v.peers, comm.world()) };
     let words = win.size() / 8;
     assert_eq!(table.len(), comm.world());
     for (p, &entry) in table.iter().enumerate() {
         let at = win.peer(p).unwrap();
         assert_eq!(entry, at.0, "entry {p} of the device table");
-        let got = download(comm, at, words);
+        // SAFETY: `at` is rank `p`'s window of `words * 8` bytes, mapped while `win` is registered.
+        let got = unsafe { download(comm, at, words) };
         assert_eq!(
             got,
             (0..words).map(|i| pattern(w, p, i)).collect::<Vec<_>>()
@@ -269,11 +280,14 @@ fn forced_ipc_path() {
     let plain = comm.device().mem_alloc(words * 8, MemKind::DEVICE).unwrap();
     let heap = comm.alloc_symmetric(words * 8).unwrap();
     for (w, buf) in [(1u64, plain), (2, heap.ptr())] {
-        upload(
-            &comm,
-            buf,
-            &(0..words).map(|i| pattern(w, me, i)).collect::<Vec<_>>(),
-        );
+        // SAFETY: `buf` is `plain` or `heap`, each `words * 8` bytes.
+        unsafe {
+            upload(
+                &comm,
+                buf,
+                &(0..words).map(|i| pattern(w, me, i)).collect::<Vec<_>>(),
+            )
+        };
         let win = comm
             .register_window(buf, words * 8, WindowFlags::NONE)
             .unwrap();
@@ -282,7 +296,8 @@ fn forced_ipc_path() {
         comm.barrier().unwrap();
         comm.deregister_window(win).unwrap();
     }
-    comm.device().mem_free(plain, MemKind::DEVICE).unwrap();
+    // SAFETY: the allocation made above; its windows are deregistered.
+    unsafe { comm.device().mem_free(plain, MemKind::DEVICE) }.unwrap();
     println!("RANK OK");
 }
 
@@ -299,11 +314,14 @@ fn buffers_outside_the_heap_go_through_ipc_handles() {
     let words = 512;
     let heap = comm.alloc_symmetric(words * 8).unwrap();
     let plain = comm.device().mem_alloc(words * 8, MemKind::DEVICE).unwrap();
-    upload(
-        &comm,
-        plain,
-        &(0..words).map(|i| pattern(3, me, i)).collect::<Vec<_>>(),
-    );
+    // SAFETY: `plain` is a fresh allocation of `words * 8` bytes.
+    unsafe {
+        upload(
+            &comm,
+            plain,
+            &(0..words).map(|i| pattern(3, me, i)).collect::<Vec<_>>(),
+        )
+    };
     // Device memory on every rank: IPC handles.
     let win = comm
         .register_window(plain, words * 8, WindowFlags::NONE)
@@ -332,7 +350,9 @@ fn buffers_outside_the_heap_go_through_ipc_handles() {
         "{e}"
     );
     println!("ERROR {e}");
-    comm.device().mem_free(plain, MemKind::DEVICE).unwrap();
+    // SAFETY: the allocation made above; its window is deregistered, the second registration
+    // failed.
+    unsafe { comm.device().mem_free(plain, MemKind::DEVICE) }.unwrap();
     println!("RANK OK");
 }
 
@@ -376,16 +396,22 @@ fn a_failure_at_every_step_releases_everything() {
     let words = 1024;
     let heap = comm.alloc_symmetric(words * 8).unwrap();
     let plain = comm.device().mem_alloc(words * 8, MemKind::DEVICE).unwrap();
-    upload(
-        &comm,
-        heap.ptr(),
-        &(0..words).map(|i| pattern(5, me, i)).collect::<Vec<_>>(),
-    );
-    upload(
-        &comm,
-        plain,
-        &(0..words).map(|i| pattern(5, me, i)).collect::<Vec<_>>(),
-    );
+    // SAFETY: `heap` holds `words * 8` bytes.
+    unsafe {
+        upload(
+            &comm,
+            heap.ptr(),
+            &(0..words).map(|i| pattern(5, me, i)).collect::<Vec<_>>(),
+        )
+    };
+    // SAFETY: `plain` is a fresh allocation of `words * 8` bytes.
+    unsafe {
+        upload(
+            &comm,
+            plain,
+            &(0..words).map(|i| pattern(5, me, i)).collect::<Vec<_>>(),
+        )
+    };
     // The IPC steps run on IPC handles, of device memory.
     let buf_for = |step: SymHeapStep| match step {
         SymHeapStep::IpcExport | SymHeapStep::IpcOpen => plain,
@@ -433,7 +459,8 @@ fn a_failure_at_every_step_releases_everything() {
         assert_eq!(usage(), before, "after a failure at {step}");
         println!("OUTCOME {step} on rank {failing}: {outcome}");
     }
-    comm.device().mem_free(plain, MemKind::DEVICE).unwrap();
+    // SAFETY: the allocation made above; every window over it is gone.
+    unsafe { comm.device().mem_free(plain, MemKind::DEVICE) }.unwrap();
     println!("RANK OK");
 }
 
@@ -458,7 +485,8 @@ fn multicast_emulation_end_to_end() {
         comm.window_plan()
     );
     let buf = comm.alloc_symmetric(2 * 4096).unwrap();
-    comm.device().mem_set(buf.ptr(), 0, buf.capacity()).unwrap();
+    // SAFETY: `buf` is a symmetric allocation of `buf.capacity()` bytes, not yet shared.
+    unsafe { comm.device().mem_set(buf.ptr(), 0, buf.capacity()) }.unwrap();
     let win = comm
         .register_window(buf.ptr(), buf.size(), WindowFlags::NONE)
         .unwrap();
@@ -473,10 +501,17 @@ fn multicast_emulation_end_to_end() {
     multicast::store(mc.0 + 8 * me as u64, &word(me).to_le_bytes()).unwrap();
     comm.barrier().unwrap();
     let all: Vec<u64> = (0..world).map(word).collect();
-    assert_eq!(download(&comm, win.local(), world), all, "own memory");
+    assert_eq!(
+        // SAFETY: the first `world` words of this rank's window of 4096 bytes.
+        unsafe { download(&comm, win.local(), world) },
+        all,
+        "own memory"
+    );
     for p in 0..world {
         assert_eq!(
-            download(&comm, win.peer(p).unwrap(), world),
+            // SAFETY: the first `world` words of rank `p`'s window, mapped while `win` is
+            // registered.
+            unsafe { download(&comm, win.peer(p).unwrap(), world) },
             all,
             "rank {p}'s memory"
         );
@@ -486,13 +521,16 @@ fn multicast_emulation_end_to_end() {
     let n = 1000;
     let at = 4096u64;
     let mine: Vec<f32> = (0..n).map(|i| value(me, i)).collect();
-    comm.device()
-        .mem_copy(
+    // SAFETY: `at + n * 4 <= 4096 + 4000` bytes of this rank's `2 * 4096`-byte window; `mine` holds
+    // `n` f32s.
+    unsafe {
+        comm.device().mem_copy(
             DevicePtr(win.local().0 + at),
             window_ranks::host_ptr(&mine),
             n * 4,
         )
-        .unwrap();
+    }
+    .unwrap();
     comm.barrier().unwrap();
     let mut out = vec![0u8; n * 4];
     multicast::load_reduce(mc.0 + at, &mut out, DataType::F32, ReduceOp::SUM).unwrap();
@@ -627,14 +665,14 @@ fn two_communicators(rank: usize, world: usize) {
         let mine: Vec<f32> = (0..n)
             .map(|i| scale * (rank + 1) as f32 + i as f32)
             .collect();
-        dev.mem_copy(buf, DevicePtr(mine.as_ptr() as u64), n * 4)
-            .expect("upload");
+        // SAFETY: `buf` is a fresh allocation of `n * 4` bytes; `mine` holds `n` f32s.
+        unsafe { dev.mem_copy(buf, DevicePtr(mine.as_ptr() as u64), n * 4) }.expect("upload");
         comm.all_reduce(buf, buf, n, DataType::F32, ReduceOp::SUM)
             .expect("all_reduce");
         comm.synchronize().expect("synchronize");
-        let got = vec![0f32; n];
-        dev.mem_copy(DevicePtr(got.as_ptr() as u64), buf, n * 4)
-            .expect("download");
+        let mut got = vec![0f32; n];
+        // SAFETY: `buf` holds `n` f32s, reduced before the synchronize above; `got` holds as many.
+        unsafe { dev.mem_copy(DevicePtr(got.as_mut_ptr() as u64), buf, n * 4) }.expect("download");
         let ranks_sum = (world * (world + 1) / 2) as f32;
         for (i, v) in got.iter().enumerate() {
             let want = scale * ranks_sum + (world * i) as f32;
@@ -643,7 +681,8 @@ fn two_communicators(rank: usize, world: usize) {
                 "element {i} of the communicator scaled by {scale}"
             );
         }
-        dev.mem_free(buf, MemKind::DEVICE).expect("free");
+        // SAFETY: the allocation made above; the stream was synchronized.
+        unsafe { dev.mem_free(buf, MemKind::DEVICE) }.expect("free");
     }
     println!("two communicators: ok");
     println!("RANK OK");
