@@ -8,10 +8,11 @@
 //! `# Safety` section asks for *valid* ranges: `[ptr, ptr + bytes)` lies within one live
 //! allocation of the device adaptor (from its `mem_alloc`, or mapped by its VMM, flat-map,
 //! multicast or IPC entries; for a CCL, an allocation of the device its communicator was created
-//! on), or, for the device's own copies and memsets, within live memory of this process (the ABI's
-//! unified addressing). Where the call enqueues work on a stream, the ranges must stay valid until
-//! that work completes, and nothing else may write them (nor read a range the call writes) in
-//! that time.
+//! on), or within live memory of this process, for the device's own copies and memsets (the ABI's
+//! unified addressing) and for any call on a device whose capabilities include
+//! [`HOST_ADDRESSABLE`](crate::abi::Capabilities::HOST_ADDRESSABLE). Where the call enqueues work
+//! on a stream, the ranges must stay valid until that work completes, and nothing else may write
+//! them (nor read a range the call writes) in that time.
 //!
 //! [`DeviceBuffer`] is the safe way: it owns its allocation, frees it on drop, and checks bounds
 //! on every copy.
