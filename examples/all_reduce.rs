@@ -10,7 +10,8 @@
 //! `FERROCX_LOG=ferrocx::route=debug` logs one `collective` span per call (op, bytes, dtype,
 //! route).
 
-use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp};
+use ferrocx::abi::{DataType, MemKind, ReduceOp};
+use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::Communicator;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,15 +29,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = comm.device();
 
     for count in [1usize, 1000, 100_003, 1 << 20] {
-        let mine: Vec<f32> = (0..count).map(|i| (rank + 1 + i % 7) as f32).collect();
-        let buf = dev.mem_alloc(count * 4, MemKind::DEVICE)?;
-        dev.mem_copy(buf, DevicePtr(mine.as_ptr() as u64), count * 4)?;
-        // SAFETY: `buf` holds `count` f32 and is freed only after the synchronize.
-        unsafe { comm.all_reduce(buf, buf, count, DataType::F32, ReduceOp::SUM)? };
+        let mine: Vec<u8> = (0..count)
+            .flat_map(|i| ((rank + 1 + i % 7) as f32).to_ne_bytes())
+            .collect();
+        let buf = DeviceBuffer::from_host(dev, &mine, MemKind::DEVICE)?;
+        // SAFETY: `buf` holds `count` f32 and drops only after the synchronize.
+        unsafe { comm.all_reduce(buf.ptr(), buf.ptr(), count, DataType::F32, ReduceOp::SUM)? };
         comm.synchronize()?;
-        let got = vec![0f32; count];
-        dev.mem_copy(DevicePtr(got.as_ptr() as u64), buf, count * 4)?;
-        dev.mem_free(buf, MemKind::DEVICE)?;
+        let got: Vec<f32> = buf
+            .to_vec()?
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
         let ranks = (world * (world + 1) / 2) as f32;
         let wrong = (0..count)
             .filter(|&i| got[i] != ranks + (world * (i % 7)) as f32)
@@ -55,28 +59,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A token around the ring: send right, receive from the left, on a stream of our own.
     let stream = dev.stream_create()?;
     let (left, right) = ((rank + world - 1) % world, (rank + 1) % world);
-    let token = [rank as u64 * 1000];
-    let send = dev.mem_alloc(8, MemKind::DEVICE)?;
-    let recv = dev.mem_alloc(8, MemKind::DEVICE)?;
-    dev.mem_copy(send, DevicePtr(token.as_ptr() as u64), 8)?;
+    let token = (rank as u64 * 1000).to_ne_bytes();
+    let send = DeviceBuffer::from_host(dev, &token, MemKind::DEVICE)?;
+    let recv = DeviceBuffer::new(dev, 8, MemKind::DEVICE)?;
     let on = comm.on(stream);
     comm.group(|| {
-        // SAFETY: both buffers hold one u64 and are freed after the synchronize below.
+        // SAFETY: both buffers hold one u64 and drop after the synchronize below.
         unsafe {
-            on.send(send, 1, DataType::U64, right)?;
-            on.recv(recv, 1, DataType::U64, left)
+            on.send(send.ptr(), 1, DataType::U64, right)?;
+            on.recv(recv.ptr(), 1, DataType::U64, left)
         }
     })?;
     dev.stream_synchronize(stream)?;
-    let got = [0u64];
-    dev.mem_copy(DevicePtr(got.as_ptr() as u64), recv, 8)?;
-    dev.mem_free(send, MemKind::DEVICE)?;
-    dev.mem_free(recv, MemKind::DEVICE)?;
+    let mut got = [0u8; 8];
+    recv.copy_to_host(&mut got)?;
+    let got = u64::from_ne_bytes(got);
     dev.stream_destroy(stream)?;
-    if got[0] != left as u64 * 1000 {
-        return Err(format!("rank {rank}: token {} from rank {left}", got[0]).into());
+    if got != left as u64 * 1000 {
+        return Err(format!("rank {rank}: token {got} from rank {left}").into());
     }
     comm.barrier()?;
-    println!("rank {rank}: token {} from rank {left}", got[0]);
+    println!("rank {rank}: token {got} from rank {left}");
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! window is reached through the device's IPC handles.
 
 use ferrocx::abi::{DevicePtr, MemKind};
+use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::Communicator;
 use ferrocx::window::WindowFlags;
 
@@ -36,18 +37,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let words = 1 << 16;
     let plain = std::env::args().any(|a| a == "--plain");
-    // Keeps the heap buffer alive while its window is in use.
+    // Keep the buffer alive while its window is in use.
     let mut heap = None;
+    let mut plain_mem = None;
     let (ptr, size) = if plain {
-        (
-            comm.device().mem_alloc(words * 8, MemKind::DEVICE)?,
+        let buf = plain_mem.insert(DeviceBuffer::new(
+            comm.device(),
             words * 8,
-        )
+            MemKind::DEVICE,
+        )?);
+        (buf.ptr(), buf.len())
     } else {
         let buf = heap.insert(comm.alloc_symmetric(words * 8)?);
         (buf.ptr(), buf.size())
     };
-    let win = comm.register_window(ptr, size, WindowFlags::NONE)?;
+    // SAFETY: `ptr` is `size` bytes of this rank's device memory, freed only after the window is deregistered.
+    let win = unsafe { comm.register_window(ptr, size, WindowFlags::NONE) }?;
     println!(
         "rank {rank}: {} window of {} bytes (local {:#x}, flat base {}, stride {}, multicast {})",
         win.kind(),
@@ -60,8 +65,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let mine: Vec<u64> = (0..words).map(|i| pattern(rank, i)).collect();
-    comm.device()
-        .mem_copy(win.local(), DevicePtr(mine.as_ptr() as u64), words * 8)?;
+    // SAFETY: `win.local()` is this rank's buffer of `size == words * 8` bytes, which no peer
+    // reads before the barrier below; `mine` holds as many.
+    unsafe {
+        comm.device()
+            .mem_copy(win.local(), DevicePtr(mine.as_ptr() as u64), words * 8)
+    }?;
     comm.barrier()?;
 
     if win.peer(0).is_none() {
@@ -70,9 +79,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("rank {rank}: the CCL holds this window; peers are not addressable from here");
         comm.barrier()?;
         comm.deregister_window(win)?;
-        if plain {
-            comm.device().mem_free(ptr, MemKind::DEVICE)?;
-        }
         return Ok(());
     }
     let mut checked = Vec::new();
@@ -80,9 +86,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let at = win
             .peer(peer)
             .ok_or_else(|| format!("the window has no address for rank {peer}"))?;
-        let got = vec![0u64; words];
-        comm.device()
-            .mem_copy(DevicePtr(got.as_ptr() as u64), at, words * 8)?;
+        let mut got = vec![0u64; words];
+        // SAFETY: `at` is rank `peer`'s buffer of `words * 8` bytes, mapped here until the
+        // deregistration after the barrier below; `got` holds `words` words.
+        unsafe {
+            comm.device()
+                .mem_copy(DevicePtr(got.as_mut_ptr() as u64), at, words * 8)
+        }?;
         let wrong = (0..words).filter(|&i| got[i] != pattern(peer, i)).count();
         if wrong > 0 {
             return Err(format!("rank {rank}: {wrong} wrong words in rank {peer}'s window").into());
@@ -96,9 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     comm.barrier()?;
     comm.deregister_window(win)?;
-    if plain {
-        comm.device().mem_free(ptr, MemKind::DEVICE)?;
-    }
+    drop(plain_mem);
     drop(heap);
     Ok(())
 }

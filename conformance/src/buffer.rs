@@ -58,13 +58,21 @@ impl<'a> DevBuf<'a> {
 
     /// Copies `data` to `offset`.
     pub(crate) fn upload_at(&self, offset: usize, data: &[u8]) -> Res<()> {
+        assert!(
+            offset + data.len() <= self.bytes,
+            "an upload past the buffer's end"
+        );
         if data.is_empty() {
             return Ok(());
         }
         self.api.seen(
-            self.api
-                .dev
-                .mem_copy(self.at(offset), host_ptr(data), data.len()),
+            // SAFETY: `data.len()` bytes at `offset` of this live allocation (asserted above), from
+            // live host memory.
+            unsafe {
+                self.api
+                    .dev
+                    .mem_copy(self.at(offset), host_ptr(data), data.len())
+            },
         )
     }
 
@@ -75,12 +83,20 @@ impl<'a> DevBuf<'a> {
 
     /// Copies `len` bytes from `offset`.
     pub(crate) fn download_at(&self, offset: usize, len: usize) -> Res<Vec<u8>> {
+        assert!(
+            offset + len <= self.bytes,
+            "a download past the buffer's end"
+        );
         let mut out = vec![0u8; len];
         if len > 0 {
             self.api.seen(
-                self.api
-                    .dev
-                    .mem_copy(host_ptr_mut(&mut out), self.at(offset), len),
+                // SAFETY: `len` bytes at `offset` of this live allocation (asserted above), into
+                // `out`, which holds `len`.
+                unsafe {
+                    self.api
+                        .dev
+                        .mem_copy(host_ptr_mut(&mut out), self.at(offset), len)
+                },
             )?;
         }
         Ok(out)
@@ -95,7 +111,11 @@ impl<'a> DevBuf<'a> {
 impl Drop for DevBuf<'_> {
     fn drop(&mut self) {
         // A failed free is observed (for the boundary checks) and otherwise not actionable here.
-        let _ = self.api.seen(self.api.dev.mem_free(self.ptr, self.kind));
+        // SAFETY: the allocation `new` made with this kind, freed once, here; the kit waits for the
+        // work on it first.
+        let _ = self
+            .api
+            .seen(unsafe { self.api.dev.mem_free(self.ptr, self.kind) });
     }
 }
 

@@ -13,7 +13,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp};
+use ferrocx::abi::{DataType, MemKind, ReduceOp};
+use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::bootstrap::StoreServer;
 use ferrocx::comm::Communicator;
 use ferrocx::route::Route;
@@ -143,12 +144,14 @@ fn rank() {
         .collect();
     let max = *sizes.iter().max().expect("a size");
     let dev = comm.device();
-    let send = dev.mem_alloc(max, MemKind::DEVICE).expect("alloc");
-    let recv = dev.mem_alloc(max, MemKind::DEVICE).expect("alloc");
+    let mut send_buf = DeviceBuffer::new(dev, max, MemKind::DEVICE).expect("alloc");
+    let mut recv_buf = DeviceBuffer::new(dev, max, MemKind::DEVICE).expect("alloc");
+    let (send, recv) = (send_buf.ptr(), recv_buf.ptr());
     // Rank r holds r + 1 everywhere: the sum is world * (world + 1) / 2, exact.
-    let mine = vec![(me + 1) as f32; max / 4];
-    dev.mem_copy(send, DevicePtr(mine.as_ptr() as u64), max)
-        .expect("upload");
+    let mine: Vec<u8> = (0..max / 4)
+        .flat_map(|_| ((me + 1) as f32).to_ne_bytes())
+        .collect();
+    send_buf.copy_from_host(&mine).expect("upload");
     let want = (world * (world + 1) / 2) as f32;
     if me == 0 {
         println!("\n## {world} ranks");
@@ -185,14 +188,14 @@ fn rank() {
                 row.push(None);
                 continue;
             }
-            dev.mem_set(recv, 0, bytes).expect("clear");
+            recv_buf.fill(0).expect("clear");
             call(m).expect("all-reduce");
             comm.synchronize().expect("sync");
-            let got = vec![0f32; count];
-            dev.mem_copy(DevicePtr(got.as_ptr() as u64), recv, bytes)
-                .expect("download");
+            let mut got = vec![0u8; bytes];
+            recv_buf.copy_to_host(&mut got).expect("download");
             assert!(
-                got.iter().all(|&v| v == want),
+                got.chunks_exact(4)
+                    .all(|v| f32::from_ne_bytes(v.try_into().expect("4 bytes")) == want),
                 "{}: wrong result at {bytes} bytes",
                 m.name()
             );
@@ -237,7 +240,4 @@ fn rank() {
         }
     }
     comm.barrier().expect("barrier");
-    for p in [send, recv] {
-        dev.mem_free(p, MemKind::DEVICE).expect("free");
-    }
 }

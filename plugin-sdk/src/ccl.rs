@@ -253,8 +253,8 @@ mod tramp {
     }
 
     pub unsafe extern "C" fn init<A: CclAdaptor>(opts: *const KeyValue, n: usize) -> Status {
-        // SAFETY: the caller passes `n` valid options.
         call("init", || {
+            // SAFETY: the caller passes `n` valid options.
             A::instance().init(&unsafe { Options::from_raw(opts, n) }?)
         })
     }

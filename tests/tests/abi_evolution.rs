@@ -116,12 +116,13 @@ fn rust_plugins_built_with_the_sdk_export_mem_get_info() {
     let p = dev.mem_alloc(1 << 20, MemKind::DEVICE).expect("alloc");
     let (free_after, _) = mem_get_info(e).expect("mem_get_info");
     assert_eq!(free - free_after, 1 << 20);
-    dev.mem_free(p, MemKind::DEVICE).expect("free");
+    // SAFETY: the allocation made above, unused.
+    unsafe { dev.mem_free(p, MemKind::DEVICE) }.expect("free");
     // The SDK's trampoline refuses a null out-pointer before the adaptor is called.
     let f = e.device.as_ref().unwrap().root.get().mem_get_info.unwrap();
     let mut x = 0usize;
-    // SAFETY: a null `total` is what is being tested; `free` is valid.
     assert_eq!(
+        // SAFETY: a null `total` is what is being tested; `free` is valid.
         unsafe { f(&mut x, std::ptr::null_mut()) },
         Status::INVALID_ARGUMENT
     );
@@ -269,7 +270,8 @@ fn the_kernel_group_is_probed_and_launches_through_the_table() {
     let err =
         unsafe { fill.launch([0, 1, 1], [1, 1, 1], 0, &mut args, stream) }.expect_err("zero grid");
     assert_eq!(err.status(), Status::INVALID_ARGUMENT);
-    dev.mem_free(buf, MemKind::DEVICE).expect("free");
+    // SAFETY: the allocation above, no longer used (the test device ran the kernel at once).
+    unsafe { dev.mem_free(buf, MemKind::DEVICE) }.expect("free");
 }
 
 #[test]

@@ -12,9 +12,10 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp, Stream};
+use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::{Call, Communicator};
 use ferrocx::route::Route;
-use window_ranks::{communicator, host_ptr, rank_of, Job};
+use window_ranks::{communicator, rank_of, Job};
 
 /// Element counts per rank: one element, odd sizes, and one past a page of f32.
 const COUNTS: [usize; 4] = [1, 7, 1000, 4099];
@@ -35,48 +36,36 @@ fn input(case: u64, rank: usize, n: usize) -> Vec<f32> {
 }
 
 /// Device memory of `n` f32, freed on drop.
-struct Buf<'a> {
-    comm: &'a Communicator,
+struct Buf {
+    inner: DeviceBuffer,
     ptr: DevicePtr,
     n: usize,
 }
 
-impl<'a> Buf<'a> {
-    fn new(comm: &'a Communicator, n: usize) -> Buf<'a> {
-        let ptr = comm
-            .device()
-            .mem_alloc(n.max(1) * 4, MemKind::DEVICE)
-            .expect("mem_alloc");
-        Buf { comm, ptr, n }
+impl Buf {
+    fn new(comm: &Communicator, n: usize) -> Buf {
+        let inner =
+            DeviceBuffer::new(comm.device(), n.max(1) * 4, MemKind::DEVICE).expect("mem_alloc");
+        Buf {
+            ptr: inner.ptr(),
+            inner,
+            n,
+        }
     }
 
-    fn with(comm: &'a Communicator, data: &[f32]) -> Buf<'a> {
-        let b = Buf::new(comm, data.len());
-        b.upload(data);
+    fn with(comm: &Communicator, data: &[f32]) -> Buf {
+        let mut b = Buf::new(comm, data.len());
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        b.inner.copy_from_host(&bytes).expect("upload");
         b
     }
 
-    fn upload(&self, data: &[f32]) {
-        assert!(data.len() <= self.n);
-        self.comm
-            .device()
-            .mem_copy(self.ptr, host_ptr(data), data.len() * 4)
-            .expect("upload");
-    }
-
     fn read(&self) -> Vec<f32> {
-        let out = vec![0f32; self.n];
-        self.comm
-            .device()
-            .mem_copy(host_ptr(&out), self.ptr, self.n * 4)
-            .expect("download");
-        out
-    }
-}
-
-impl Drop for Buf<'_> {
-    fn drop(&mut self) {
-        let _ = self.comm.device().mem_free(self.ptr, MemKind::DEVICE);
+        let mut out = vec![0u8; self.n * 4];
+        self.inner.copy_to_host(&mut out).expect("download");
+        out.chunks_exact(4)
+            .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
     }
 }
 

@@ -183,14 +183,17 @@ fn exercise_host_memory_device(dev: &Device) {
     let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
     for kind in [MemKind::DEVICE, MemKind::HOST, MemKind::PINNED] {
         let a = dev.mem_alloc(n, kind).expect("alloc");
-        dev.mem_copy(a, DevicePtr(data.as_ptr() as u64), n)
-            .expect("upload");
+        // SAFETY: `a` is a fresh allocation of `n` bytes; `data` holds `n`.
+        unsafe { dev.mem_copy(a, DevicePtr(data.as_ptr() as u64), n) }.expect("upload");
         let mut back = vec![0u8; n];
-        dev.mem_copy(DevicePtr(back.as_mut_ptr() as u64), a, n)
-            .expect("download");
+        // SAFETY: `a` holds `n` bytes; `back` holds `n`.
+        unsafe { dev.mem_copy(DevicePtr(back.as_mut_ptr() as u64), a, n) }.expect("download");
         assert_eq!(back, data, "{kind:?}");
-        dev.mem_free(a, kind).expect("free");
-        let err = dev.mem_free(a, kind).expect_err("double free");
+        // SAFETY: the allocation made above, no longer used.
+        unsafe { dev.mem_free(a, kind) }.expect("free");
+        // SAFETY: a double free is the bad argument under test: the host device checks its
+        // allocations' table before touching memory.
+        let err = unsafe { dev.mem_free(a, kind) }.expect_err("double free");
         assert_eq!(err.status(), Status::INVALID_HANDLE);
     }
 
@@ -224,8 +227,8 @@ fn exercise_host_memory_device(dev: &Device) {
     }
     dev.event_record(end, s1).expect("record");
     dev.stream_wait_event(s2, end).expect("wait");
-    dev.mem_copy_async(DevicePtr(out.as_mut_ptr() as u64), b, n, s2)
-        .expect("copy");
+    // SAFETY: `b` and `out` hold `n` bytes and outlive the synchronize of `s2` below.
+    unsafe { dev.mem_copy_async(DevicePtr(out.as_mut_ptr() as u64), b, n, s2) }.expect("copy");
     dev.stream_synchronize(s2).expect("sync");
     let mut want = data.clone();
     want[..10].fill(0xEE);
@@ -256,8 +259,10 @@ fn exercise_host_memory_device(dev: &Device) {
     for s in [s1, s2] {
         dev.stream_destroy(s).expect("stream_destroy");
     }
-    dev.mem_free(a, MemKind::DEVICE).expect("free");
-    dev.mem_free(b, MemKind::DEVICE).expect("free");
+    // SAFETY: the allocations made above; both streams were synchronized.
+    unsafe { dev.mem_free(a, MemKind::DEVICE) }.expect("free");
+    // SAFETY: as above.
+    unsafe { dev.mem_free(b, MemKind::DEVICE) }.expect("free");
     let err = dev.stream_destroy(s1).expect_err("destroyed twice");
     assert_eq!(err.status(), Status::INVALID_HANDLE);
 }

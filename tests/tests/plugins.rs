@@ -75,20 +75,28 @@ fn rust_plugin_loads_reports_groups_and_answers() {
     // Memory round trip through the table: memset a source, copy it, read the copy back.
     let a = dev.mem_alloc(37, MemKind::DEVICE).expect("alloc");
     let b = dev.mem_alloc(37, MemKind::DEVICE).expect("alloc");
-    dev.mem_set(a, 0xA5, 37).expect("memset");
-    dev.mem_copy(b, a, 37).expect("copy");
+    // SAFETY: `a` is a fresh allocation of 37 bytes.
+    unsafe { dev.mem_set(a, 0xA5, 37) }.expect("memset");
+    // SAFETY: `a` and `b` are distinct allocations of 37 bytes.
+    unsafe { dev.mem_copy(b, a, 37) }.expect("copy");
     let mut host = vec![0u8; 37];
     let host_ptr = DevicePtr(host.as_mut_ptr() as u64);
     // The test device only copies between its own allocations: a foreign pointer is refused.
-    let err = dev.mem_copy(host_ptr, b, 37).expect_err("foreign pointer");
+    // SAFETY: the foreign pointer is the bad argument under test: the test device checks its
+    // allocations before touching memory (and `host` holds 37 bytes anyway).
+    let err = unsafe { dev.mem_copy(host_ptr, b, 37) }.expect_err("foreign pointer");
     assert_eq!(err.status(), Status::INVALID_ARGUMENT);
     assert!(err.to_string().contains("not an allocation"), "{err}");
     // SAFETY: the test plugin's "device memory" is a live host allocation of 37 bytes at `b`.
     let copied = unsafe { std::slice::from_raw_parts(b.0 as *const u8, 37) }.to_vec();
     assert!(copied.iter().all(|&x| x == 0xA5));
-    dev.mem_free(a, MemKind::DEVICE).expect("free");
-    dev.mem_free(b, MemKind::DEVICE).expect("free");
-    let err = dev.mem_free(a, MemKind::DEVICE).expect_err("double free");
+    // SAFETY: the allocation made above, no longer used.
+    unsafe { dev.mem_free(a, MemKind::DEVICE) }.expect("free");
+    // SAFETY: as above.
+    unsafe { dev.mem_free(b, MemKind::DEVICE) }.expect("free");
+    // SAFETY: a double free is the bad argument under test: the test device checks its allocations
+    // first.
+    let err = unsafe { dev.mem_free(a, MemKind::DEVICE) }.expect_err("double free");
     assert_eq!(err.status(), Status::INVALID_HANDLE);
 
     let ccl = e.ccl().expect("ccl");
@@ -122,8 +130,11 @@ fn the_graph_group_records_a_capture_and_replays_it_at_each_launch() {
     let s = Stream::NULL;
     let graph = graphs
         .capture(s, || {
-            dev.mem_set_async(a, 0x5A, 16, s)?;
-            dev.mem_copy_async(b, a, 16, s)
+            // SAFETY: `a` and `b` hold 16 bytes and live until the end of the test, after every
+            // launch.
+            unsafe { dev.mem_set_async(a, 0x5A, 16, s) }?;
+            // SAFETY: as above.
+            unsafe { dev.mem_copy_async(b, a, 16, s) }
         })
         .expect("capture a memset and a copy");
     // Captured work is recorded, not run.
@@ -131,8 +142,11 @@ fn the_graph_group_records_a_capture_and_replays_it_at_each_launch() {
     graph.launch(s).expect("first launch");
     assert_eq!(test_device_bytes(b, 16), [0x5A; 16]);
     // Each launch runs the whole graph again.
-    dev.mem_set(a, 1, 16).expect("memset");
-    dev.mem_set(b, 2, 16).expect("memset");
+    // SAFETY: `a` and `b` hold 16 bytes; the test device's streams complete work before a call
+    // returns.
+    unsafe { dev.mem_set(a, 1, 16) }.expect("memset");
+    // SAFETY: as above.
+    unsafe { dev.mem_set(b, 2, 16) }.expect("memset");
     graph.launch(s).expect("second launch");
     assert_eq!(test_device_bytes(a, 16), [0x5A; 16]);
     assert_eq!(test_device_bytes(b, 16), [0x5A; 16]);
@@ -140,7 +154,9 @@ fn the_graph_group_records_a_capture_and_replays_it_at_each_launch() {
     // A capture whose work fails is still ended: the error comes back and the stream can
     // capture again.
     let err = graphs
-        .capture(s, || dev.mem_free(DevicePtr(8), MemKind::DEVICE))
+        // SAFETY: address 8 is no allocation: the bad argument under test, which the test device
+        // checks first.
+        .capture(s, || unsafe { dev.mem_free(DevicePtr(8), MemKind::DEVICE) })
         .err()
         .expect("the work failed");
     assert_eq!(err.status(), Status::INVALID_HANDLE);
@@ -161,9 +177,9 @@ fn the_graph_group_records_a_capture_and_replays_it_at_each_launch() {
         .as_ref()
         .expect("graph");
     let t = t.get();
+    let mut made = GraphHandle::NULL;
     // SAFETY: entries of a loaded table, called with a stream handle of the adaptor; the null
     // out-pointer is the bad argument under test.
-    let mut made = GraphHandle::NULL;
     let (refused, again, ended, destroyed, unknown) = unsafe {
         let begin = t.graph_begin_capture.expect("begin");
         let end = t.graph_end_capture.expect("end");
@@ -184,8 +200,10 @@ fn the_graph_group_records_a_capture_and_replays_it_at_each_launch() {
     );
     drop(graph);
     drop(empty);
-    dev.mem_free(a, MemKind::DEVICE).expect("free");
-    dev.mem_free(b, MemKind::DEVICE).expect("free");
+    // SAFETY: the allocations made above; the graphs that used them are dropped.
+    unsafe { dev.mem_free(a, MemKind::DEVICE) }.expect("free");
+    // SAFETY: as above.
+    unsafe { dev.mem_free(b, MemKind::DEVICE) }.expect("free");
 }
 
 #[test]
@@ -514,18 +532,21 @@ fn the_host_adaptor_works_as_a_drop_in_plugin() {
     let send = dev.mem_alloc(bytes, MemKind::DEVICE).expect("alloc");
     let recv = dev.mem_alloc(bytes, MemKind::DEVICE).expect("alloc");
     let input: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
-    dev.mem_copy(send, DevicePtr(input.as_ptr() as u64), bytes)
-        .expect("upload");
-    ccl.all_reduce(send, recv, n, DataType::F32, ReduceOp::MAX, comm, s)
+    // SAFETY: `send` is a fresh allocation of `bytes`; `input` holds as many.
+    unsafe { dev.mem_copy(send, DevicePtr(input.as_ptr() as u64), bytes) }.expect("upload");
+    // SAFETY: `send` and `recv` hold `n` f32s, read and freed after the synchronize below.
+    unsafe { ccl.all_reduce(send, recv, n, DataType::F32, ReduceOp::MAX, comm, s) }
         .expect("enqueue");
     dev.stream_synchronize(s).expect("all_reduce");
     let mut out = vec![0f32; n];
-    dev.mem_copy(DevicePtr(out.as_mut_ptr() as u64), recv, bytes)
-        .expect("download");
+    // SAFETY: `recv` holds `bytes`, `out` as many.
+    unsafe { dev.mem_copy(DevicePtr(out.as_mut_ptr() as u64), recv, bytes) }.expect("download");
     assert_eq!(out, input);
     ccl.comm_destroy(comm).expect("destroy");
-    dev.mem_free(send, MemKind::DEVICE).expect("free");
-    dev.mem_free(recv, MemKind::DEVICE).expect("free");
+    // SAFETY: the allocations made above; the stream was synchronized.
+    unsafe { dev.mem_free(send, MemKind::DEVICE) }.expect("free");
+    // SAFETY: as above.
+    unsafe { dev.mem_free(recv, MemKind::DEVICE) }.expect("free");
     dev.stream_destroy(s).expect("stream");
 }
 

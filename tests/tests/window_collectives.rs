@@ -17,7 +17,7 @@ use ferrocx::window::collectives::{CollectiveError, WindowAlgo};
 use window_ranks::all_reduce::{
     back_to_back, check, every_type_op_and_algorithm, input, large, run_case, same_digests, Buffers,
 };
-use window_ranks::{communicator, host_ptr, rank_of, Job};
+use window_ranks::{communicator, host_ptr, host_ptr_mut, rank_of, Job};
 
 fn window_comm() -> Communicator {
     ferrocx_kernels::link();
@@ -219,15 +219,15 @@ fn small_messages_follow_the_cluster_keys() {
     let dev = comm.device();
     for (case, count) in [(201u64, 1usize), (202, 64), (203, 1000), (204, 9000)] {
         let mine = input(case, comm.rank(), count, DataType::F32);
-        dev.mem_copy(bufs.send, host_ptr(&mine), count * 4)
-            .expect("upload");
+        // SAFETY: `bufs` holds 64 KiB per buffer, more than `count * 4`; `mine` holds `count` f32s.
+        unsafe { dev.mem_copy(bufs.send, host_ptr(&mine), count * 4) }.expect("upload");
         // SAFETY: 64 KiB buffers hold `count` f32 and outlive the synchronize below.
         unsafe { comm.all_reduce(bufs.send, bufs.recv, count, DataType::F32, ReduceOp::MAX) }
             .expect("all_reduce");
         comm.synchronize().expect("synchronize");
-        let got = vec![0u8; count * 4];
-        dev.mem_copy(host_ptr(&got), bufs.recv, count * 4)
-            .expect("download");
+        let mut got = vec![0u8; count * 4];
+        // SAFETY: as above, after the synchronize; `got` holds `count * 4` bytes.
+        unsafe { dev.mem_copy(host_ptr_mut(&mut got), bufs.recv, count * 4) }.expect("download");
         check(
             &got,
             0..count,

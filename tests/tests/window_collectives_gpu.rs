@@ -24,7 +24,7 @@ use window_ranks::all_reduce::{
     back_to_back, check, every_type_op_and_algorithm, input, large, same_digests, size_of, Buffers,
     OPS, TYPES,
 };
-use window_ranks::{communicator, host_ptr, rank_of, Job};
+use window_ranks::{communicator, host_ptr, host_ptr_mut, rank_of, Job};
 
 const CHUNK: usize = ferrocx_kernels::select::CUDA_CHUNK;
 
@@ -121,8 +121,9 @@ fn against_nccl(comm: &Communicator) {
                 case += 1;
                 let bytes = count * size_of(dtype);
                 let mine = input(case, comm.rank(), count, dtype);
-                dev.mem_copy(bufs.send, host_ptr(&mine), bytes)
-                    .expect("upload");
+                // SAFETY: `bufs` holds `(1 << 20) + 16` bytes per buffer, at least `bytes`; `mine`
+                // holds `bytes`.
+                unsafe { dev.mem_copy(bufs.send, host_ptr(&mine), bytes) }.expect("upload");
                 // SAFETY: both buffers hold `(1 << 20) + 16` bytes, more than `bytes`, and
                 // outlive the synchronize below.
                 unsafe {
@@ -132,8 +133,9 @@ fn against_nccl(comm: &Communicator) {
                 }
                 .expect("NCCL all_reduce");
                 comm.synchronize().expect("synchronize");
-                let got = vec![0u8; bytes];
-                dev.mem_copy(host_ptr(&got), bufs.recv, bytes)
+                let mut got = vec![0u8; bytes];
+                // SAFETY: as the upload, after the synchronize; `got` holds `bytes`.
+                unsafe { dev.mem_copy(host_ptr_mut(&mut got), bufs.recv, bytes) }
                     .expect("download");
                 check(
                     &got,

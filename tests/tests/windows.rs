@@ -22,7 +22,9 @@ fn check_flat_reads(comm: &Communicator, win: &Window, w: u64) {
     for p in 0..comm.world() {
         let at = DevicePtr(base.0 + (p * stride) as u64);
         assert_eq!(win.peer(p), Some(at), "rank {p}'s address");
-        let got = download(comm, at, words);
+        // SAFETY: `at` is rank `p`'s window of `words * 8` bytes, mapped in the flat range while
+        // `win` is registered.
+        let got = unsafe { download(comm, at, words) };
         let want: Vec<u64> = (0..words).map(|i| pattern(w, p, i)).collect();
         assert_eq!(
             got, want,
@@ -44,8 +46,8 @@ fn flat_range(test: &str) {
     let wins: Vec<Window> = bufs
         .iter()
         .map(|b| {
-            comm.register_window(b.ptr(), b.size(), WindowFlags::NONE)
-                .unwrap()
+            // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+            unsafe { comm.register_window(b.ptr(), b.size(), WindowFlags::NONE) }.unwrap()
         })
         .collect();
     for (w, (win, buf)) in wins.iter().zip(&bufs).enumerate() {
@@ -72,7 +74,8 @@ fn flat_range(test: &str) {
         let mine: Vec<u64> = (0..win.size() / 8)
             .map(|i| pattern(w as u64, me, i))
             .collect();
-        upload(&comm, win.local(), &mine);
+        // SAFETY: `win.local()` is this rank's buffer of `win.size()` bytes, `mine`'s size.
+        unsafe { upload(&comm, win.local(), &mine) };
     }
     comm.barrier().unwrap();
     for (w, win) in wins.iter().enumerate() {
@@ -83,11 +86,14 @@ fn flat_range(test: &str) {
     let right = (me + 1) % world;
     let big = &wins[2];
     let token = 0xfeed_0000_0000_0000 | me as u64;
-    upload(&comm, DevicePtr(big.peer(right).unwrap().0 + 8), &[token]);
+    // SAFETY: word 1 of the right neighbour's window of `sizes[2]` bytes, mapped while `big` is
+    // registered.
+    unsafe { upload(&comm, DevicePtr(big.peer(right).unwrap().0 + 8), &[token]) };
     comm.barrier().unwrap();
     let left = (me + world - 1) % world;
     assert_eq!(
-        download(&comm, DevicePtr(big.local().0 + 8), 1),
+        // SAFETY: word 1 of this rank's own window.
+        unsafe { download(&comm, DevicePtr(big.local().0 + 8), 1) },
         vec![0xfeed_0000_0000_0000 | left as u64],
         "rank {left}'s write through the flat range"
     );
@@ -128,8 +134,8 @@ fn flat_range_on_4_ranks() {
 
 /// One registration, a check that it works, and its deregistration.
 fn register_once(comm: &Communicator, buf: DevicePtr, size: usize, i: u64) -> Window {
-    let win = comm
-        .register_window(buf, size, WindowFlags::NONE)
+    // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+    let win = unsafe { comm.register_window(buf, size, WindowFlags::NONE) }
         .unwrap_or_else(|e| panic!("registration {i}: {e}"));
     assert_eq!(win.kind(), WindowKind::Symmetric, "{}", win.reason());
     assert!(win.has_multicast(), "registration {i}: {}", win.reason());
@@ -151,7 +157,8 @@ fn register_deregister_1000_times() {
     let comm = communicator();
     let buf = comm.alloc_symmetric(2 * 4096).unwrap();
     let mine: Vec<u64> = (0..1024).map(|i| pattern(7, me, i)).collect();
-    upload(&comm, buf.ptr(), &mine);
+    // SAFETY: `buf` is a symmetric allocation of `2 * 4096` bytes, `mine`'s size.
+    unsafe { upload(&comm, buf.ptr(), &mine) };
     // Warm up: the first rounds make the thread stacks, arenas and store connections that
     // later ones reuse.
     for i in 0..3 {
@@ -165,7 +172,9 @@ fn register_deregister_1000_times() {
         let w = register_once(&comm, buf.ptr(), buf.size(), i);
         if i % 250 == 0 {
             let peer = (me + 1) % comm.world();
-            let got = download(&comm, w.peer(peer).unwrap(), 1024);
+            // SAFETY: the peer's window of `buf.size() >= 1024 * 8` bytes, mapped while `w` is
+            // registered.
+            let got = unsafe { download(&comm, w.peer(peer).unwrap(), 1024) };
             assert_eq!(
                 got,
                 (0..1024).map(|i| pattern(7, peer, i)).collect::<Vec<_>>()
@@ -209,8 +218,8 @@ fn size_mismatch_is_an_error_on_every_rank() {
     let comm = communicator();
     let buf = comm.alloc_symmetric(2 * 4096).unwrap();
     let size = if me == 1 { 2 * 4096 } else { 4096 };
-    let e = comm
-        .register_window(buf.ptr(), size, WindowFlags::NONE)
+    // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+    let e = unsafe { comm.register_window(buf.ptr(), size, WindowFlags::NONE) }
         .expect_err("sizes differ");
     match &e {
         CommError::Window(WindowError::SizeMismatch { sizes }) => {
@@ -225,9 +234,8 @@ fn size_mismatch_is_an_error_on_every_rank() {
     );
     println!("ERROR {text}");
     // Nothing was left half-done: the next registration works.
-    let win = comm
-        .register_window(buf.ptr(), 4096, WindowFlags::NONE)
-        .unwrap();
+    // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+    let win = unsafe { comm.register_window(buf.ptr(), 4096, WindowFlags::NONE) }.unwrap();
     assert_eq!(win.kind(), WindowKind::Symmetric);
     comm.deregister_window(win).unwrap();
     println!("RANK OK");
@@ -240,13 +248,15 @@ fn check_ipc(comm: &Communicator, win: &Window, w: u64) {
     assert!(!win.has_multicast());
     let v = win.view();
     assert_eq!(v.kind, WindowKind::Ipc as u32);
-    let table = download(comm, v.peers, comm.world());
+    // SAFETY: `v.peers` is the window's device table of one address per rank.
+    let table = unsafe { download(comm, v.peers, comm.world()) };
     let words = win.size() / 8;
     assert_eq!(table.len(), comm.world());
     for (p, &entry) in table.iter().enumerate() {
         let at = win.peer(p).unwrap();
         assert_eq!(entry, at.0, "entry {p} of the device table");
-        let got = download(comm, at, words);
+        // SAFETY: `at` is rank `p`'s window of `words * 8` bytes, mapped while `win` is registered.
+        let got = unsafe { download(comm, at, words) };
         assert_eq!(
             got,
             (0..words).map(|i| pattern(w, p, i)).collect::<Vec<_>>()
@@ -269,20 +279,23 @@ fn forced_ipc_path() {
     let plain = comm.device().mem_alloc(words * 8, MemKind::DEVICE).unwrap();
     let heap = comm.alloc_symmetric(words * 8).unwrap();
     for (w, buf) in [(1u64, plain), (2, heap.ptr())] {
-        upload(
-            &comm,
-            buf,
-            &(0..words).map(|i| pattern(w, me, i)).collect::<Vec<_>>(),
-        );
-        let win = comm
-            .register_window(buf, words * 8, WindowFlags::NONE)
-            .unwrap();
+        // SAFETY: `buf` is `plain` or `heap`, each `words * 8` bytes.
+        unsafe {
+            upload(
+                &comm,
+                buf,
+                &(0..words).map(|i| pattern(w, me, i)).collect::<Vec<_>>(),
+            )
+        };
+        // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+        let win = unsafe { comm.register_window(buf, words * 8, WindowFlags::NONE) }.unwrap();
         comm.barrier().unwrap();
         check_ipc(&comm, &win, w);
         comm.barrier().unwrap();
         comm.deregister_window(win).unwrap();
     }
-    comm.device().mem_free(plain, MemKind::DEVICE).unwrap();
+    // SAFETY: the allocation made above; its windows are deregistered.
+    unsafe { comm.device().mem_free(plain, MemKind::DEVICE) }.unwrap();
     println!("RANK OK");
 }
 
@@ -299,15 +312,17 @@ fn buffers_outside_the_heap_go_through_ipc_handles() {
     let words = 512;
     let heap = comm.alloc_symmetric(words * 8).unwrap();
     let plain = comm.device().mem_alloc(words * 8, MemKind::DEVICE).unwrap();
-    upload(
-        &comm,
-        plain,
-        &(0..words).map(|i| pattern(3, me, i)).collect::<Vec<_>>(),
-    );
+    // SAFETY: `plain` is a fresh allocation of `words * 8` bytes.
+    unsafe {
+        upload(
+            &comm,
+            plain,
+            &(0..words).map(|i| pattern(3, me, i)).collect::<Vec<_>>(),
+        )
+    };
     // Device memory on every rank: IPC handles.
-    let win = comm
-        .register_window(plain, words * 8, WindowFlags::NONE)
-        .unwrap();
+    // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+    let win = unsafe { comm.register_window(plain, words * 8, WindowFlags::NONE) }.unwrap();
     assert!(
         win.reason()
             .contains("rank 0's buffer is not memory of alloc_symmetric"),
@@ -321,8 +336,8 @@ fn buffers_outside_the_heap_go_through_ipc_handles() {
     // Heap memory on rank 0 only: IPC handles too, which the host's heap memory has none of,
     // so every rank fails alike, naming rank 1's buffer.
     let buf = if me == 1 { plain } else { heap.ptr() };
-    let e = comm
-        .register_window(buf, words * 8, WindowFlags::NONE)
+    // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+    let e = unsafe { comm.register_window(buf, words * 8, WindowFlags::NONE) }
         .expect_err("heap memory has no IPC handle on the host device")
         .to_string();
     assert!(
@@ -332,7 +347,9 @@ fn buffers_outside_the_heap_go_through_ipc_handles() {
         "{e}"
     );
     println!("ERROR {e}");
-    comm.device().mem_free(plain, MemKind::DEVICE).unwrap();
+    // SAFETY: the allocation made above; its window is deregistered, the second registration
+    // failed.
+    unsafe { comm.device().mem_free(plain, MemKind::DEVICE) }.unwrap();
     println!("RANK OK");
 }
 
@@ -376,16 +393,22 @@ fn a_failure_at_every_step_releases_everything() {
     let words = 1024;
     let heap = comm.alloc_symmetric(words * 8).unwrap();
     let plain = comm.device().mem_alloc(words * 8, MemKind::DEVICE).unwrap();
-    upload(
-        &comm,
-        heap.ptr(),
-        &(0..words).map(|i| pattern(5, me, i)).collect::<Vec<_>>(),
-    );
-    upload(
-        &comm,
-        plain,
-        &(0..words).map(|i| pattern(5, me, i)).collect::<Vec<_>>(),
-    );
+    // SAFETY: `heap` holds `words * 8` bytes.
+    unsafe {
+        upload(
+            &comm,
+            heap.ptr(),
+            &(0..words).map(|i| pattern(5, me, i)).collect::<Vec<_>>(),
+        )
+    };
+    // SAFETY: `plain` is a fresh allocation of `words * 8` bytes.
+    unsafe {
+        upload(
+            &comm,
+            plain,
+            &(0..words).map(|i| pattern(5, me, i)).collect::<Vec<_>>(),
+        )
+    };
     // The IPC steps run on IPC handles, of device memory.
     let buf_for = |step: SymHeapStep| match step {
         SymHeapStep::IpcExport | SymHeapStep::IpcOpen => plain,
@@ -393,9 +416,9 @@ fn a_failure_at_every_step_releases_everything() {
     };
     // Warm up every path once.
     for step in [SymHeapStep::Export, SymHeapStep::IpcExport] {
-        let w = comm
-            .register_window(buf_for(step), words * 8, WindowFlags::NONE)
-            .unwrap();
+        // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+        let w =
+            unsafe { comm.register_window(buf_for(step), words * 8, WindowFlags::NONE) }.unwrap();
         comm.deregister_window(w).unwrap();
     }
     comm.barrier().unwrap();
@@ -405,26 +428,28 @@ fn a_failure_at_every_step_releases_everything() {
         if me == failing {
             comm.inject_window_failure(step);
         }
-        let outcome = match comm.register_window(buf_for(step), words * 8, WindowFlags::NONE) {
-            Ok(win) => {
-                comm.barrier().unwrap();
-                let what = match (win.kind(), win.has_multicast()) {
-                    (WindowKind::Symmetric, false) => {
-                        check_flat_reads(&comm, &win, 5);
-                        "symmetric without multicast".to_string()
-                    }
-                    (WindowKind::Ipc, _) => {
-                        check_ipc(&comm, &win, 5);
-                        format!("ipc: {}", win.reason())
-                    }
-                    (kind, mc) => format!("{kind} with multicast {mc}"),
-                };
-                comm.barrier().unwrap();
-                comm.deregister_window(win).unwrap();
-                what
-            }
-            Err(e) => format!("error: {e}"),
-        };
+        // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+        let outcome =
+            match unsafe { comm.register_window(buf_for(step), words * 8, WindowFlags::NONE) } {
+                Ok(win) => {
+                    comm.barrier().unwrap();
+                    let what = match (win.kind(), win.has_multicast()) {
+                        (WindowKind::Symmetric, false) => {
+                            check_flat_reads(&comm, &win, 5);
+                            "symmetric without multicast".to_string()
+                        }
+                        (WindowKind::Ipc, _) => {
+                            check_ipc(&comm, &win, 5);
+                            format!("ipc: {}", win.reason())
+                        }
+                        (kind, mc) => format!("{kind} with multicast {mc}"),
+                    };
+                    comm.barrier().unwrap();
+                    comm.deregister_window(win).unwrap();
+                    what
+                }
+                Err(e) => format!("error: {e}"),
+            };
         let want = expected(step, failing);
         assert!(
             outcome.starts_with(&want),
@@ -433,7 +458,8 @@ fn a_failure_at_every_step_releases_everything() {
         assert_eq!(usage(), before, "after a failure at {step}");
         println!("OUTCOME {step} on rank {failing}: {outcome}");
     }
-    comm.device().mem_free(plain, MemKind::DEVICE).unwrap();
+    // SAFETY: the allocation made above; every window over it is gone.
+    unsafe { comm.device().mem_free(plain, MemKind::DEVICE) }.unwrap();
     println!("RANK OK");
 }
 
@@ -458,10 +484,10 @@ fn multicast_emulation_end_to_end() {
         comm.window_plan()
     );
     let buf = comm.alloc_symmetric(2 * 4096).unwrap();
-    comm.device().mem_set(buf.ptr(), 0, buf.capacity()).unwrap();
-    let win = comm
-        .register_window(buf.ptr(), buf.size(), WindowFlags::NONE)
-        .unwrap();
+    // SAFETY: `buf` is a symmetric allocation of `buf.capacity()` bytes, not yet shared.
+    unsafe { comm.device().mem_set(buf.ptr(), 0, buf.capacity()) }.unwrap();
+    // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+    let win = unsafe { comm.register_window(buf.ptr(), buf.size(), WindowFlags::NONE) }.unwrap();
     assert_eq!(win.kind(), WindowKind::Symmetric);
     let mc = win.multicast_base().expect("multicast mapped");
     assert_eq!(win.view().flags & VIEW_MULTICAST, VIEW_MULTICAST);
@@ -473,10 +499,17 @@ fn multicast_emulation_end_to_end() {
     multicast::store(mc.0 + 8 * me as u64, &word(me).to_le_bytes()).unwrap();
     comm.barrier().unwrap();
     let all: Vec<u64> = (0..world).map(word).collect();
-    assert_eq!(download(&comm, win.local(), world), all, "own memory");
+    assert_eq!(
+        // SAFETY: the first `world` words of this rank's window of 4096 bytes.
+        unsafe { download(&comm, win.local(), world) },
+        all,
+        "own memory"
+    );
     for p in 0..world {
         assert_eq!(
-            download(&comm, win.peer(p).unwrap(), world),
+            // SAFETY: the first `world` words of rank `p`'s window, mapped while `win` is
+            // registered.
+            unsafe { download(&comm, win.peer(p).unwrap(), world) },
             all,
             "rank {p}'s memory"
         );
@@ -486,13 +519,16 @@ fn multicast_emulation_end_to_end() {
     let n = 1000;
     let at = 4096u64;
     let mine: Vec<f32> = (0..n).map(|i| value(me, i)).collect();
-    comm.device()
-        .mem_copy(
+    // SAFETY: `at + n * 4 <= 4096 + 4000` bytes of this rank's `2 * 4096`-byte window; `mine` holds
+    // `n` f32s.
+    unsafe {
+        comm.device().mem_copy(
             DevicePtr(win.local().0 + at),
             window_ranks::host_ptr(&mine),
             n * 4,
         )
-        .unwrap();
+    }
+    .unwrap();
     comm.barrier().unwrap();
     let mut out = vec![0u8; n * 4];
     multicast::load_reduce(mc.0 + at, &mut out, DataType::F32, ReduceOp::SUM).unwrap();
@@ -508,9 +544,9 @@ fn multicast_emulation_end_to_end() {
     comm.deregister_window(win).unwrap();
 
     // The flag opts one window out where every rank allows multicast.
-    let win = comm
-        .register_window(buf.ptr(), buf.size(), WindowFlags::NO_MULTICAST)
-        .unwrap();
+    // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+    let win =
+        unsafe { comm.register_window(buf.ptr(), buf.size(), WindowFlags::NO_MULTICAST) }.unwrap();
     assert_eq!(
         (win.kind(), win.has_multicast()),
         (WindowKind::Symmetric, false)
@@ -562,9 +598,8 @@ fn multicast_kill_switches_turn_it_off_everywhere() {
         }
     );
     let buf = comm.alloc_symmetric(4096).unwrap();
-    let win = comm
-        .register_window(buf.ptr(), buf.size(), WindowFlags::NONE)
-        .unwrap();
+    // SAFETY: a live allocation of this rank of at least the registered size, kept until the window is deregistered.
+    let win = unsafe { comm.register_window(buf.ptr(), buf.size(), WindowFlags::NONE) }.unwrap();
     assert_eq!(win.kind(), WindowKind::Symmetric);
     assert!(!win.has_multicast(), "rank {me}: no rank may map multicast");
     comm.deregister_window(win).unwrap();
@@ -627,14 +662,14 @@ fn two_communicators(rank: usize, world: usize) {
         let mine: Vec<f32> = (0..n)
             .map(|i| scale * (rank + 1) as f32 + i as f32)
             .collect();
-        dev.mem_copy(buf, DevicePtr(mine.as_ptr() as u64), n * 4)
-            .expect("upload");
+        // SAFETY: `buf` is a fresh allocation of `n * 4` bytes; `mine` holds `n` f32s.
+        unsafe { dev.mem_copy(buf, DevicePtr(mine.as_ptr() as u64), n * 4) }.expect("upload");
         // SAFETY: `buf` holds `n` f32 and is freed after the synchronize below.
         unsafe { comm.all_reduce(buf, buf, n, DataType::F32, ReduceOp::SUM) }.expect("all_reduce");
         comm.synchronize().expect("synchronize");
-        let got = vec![0f32; n];
-        dev.mem_copy(DevicePtr(got.as_ptr() as u64), buf, n * 4)
-            .expect("download");
+        let mut got = vec![0f32; n];
+        // SAFETY: `buf` holds `n` f32s, reduced before the synchronize above; `got` holds as many.
+        unsafe { dev.mem_copy(DevicePtr(got.as_mut_ptr() as u64), buf, n * 4) }.expect("download");
         let ranks_sum = (world * (world + 1) / 2) as f32;
         for (i, v) in got.iter().enumerate() {
             let want = scale * ranks_sum + (world * i) as f32;
@@ -643,7 +678,8 @@ fn two_communicators(rank: usize, world: usize) {
                 "element {i} of the communicator scaled by {scale}"
             );
         }
-        dev.mem_free(buf, MemKind::DEVICE).expect("free");
+        // SAFETY: the allocation made above; the stream was synchronized.
+        unsafe { dev.mem_free(buf, MemKind::DEVICE) }.expect("free");
     }
     println!("two communicators: ok");
     println!("RANK OK");

@@ -592,8 +592,8 @@ fn a_wrapped_external_stream_is_used_and_left_alive() {
 
     dev.mem_free(h, MemKind::PINNED).expect("free pinned");
     dev.mem_free(d, MemKind::DEVICE).expect("free");
-    // SAFETY: the stream this test created, idle, destroyed once.
     assert_eq!(
+        // SAFETY: the stream this test created, idle, destroyed once.
         unsafe { (lib.cuStreamDestroy_v2)(raw) },
         ok,
         "cuStreamDestroy"

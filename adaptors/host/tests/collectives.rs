@@ -130,6 +130,11 @@ fn p(v: &[u8]) -> DevicePtr {
     DevicePtr(v.as_ptr() as u64)
 }
 
+/// The address of a buffer the adaptor writes (the host device addresses process memory).
+fn pm(v: &mut [u8]) -> DevicePtr {
+    DevicePtr(v.as_mut_ptr() as u64)
+}
+
 fn run_worker(rank: usize, world: usize) {
     let (dev, ccl) = host();
     let c = comm(&ccl, rank, world, 60_000);
@@ -163,8 +168,10 @@ fn run_worker(rank: usize, world: usize) {
         tag += 1;
         let ins = all(tag, n, dt, op);
         let send = bytes(dt, &ins[rank]);
-        let recv = vec![0u8; send.len()];
-        ccl.all_reduce(p(&send), p(&recv), n, dt, op, c, s).unwrap();
+        let mut recv = vec![0u8; send.len()];
+        // SAFETY: `send` and `recv` hold `n` elements of `dt` (the host device addresses this
+        // process's memory); `recv` is read after the stream is synchronized.
+        unsafe { ccl.all_reduce(p(&send), pm(&mut recv), n, dt, op, c, s) }.unwrap();
         sync("all_reduce");
         check(
             &format!("all_reduce {op:?} n={n}"),
@@ -176,9 +183,10 @@ fn run_worker(rank: usize, world: usize) {
     }
     tag += 1;
     let ins = all(tag, BIG, DataType::F32, ReduceOp::SUM);
-    let buf = bytes(DataType::F32, &ins[rank]);
-    ccl.all_reduce(p(&buf), p(&buf), BIG, DataType::F32, ReduceOp::SUM, c, s)
-        .unwrap();
+    let mut buf = bytes(DataType::F32, &ins[rank]);
+    let b = pm(&mut buf);
+    // SAFETY: `buf` holds `BIG` f32s, in place; it is read after the stream is synchronized.
+    unsafe { ccl.all_reduce(b, b, BIG, DataType::F32, ReduceOp::SUM, c, s) }.unwrap();
     sync("all_reduce in place");
     check(
         "all_reduce in place",
@@ -198,9 +206,22 @@ fn run_worker(rank: usize, world: usize) {
         let root = world / 2;
         let ins = all(tag, n, dt, ReduceOp::SUM);
         let send = bytes(dt, &ins[rank]);
-        let recv = vec![0u8; send.len()];
-        ccl.reduce(p(&send), p(&recv), n, dt, ReduceOp::SUM, root as i32, c, s)
-            .unwrap();
+        let mut recv = vec![0u8; send.len()];
+        // SAFETY: `send` and `recv` hold `n` elements of `dt` (the host device addresses this
+        // process's memory); `recv` is read after the stream is synchronized.
+        unsafe {
+            ccl.reduce(
+                p(&send),
+                pm(&mut recv),
+                n,
+                dt,
+                ReduceOp::SUM,
+                root as i32,
+                c,
+                s,
+            )
+        }
+        .unwrap();
         sync("reduce");
         if rank == root {
             check(
@@ -224,14 +245,16 @@ fn run_worker(rank: usize, world: usize) {
         let root = world - 1;
         let ins = all(tag, n, dt, ReduceOp::SUM);
         let send = bytes(dt, &ins[rank]);
-        let recv = vec![0u8; send.len()];
-        ccl.broadcast(p(&send), p(&recv), n, dt, root as i32, c, s)
-            .unwrap();
+        let mut recv = vec![0u8; send.len()];
+        // SAFETY: as for `reduce`.
+        unsafe { ccl.broadcast(p(&send), pm(&mut recv), n, dt, root as i32, c, s) }.unwrap();
         sync("broadcast");
         check("broadcast", dt, &recv, |i| ins[root][i] as f64, n);
 
-        let gathered = vec![0u8; send.len() * world];
-        ccl.all_gather(p(&send), p(&gathered), n, dt, c, s).unwrap();
+        let mut gathered = vec![0u8; send.len() * world];
+        // SAFETY: `send` holds `n` and `gathered` `n * world` elements of `dt`; read after the
+        // stream is synchronized.
+        unsafe { ccl.all_gather(p(&send), pm(&mut gathered), n, dt, c, s) }.unwrap();
         sync("all_gather");
         check(
             "all_gather",
@@ -241,8 +264,10 @@ fn run_worker(rank: usize, world: usize) {
             n * world,
         );
 
-        let at_root = vec![0u8; send.len() * world];
-        ccl.gather(p(&send), p(&at_root), n, dt, 0, c, s).unwrap();
+        let mut at_root = vec![0u8; send.len() * world];
+        // SAFETY: `send` holds `n` and `at_root` `n * world` elements of `dt`; read after the
+        // stream is synchronized.
+        unsafe { ccl.gather(p(&send), pm(&mut at_root), n, dt, 0, c, s) }.unwrap();
         sync("gather");
         if rank == 0 {
             check(
@@ -266,9 +291,10 @@ fn run_worker(rank: usize, world: usize) {
         let ins = all(tag, n * world, dt, op);
         let send = bytes(dt, &ins[rank]);
         let es = dt.size().unwrap();
-        let recv = vec![0u8; n * es];
-        ccl.reduce_scatter(p(&send), p(&recv), n, dt, op, c, s)
-            .unwrap();
+        let mut recv = vec![0u8; n * es];
+        // SAFETY: `send` holds `n * world` and `recv` `n` elements of `dt` (the host device
+        // addresses this process's memory); `recv` is read after the stream is synchronized.
+        unsafe { ccl.reduce_scatter(p(&send), pm(&mut recv), n, dt, op, c, s) }.unwrap();
         sync("reduce_scatter");
         check(
             "reduce_scatter",
@@ -278,8 +304,10 @@ fn run_worker(rank: usize, world: usize) {
             n,
         );
 
-        let a2a = vec![0u8; n * es * world];
-        ccl.all_to_all(p(&send), p(&a2a), n, dt, c, s).unwrap();
+        let mut a2a = vec![0u8; n * es * world];
+        // SAFETY: `send` and `a2a` hold `n * world` elements of `dt`; read after the stream is
+        // synchronized.
+        unsafe { ccl.all_to_all(p(&send), pm(&mut a2a), n, dt, c, s) }.unwrap();
         sync("all_to_all");
         // Block r of my output is block `rank` of rank r's input.
         check(
@@ -291,8 +319,10 @@ fn run_worker(rank: usize, world: usize) {
         );
 
         let root = 0;
-        let sc = vec![0u8; n * es];
-        ccl.scatter(p(&send), p(&sc), n, dt, root, c, s).unwrap();
+        let mut sc = vec![0u8; n * es];
+        // SAFETY: `send` holds `n * world` and `sc` `n` elements of `dt`; read after the stream is
+        // synchronized.
+        unsafe { ccl.scatter(p(&send), pm(&mut sc), n, dt, root, c, s) }.unwrap();
         sync("scatter");
         check(
             "scatter",
@@ -328,9 +358,23 @@ fn run_worker(rank: usize, world: usize) {
         }
     }
     let send = bytes(DataType::I64, &sendv);
-    let recv = vec![0u8; (rd[world - 1] + rc[world - 1] + 5) * 8];
-    ccl.all_to_allv(p(&send), &sc, &sd, p(&recv), &rc, &rd, DataType::I64, c, s)
-        .unwrap();
+    let mut recv = vec![0u8; (rd[world - 1] + rc[world - 1] + 5) * 8];
+    // SAFETY: every block of `sc`/`sd` lies in `send` and of `rc`/`rd` in `recv` (the host device
+    // addresses this process's memory); `recv` is read after the stream is synchronized.
+    unsafe {
+        ccl.all_to_allv(
+            p(&send),
+            &sc,
+            &sd,
+            pm(&mut recv),
+            &rc,
+            &rd,
+            DataType::I64,
+            c,
+            s,
+        )
+    }
+    .unwrap();
     sync("all_to_allv");
     for r in 0..world {
         for i in 0..rc[r] {
@@ -349,17 +393,18 @@ fn run_worker(rank: usize, world: usize) {
     let prev = (rank + world - 1) % world;
     let ins = all(tag, BIG, DataType::F32, ReduceOp::SUM);
     let send = bytes(DataType::F32, &ins[rank]);
-    let from_prev = vec![0u8; send.len()];
-    let from_next = vec![0u8; send.len()];
+    let mut from_prev = vec![0u8; send.len()];
+    let mut from_next = vec![0u8; send.len()];
     ccl.group_start().unwrap();
-    ccl.send(p(&send), BIG, DataType::F32, next as i32, c, s)
-        .unwrap();
-    ccl.send(p(&send), BIG, DataType::F32, prev as i32, c, s)
-        .unwrap();
-    ccl.recv(p(&from_prev), BIG, DataType::F32, prev as i32, c, s)
-        .unwrap();
-    ccl.recv(p(&from_next), BIG, DataType::F32, next as i32, c, s)
-        .unwrap();
+    // SAFETY: `send`, `from_prev` and `from_next` hold `BIG` f32s (the host device addresses this
+    // process's memory); read after the stream is synchronized.
+    unsafe { ccl.send(p(&send), BIG, DataType::F32, next as i32, c, s) }.unwrap();
+    // SAFETY: as above.
+    unsafe { ccl.send(p(&send), BIG, DataType::F32, prev as i32, c, s) }.unwrap();
+    // SAFETY: as above.
+    unsafe { ccl.recv(pm(&mut from_prev), BIG, DataType::F32, prev as i32, c, s) }.unwrap();
+    // SAFETY: as above.
+    unsafe { ccl.recv(pm(&mut from_next), BIG, DataType::F32, next as i32, c, s) }.unwrap();
     ccl.group_end().unwrap();
     sync("ring exchange");
     check(
@@ -382,26 +427,33 @@ fn run_worker(rank: usize, world: usize) {
     let n = 5001;
     let ins = all(tag, n * world, DataType::I32, ReduceOp::SUM);
     let send = bytes(DataType::I32, &ins[rank]);
-    let recv = vec![0u8; send.len()];
+    let mut recv = vec![0u8; send.len()];
     ccl.group_start().unwrap();
     for peer in 0..world {
-        ccl.send(
-            DevicePtr(p(&send).0 + (peer * n * 4) as u64),
-            n,
-            DataType::I32,
-            peer as i32,
-            c,
-            s,
-        )
+        // SAFETY: block `peer` of `send` and of `recv` holds `n` i32s (both hold `n * world`); read
+        // after the stream is synchronized.
+        unsafe {
+            ccl.send(
+                DevicePtr(p(&send).0 + (peer * n * 4) as u64),
+                n,
+                DataType::I32,
+                peer as i32,
+                c,
+                s,
+            )
+        }
         .unwrap();
-        ccl.recv(
-            DevicePtr(p(&recv).0 + (peer * n * 4) as u64),
-            n,
-            DataType::I32,
-            peer as i32,
-            c,
-            s,
-        )
+        // SAFETY: as above.
+        unsafe {
+            ccl.recv(
+                DevicePtr(pm(&mut recv).0 + (peer * n * 4) as u64),
+                n,
+                DataType::I32,
+                peer as i32,
+                c,
+                s,
+            )
+        }
         .unwrap();
     }
     ccl.group_end().unwrap();

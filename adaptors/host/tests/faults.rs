@@ -13,6 +13,11 @@ fn p<T>(v: &[T]) -> DevicePtr {
     DevicePtr(v.as_ptr() as u64)
 }
 
+/// The address of a buffer the adaptor writes (the host device addresses process memory).
+fn pm<T>(v: &mut [T]) -> DevicePtr {
+    DevicePtr(v.as_mut_ptr() as u64)
+}
+
 fn leftover_segments(job: &str) -> Vec<String> {
     std::fs::read_dir("/dev/shm")
         .map(|d| {
@@ -34,11 +39,23 @@ fn killed_rank_worker() {
     let s = dev.stream_create().unwrap();
     let n = 1 << 20;
     let send = vec![1.0f32; n];
-    let recv = vec![0.0f32; n];
+    let mut recv = vec![0.0f32; n];
     // Two good rounds, then rank 2 dies while the others are inside the third.
     for _ in 0..2 {
-        ccl.all_reduce(p(&send), p(&recv), n, DataType::F32, ReduceOp::SUM, c, s)
-            .unwrap();
+        // SAFETY: `send` and `recv` hold `n` f32s (the host device addresses this process's
+        // memory); `recv` is read after the stream is synchronized.
+        unsafe {
+            ccl.all_reduce(
+                p(&send),
+                pm(&mut recv),
+                n,
+                DataType::F32,
+                ReduceOp::SUM,
+                c,
+                s,
+            )
+        }
+        .unwrap();
         dev.stream_synchronize(s).unwrap();
         assert_eq!(recv[n - 1], world as f32);
     }
@@ -48,8 +65,19 @@ fn killed_rank_worker() {
         unsafe { libc::raise(libc::SIGKILL) };
     }
     let start = Instant::now();
-    ccl.all_reduce(p(&send), p(&recv), n, DataType::F32, ReduceOp::SUM, c, s)
-        .unwrap();
+    // SAFETY: as above: the synchronize below waits for it, failed or not.
+    unsafe {
+        ccl.all_reduce(
+            p(&send),
+            pm(&mut recv),
+            n,
+            DataType::F32,
+            ReduceOp::SUM,
+            c,
+            s,
+        )
+    }
+    .unwrap();
     let err = dev.stream_synchronize(s).expect_err("the peer died");
     let took = start.elapsed();
     let msg = err.to_string();
@@ -60,8 +88,19 @@ fn killed_rank_worker() {
         "noticed after {took:?}, beyond the 10 s timeout"
     );
     // The communicator stays broken: a later call fails at once with the same cause.
-    ccl.all_reduce(p(&send), p(&recv), n, DataType::F32, ReduceOp::SUM, c, s)
-        .unwrap();
+    // SAFETY: as above.
+    unsafe {
+        ccl.all_reduce(
+            p(&send),
+            pm(&mut recv),
+            n,
+            DataType::F32,
+            ReduceOp::SUM,
+            c,
+            s,
+        )
+    }
+    .unwrap();
     let again = dev.stream_synchronize(s).expect_err("broken");
     assert!(again.to_string().contains("rank 2"), "{again}");
     assert_eq!(ccl.comm_async_error(c).unwrap(), Status::PEER_FAILURE);
@@ -101,16 +140,20 @@ fn mismatch_worker() {
     let s = dev.stream_create().unwrap();
     let count = if rank == 1 { 100 } else { 80 };
     let send = vec![1i32; 100];
-    let recv = vec![0i32; 100];
-    ccl.all_reduce(
-        p(&send),
-        p(&recv),
-        count,
-        DataType::I32,
-        ReduceOp::SUM,
-        c,
-        s,
-    )
+    let mut recv = vec![0i32; 100];
+    // SAFETY: `send` and `recv` hold 100 i32s, at least `count` (the host device addresses this
+    // process's memory); `recv` is read after the stream is synchronized.
+    unsafe {
+        ccl.all_reduce(
+            p(&send),
+            pm(&mut recv),
+            count,
+            DataType::I32,
+            ReduceOp::SUM,
+            c,
+            s,
+        )
+    }
     .unwrap();
     let err = dev.stream_synchronize(s).expect_err("counts differ");
     let msg = err.to_string();
@@ -137,7 +180,7 @@ fn abort_worker() {
     let c = comm(&ccl, rank, world, 20_000);
     let s = dev.stream_create().unwrap();
     let send = vec![1i32; 10];
-    let recv = vec![0i32; 10];
+    let mut recv = vec![0i32; 10];
     if rank == 0 {
         // Rank 0 never joins: it aborts while the others wait in the all-reduce.
         std::thread::sleep(Duration::from_millis(300));
@@ -145,8 +188,20 @@ fn abort_worker() {
         return;
     }
     let start = Instant::now();
-    ccl.all_reduce(p(&send), p(&recv), 10, DataType::I32, ReduceOp::SUM, c, s)
-        .unwrap();
+    // SAFETY: `send` and `recv` hold 10 i32s (the host device addresses this process's memory); the
+    // stream is synchronized before they drop.
+    unsafe {
+        ccl.all_reduce(
+            p(&send),
+            pm(&mut recv),
+            10,
+            DataType::I32,
+            ReduceOp::SUM,
+            c,
+            s,
+        )
+    }
+    .unwrap();
     let err = dev.stream_synchronize(s).expect_err("aborted");
     assert_eq!(err.status(), Status::ABORTED, "{err}");
     assert!(start.elapsed() < Duration::from_secs(10));
@@ -174,15 +229,19 @@ fn barrier_worker() {
         // Each all-reduce of one element is a full synchronisation of the ranks; its value
         // proves no rank skipped or repeated a generation.
         for i in 0..BATCH {
-            ccl.all_reduce(
-                p(&send[i..]),
-                p(&recv[i..]),
-                1,
-                DataType::I32,
-                ReduceOp::SUM,
-                c,
-                s,
-            )
+            // SAFETY: element `i` of `send` and `recv` (the host device addresses this process's
+            // memory); `recv` is read after the stream is synchronized.
+            unsafe {
+                ccl.all_reduce(
+                    p(&send[i..]),
+                    pm(&mut recv[i..]),
+                    1,
+                    DataType::I32,
+                    ReduceOp::SUM,
+                    c,
+                    s,
+                )
+            }
             .unwrap();
         }
         dev.stream_synchronize(s)

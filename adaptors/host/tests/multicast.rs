@@ -183,17 +183,29 @@ impl Host {
         }
     }
 
-    fn upload(&self, dst: DevicePtr, data: &[u8]) {
-        self.dev
-            .mem_copy(dst, DevicePtr(data.as_ptr() as u64), data.len())
-            .expect("upload");
+    /// # Safety
+    ///
+    /// `dst` is mapped memory of this process, writable for `data.len()` bytes.
+    unsafe fn upload(&self, dst: DevicePtr, data: &[u8]) {
+        // SAFETY: `dst` by the caller's contract; `data` is live host memory.
+        unsafe {
+            self.dev
+                .mem_copy(dst, DevicePtr(data.as_ptr() as u64), data.len())
+        }
+        .expect("upload");
     }
 
-    fn download(&self, src: DevicePtr, n: usize) -> Vec<u8> {
+    /// # Safety
+    ///
+    /// `src` is mapped memory of this process, readable for `n` bytes.
+    unsafe fn download(&self, src: DevicePtr, n: usize) -> Vec<u8> {
         let mut out = vec![0u8; n];
-        self.dev
-            .mem_copy(DevicePtr(out.as_mut_ptr() as u64), src, n)
-            .expect("download");
+        // SAFETY: `src` by the caller's contract; `out` holds `n` bytes.
+        unsafe {
+            self.dev
+                .mem_copy(DevicePtr(out.as_mut_ptr() as u64), src, n)
+        }
+        .expect("download");
         out
     }
 }
@@ -432,7 +444,9 @@ fn rank_main(rank: usize) {
     }
     links.barrier(2);
     assert_eq!(
-        h.download(DevicePtr(local.0 + (mem_off + at) as u64), n),
+        // SAFETY: `local` maps the whole allocation of `alloc_bytes`, which holds the bound
+        // range `mem_off..mem_off + mc_bytes` that `at + n` lies in.
+        unsafe { h.download(DevicePtr(local.0 + (mem_off + at) as u64), n) },
         pattern,
         "rank {rank} reads rank 0's multicast store in its own memory"
     );
@@ -443,7 +457,8 @@ fn rank_main(rank: usize) {
     let mine: Vec<u8> = (0..count)
         .flat_map(|i| value(rank, i).to_le_bytes())
         .collect();
-    h.upload(DevicePtr(local.0 + (mem_off + f_at) as u64), &mine);
+    // SAFETY: as above: `f_at + 4 * count` lies within the bound range.
+    unsafe { h.upload(DevicePtr(local.0 + (mem_off + f_at) as u64), &mine) };
     links.barrier(3);
     let mut out = vec![0u8; count * 4 + 1];
     // Unaligned output works too.
@@ -556,10 +571,13 @@ fn errors_in_one_process() {
         .chunks_exact(4)
         .all(|c| i32::from_le_bytes(c.try_into().unwrap()) == 2));
     let (la, lb) = (h.map_local(a, g), h.map_local(b, 2 * g));
-    assert_eq!(h.download(la, g), ones);
-    assert_eq!(h.download(DevicePtr(lb.0 + g as u64), g), ones);
+    // SAFETY: `la` maps `a` (`g` bytes), `lb` maps `b` (`2 * g` bytes).
+    assert_eq!(unsafe { h.download(la, g) }, ones);
+    // SAFETY: as above.
+    assert_eq!(unsafe { h.download(DevicePtr(lb.0 + g as u64), g) }, ones);
     assert_eq!(
-        h.download(lb, g),
+        // SAFETY: as above.
+        unsafe { h.download(lb, g) },
         vec![0u8; g],
         "before mem_offset: untouched"
     );

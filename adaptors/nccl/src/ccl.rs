@@ -463,9 +463,9 @@ impl CclAdaptor for NcclCcl {
         let mut id = sys::ncclUniqueId {
             internal: [0; sys::NCCL_UNIQUE_ID_BYTES],
         };
-        // SAFETY: a valid out-pointer to a whole `ncclUniqueId`.
         api.check(
             "ncclGetUniqueId",
+            // SAFETY: a valid out-pointer to a whole `ncclUniqueId`.
             unsafe { (api.ncclGetUniqueId)(&mut id) },
             std::ptr::null_mut(),
         )?;
@@ -920,9 +920,9 @@ impl CclAdaptor for NcclCcl {
 
     fn group_start(&self) -> Result<()> {
         let api = self.api()?;
-        // SAFETY: no arguments.
         api.check(
             "ncclGroupStart",
+            // SAFETY: no arguments.
             unsafe { (api.ncclGroupStart)() },
             std::ptr::null_mut(),
         )?;
@@ -954,9 +954,9 @@ impl CclAdaptor for NcclCcl {
         let api = self.api()?;
         let f = api.ncclMemAlloc.ok_or_else(|| api.lacks("ncclMemAlloc"))?;
         let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
         api.check(
             "ncclMemAlloc",
+            // SAFETY: a valid out-pointer.
             unsafe { f(&mut p, bytes) },
             std::ptr::null_mut(),
         )?;
@@ -979,10 +979,10 @@ impl CclAdaptor for NcclCcl {
             .ok_or_else(|| api.lacks("ncclCommRegister"))?;
         self.call(c, |api, comm| {
             let mut h: *mut c_void = std::ptr::null_mut();
-            // SAFETY: a live communicator, `bytes` of device memory at `buf`, a valid
-            // out-pointer.
             api.check(
                 "ncclCommRegister",
+                // SAFETY: a live communicator, `bytes` of device memory at `buf`, a valid
+                // out-pointer.
                 unsafe { f(comm.raw, ptr(buf), bytes, &mut h) },
                 comm.raw,
             )?;

@@ -66,7 +66,9 @@ impl Buffer {
 impl Drop for Buffer {
     fn drop(&mut self) {
         // A failed free at exit is not actionable; the adaptor logs it.
-        let _ = self.device.mem_free(self.ptr, MemKind::DEVICE);
+        // SAFETY: the allocation `new` made, freed once; the worker synchronizes its stream before
+        // its buffers drop.
+        let _ = unsafe { self.device.mem_free(self.ptr, MemKind::DEVICE) };
     }
 }
 
@@ -199,9 +201,13 @@ impl Bench<'_> {
     ) -> Result<(), AdaptorError> {
         let bytes = g.send * self.es;
         pats.inputs[self.rank()].fill(&mut self.host[..bytes], 0);
-        self.comm
-            .device()
-            .mem_copy(send, host_ptr(&self.host), bytes)
+        // SAFETY: `send` is one of `layout`'s addresses, in `a` or `b`, which hold the largest
+        // geometry's input; `self.host` holds `bytes`.
+        unsafe {
+            self.comm
+                .device()
+                .mem_copy(send, host_ptr(&self.host), bytes)
+        }
     }
 
     /// Enqueues one `op` on the communicator's stream through `path`.
@@ -333,7 +339,8 @@ impl Bench<'_> {
         let (send, recv) = self.layout(op, g, in_place);
         let recv_bytes = g.recv * self.es;
         let device = self.comm.device().clone();
-        device.mem_set(recv, POISON, recv_bytes)?;
+        // SAFETY: `recv` is `layout`'s output address, with room for `g.recv` elements.
+        unsafe { device.mem_set(recv, POISON, recv_bytes) }?;
         // In place, a broadcast's non-root input is its output: leaving it poisoned shows
         // whether the root's data arrived.
         if !(in_place && op == Op::Broadcast && self.rank() != self.root) {
@@ -350,14 +357,19 @@ impl Bench<'_> {
         }
         if self.fault {
             if let Some(e) = expect.iter().find(|e| e.len > 0) {
-                device.mem_set(
-                    DevicePtr(recv.0 + (e.start * self.es) as u64),
-                    POISON,
-                    self.es,
-                )?;
+                // SAFETY: element `e.start < g.recv` of the output, after the synchronize above.
+                unsafe {
+                    device.mem_set(
+                        DevicePtr(recv.0 + (e.start * self.es) as u64),
+                        POISON,
+                        self.es,
+                    )
+                }?;
             }
         }
-        device.mem_copy(DevicePtr(self.host.as_mut_ptr() as u64), recv, recv_bytes)?;
+        // SAFETY: `recv_bytes` of the output, after the synchronize above, into `self.host`, which
+        // holds the largest buffer.
+        unsafe { device.mem_copy(DevicePtr(self.host.as_mut_ptr() as u64), recv, recv_bytes) }?;
         let es = self.es;
         Ok(expect
             .iter()
@@ -486,7 +498,8 @@ impl Bench<'_> {
             bytes.extend_from_slice(&w.to_ne_bytes());
         }
         let device = self.comm.device();
-        device.mem_copy(self.stats.at(0), host_ptr(&bytes), bytes.len())?;
+        // SAFETY: `stats` holds 8 bytes per shared value, at least `bytes.len()`.
+        unsafe { device.mem_copy(self.stats.at(0), host_ptr(&bytes), bytes.len()) }?;
         let (t, w) = (self.stats.at(0), self.stats.at(8 * nt));
         // SAFETY: the stats buffer holds `8 * (nt + nw)` bytes (the largest figures a run
         // shares) and lives as long as the worker; the stream is synchronized below.
@@ -497,11 +510,14 @@ impl Bench<'_> {
                 .all_reduce(w, w, nw, DataType::U64, ReduceOp::SUM)?;
         }
         self.comm.synchronize()?;
-        device.mem_copy(
-            DevicePtr(bytes.as_mut_ptr() as u64),
-            self.stats.at(0),
-            bytes.len(),
-        )?;
+        // SAFETY: as above, after the synchronize, into `bytes`.
+        unsafe {
+            device.mem_copy(
+                DevicePtr(bytes.as_mut_ptr() as u64),
+                self.stats.at(0),
+                bytes.len(),
+            )
+        }?;
         let word = |i: usize| -> [u8; 8] { bytes[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]) };
         Ok((
             (0..nt).map(|i| f64::from_ne_bytes(word(i))).collect(),

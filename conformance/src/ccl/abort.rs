@@ -53,8 +53,12 @@ fn abort(ctx: &Ctx<'_>, ids: &UniqueIds) -> Verdict {
     let start = Instant::now();
     let r = api
         .seen(
-            api.ccl
-                .all_reduce(b.ptr(), b.ptr(), 10, DataType::I32, ReduceOp::SUM, c, ctx.s),
+            // SAFETY: `b` holds 10 `i32`s, in place; the stream is synchronized right after, before
+            // `b` drops.
+            unsafe {
+                api.ccl
+                    .all_reduce(b.ptr(), b.ptr(), 10, DataType::I32, ReduceOp::SUM, c, ctx.s)
+            },
         )
         .and_then(|()| ctx.dev.seen(ctx.dev.dev.stream_synchronize(ctx.s)));
     let took = start.elapsed();

@@ -15,15 +15,13 @@ pub(super) fn plan<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
     vec![
         Planned::new("ccl", "bad argument: unknown data type", move || {
             bad(ctx, "all_reduce of DataType(99)", BAD_ARGUMENT, |b| {
-                ctx.ccl.seen(ctx.ccl.ccl.all_reduce(
-                    b,
-                    b,
-                    4,
-                    DataType(99),
-                    ReduceOp::SUM,
-                    ctx.comm,
-                    ctx.s,
-                ))
+                // SAFETY: `b` holds 64 bytes, more than the 4 elements; the call is expected to be
+                // refused, and `bad` spoils the communicator if it is not.
+                ctx.ccl.seen(unsafe {
+                    ctx.ccl
+                        .ccl
+                        .all_reduce(b, b, 4, DataType(99), ReduceOp::SUM, ctx.comm, ctx.s)
+                })
             })
         }),
         Planned::new("ccl", "bad argument: root out of range", move || {
@@ -33,15 +31,12 @@ pub(super) fn plan<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
                 &format!("broadcast from root {root}"),
                 BAD_ARGUMENT,
                 |b| {
-                    ctx.ccl.seen(ctx.ccl.ccl.broadcast(
-                        b,
-                        b,
-                        4,
-                        DataType::F32,
-                        root,
-                        ctx.comm,
-                        ctx.s,
-                    ))
+                    // SAFETY: as above.
+                    ctx.ccl.seen(unsafe {
+                        ctx.ccl
+                            .ccl
+                            .broadcast(b, b, 4, DataType::F32, root, ctx.comm, ctx.s)
+                    })
                 },
             )
         }),
@@ -49,7 +44,8 @@ pub(super) fn plan<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
             let peer = ctx.world as i32;
             bad(ctx, &format!("send to rank {peer}"), BAD_ARGUMENT, |b| {
                 ctx.ccl
-                    .seen(ctx.ccl.ccl.send(b, 4, DataType::F32, peer, ctx.comm, ctx.s))
+                    // SAFETY: as above.
+                    .seen(unsafe { ctx.ccl.ccl.send(b, 4, DataType::F32, peer, ctx.comm, ctx.s) })
             })
         }),
         Planned::new("ccl", "bad argument: null communicator", move || {
@@ -58,15 +54,18 @@ pub(super) fn plan<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
                 "all_reduce on the null communicator",
                 BAD_HANDLE,
                 |b| {
-                    ctx.ccl.seen(ctx.ccl.ccl.all_reduce(
-                        b,
-                        b,
-                        4,
-                        DataType::F32,
-                        ReduceOp::SUM,
-                        Comm::NULL,
-                        ctx.s,
-                    ))
+                    // SAFETY: as above.
+                    ctx.ccl.seen(unsafe {
+                        ctx.ccl.ccl.all_reduce(
+                            b,
+                            b,
+                            4,
+                            DataType::F32,
+                            ReduceOp::SUM,
+                            Comm::NULL,
+                            ctx.s,
+                        )
+                    })
                 },
             )?;
             if ctx.ccl.root().comm_count.is_some() {

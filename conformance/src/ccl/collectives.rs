@@ -178,9 +178,13 @@ fn all_reduce(
         let out = recv.as_ref().unwrap_or(&send);
         ctx.run(&what, || {
             ctx.ccl.seen(
-                ctx.ccl
-                    .ccl
-                    .all_reduce(send.ptr(), out.ptr(), n, dt, op, ctx.comm, ctx.s),
+                // SAFETY: `send` and `out` hold `n` elements of `dt` (the same buffer in place);
+                // `run` waits for the stream before they drop.
+                unsafe {
+                    ctx.ccl
+                        .ccl
+                        .all_reduce(send.ptr(), out.ptr(), n, dt, op, ctx.comm, ctx.s)
+                },
             )
         })?;
         expect(&what, dt, &out.download(n * es)?, n, |i| {
@@ -198,16 +202,20 @@ fn reduce(ctx: &Ctx<'_>, dt: DataType, op: ReduceOp, sizes: &[usize], root: usiz
         let send = upload(ctx, &encode(dt, &ins[ctx.rank]))?;
         let recv = poisoned(ctx, n * es)?;
         ctx.run(&what, || {
-            ctx.ccl.seen(ctx.ccl.ccl.reduce(
-                send.ptr(),
-                recv.ptr(),
-                n,
-                dt,
-                op,
-                root as i32,
-                ctx.comm,
-                ctx.s,
-            ))
+            // SAFETY: `send` and `recv` hold `n` elements of `dt`; `run` waits for the stream
+            // before they drop.
+            ctx.ccl.seen(unsafe {
+                ctx.ccl.ccl.reduce(
+                    send.ptr(),
+                    recv.ptr(),
+                    n,
+                    dt,
+                    op,
+                    root as i32,
+                    ctx.comm,
+                    ctx.s,
+                )
+            })
         })?;
         if ctx.rank == root {
             expect(&what, dt, &recv.download(n * es)?, n, |i| {
@@ -235,15 +243,13 @@ fn broadcast(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize], root: usize, in_place
         };
         let out = recv.as_ref().unwrap_or(&send);
         ctx.run(&what, || {
-            ctx.ccl.seen(ctx.ccl.ccl.broadcast(
-                send.ptr(),
-                out.ptr(),
-                n,
-                dt,
-                root as i32,
-                ctx.comm,
-                ctx.s,
-            ))
+            // SAFETY: `send` and `out` hold `n` elements of `dt` (the same buffer in place); `run`
+            // waits for the stream before they drop.
+            ctx.ccl.seen(unsafe {
+                ctx.ccl
+                    .ccl
+                    .broadcast(send.ptr(), out.ptr(), n, dt, root as i32, ctx.comm, ctx.s)
+            })
         })?;
         expect(&what, dt, &out.download(n * es)?, n, |i| {
             ins[root][i] as f64
@@ -262,9 +268,13 @@ fn all_gather(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize]) -> Verdict {
         let recv = poisoned(ctx, n * es * w)?;
         ctx.run(&what, || {
             ctx.ccl.seen(
-                ctx.ccl
-                    .ccl
-                    .all_gather(send.ptr(), recv.ptr(), n, dt, ctx.comm, ctx.s),
+                // SAFETY: `send` holds `n` and `recv` `n * w` elements of `dt`; `run` waits for the
+                // stream before they drop.
+                unsafe {
+                    ctx.ccl
+                        .ccl
+                        .all_gather(send.ptr(), recv.ptr(), n, dt, ctx.comm, ctx.s)
+                },
             )
         })?;
         expect(&what, dt, &recv.download(n * es * w)?, n * w, |i| {
@@ -283,15 +293,13 @@ fn reduce_scatter(ctx: &Ctx<'_>, dt: DataType, op: ReduceOp, sizes: &[usize]) ->
         let send = upload(ctx, &encode(dt, &ins[me]))?;
         let recv = poisoned(ctx, n * es)?;
         ctx.run(&what, || {
-            ctx.ccl.seen(ctx.ccl.ccl.reduce_scatter(
-                send.ptr(),
-                recv.ptr(),
-                n,
-                dt,
-                op,
-                ctx.comm,
-                ctx.s,
-            ))
+            // SAFETY: `send` holds `n * w` and `recv` `n` elements of `dt`; `run` waits for the
+            // stream before they drop.
+            ctx.ccl.seen(unsafe {
+                ctx.ccl
+                    .ccl
+                    .reduce_scatter(send.ptr(), recv.ptr(), n, dt, op, ctx.comm, ctx.s)
+            })
         })?;
         expect(&what, dt, &recv.download(n * es)?, n, |i| {
             reduced(dt, op, &ins, me * n + i)
@@ -309,15 +317,13 @@ fn gather(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize], root: usize) -> Verdict 
         let send = upload(ctx, &encode(dt, &ins[ctx.rank]))?;
         let recv = poisoned(ctx, n * es * w)?;
         ctx.run(&what, || {
-            ctx.ccl.seen(ctx.ccl.ccl.gather(
-                send.ptr(),
-                recv.ptr(),
-                n,
-                dt,
-                root as i32,
-                ctx.comm,
-                ctx.s,
-            ))
+            // SAFETY: `send` holds `n` and `recv` `n * w` elements of `dt`; `run` waits for the
+            // stream before they drop.
+            ctx.ccl.seen(unsafe {
+                ctx.ccl
+                    .ccl
+                    .gather(send.ptr(), recv.ptr(), n, dt, root as i32, ctx.comm, ctx.s)
+            })
         })?;
         if ctx.rank == root {
             expect(&what, dt, &recv.download(n * es * w)?, n * w, |i| {
@@ -337,15 +343,13 @@ fn scatter(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize], root: usize) -> Verdict
         let send = upload(ctx, &encode(dt, &ins[me]))?;
         let recv = poisoned(ctx, n * es)?;
         ctx.run(&what, || {
-            ctx.ccl.seen(ctx.ccl.ccl.scatter(
-                send.ptr(),
-                recv.ptr(),
-                n,
-                dt,
-                root as i32,
-                ctx.comm,
-                ctx.s,
-            ))
+            // SAFETY: `send` holds `n * w` and `recv` `n` elements of `dt`; `run` waits for the
+            // stream before they drop.
+            ctx.ccl.seen(unsafe {
+                ctx.ccl
+                    .ccl
+                    .scatter(send.ptr(), recv.ptr(), n, dt, root as i32, ctx.comm, ctx.s)
+            })
         })?;
         expect(&what, dt, &recv.download(n * es)?, n, |i| {
             ins[root][me * n + i] as f64
@@ -364,9 +368,13 @@ fn all_to_all(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize]) -> Verdict {
         let recv = poisoned(ctx, n * es * w)?;
         ctx.run(&what, || {
             ctx.ccl.seen(
-                ctx.ccl
-                    .ccl
-                    .all_to_all(send.ptr(), recv.ptr(), n, dt, ctx.comm, ctx.s),
+                // SAFETY: `send` and `recv` hold `n * w` elements of `dt`; `run` waits for the
+                // stream before they drop.
+                unsafe {
+                    ctx.ccl
+                        .ccl
+                        .all_to_all(send.ptr(), recv.ptr(), n, dt, ctx.comm, ctx.s)
+                },
             )
         })?;
         // Block r of this rank's output is block `me` of rank r's input.
@@ -421,17 +429,21 @@ fn all_to_allv(ctx: &Ctx<'_>, dt: DataType, max: usize, large: bool) -> Verdict 
     let send = upload(ctx, &encode(dt, &sendv))?;
     let recv = poisoned(ctx, rlen * es)?;
     ctx.run(&what, || {
-        ctx.ccl.seen(ctx.ccl.ccl.all_to_allv(
-            send.ptr(),
-            &sc,
-            &sd,
-            recv.ptr(),
-            &rc,
-            &rd,
-            dt,
-            ctx.comm,
-            ctx.s,
-        ))
+        // SAFETY: `send` holds `slen` and `recv` `rlen` elements of `dt`, and every block of
+        // `sc`/`sd` and `rc`/`rd` lies within them; `run` waits for the stream before they drop.
+        ctx.ccl.seen(unsafe {
+            ctx.ccl.ccl.all_to_allv(
+                send.ptr(),
+                &sc,
+                &sd,
+                recv.ptr(),
+                &rc,
+                &rd,
+                dt,
+                ctx.comm,
+                ctx.s,
+            )
+        })
     })?;
     let got = recv.download(rlen * es)?;
     for from in 0..w {
@@ -481,13 +493,20 @@ fn ring(ctx: &Ctx<'_>, sizes: &[usize]) -> Verdict {
         ctx.run(&what, || {
             grouped(ctx, || {
                 ctx.ccl
-                    .seen(c.send(send.ptr(), n, dt, next as i32, ctx.comm, ctx.s))?;
+                    // SAFETY: `send`, `from_prev` and `from_next` hold `n` elements of `dt`; `run`
+                    // waits for the stream before they drop.
+                    .seen(unsafe { c.send(send.ptr(), n, dt, next as i32, ctx.comm, ctx.s) })?;
                 ctx.ccl
-                    .seen(c.send(send.ptr(), n, dt, prev as i32, ctx.comm, ctx.s))?;
+                    // SAFETY: as above.
+                    .seen(unsafe { c.send(send.ptr(), n, dt, prev as i32, ctx.comm, ctx.s) })?;
                 ctx.ccl
-                    .seen(c.recv(from_prev.ptr(), n, dt, prev as i32, ctx.comm, ctx.s))?;
+                    // SAFETY: as above.
+                    .seen(unsafe {
+                        c.recv(from_prev.ptr(), n, dt, prev as i32, ctx.comm, ctx.s)
+                    })?;
                 ctx.ccl
-                    .seen(c.recv(from_next.ptr(), n, dt, next as i32, ctx.comm, ctx.s))
+                    // SAFETY: as above.
+                    .seen(unsafe { c.recv(from_next.ptr(), n, dt, next as i32, ctx.comm, ctx.s) })
             })
         })?;
         expect(
@@ -525,9 +544,16 @@ fn p2p_all_to_all(ctx: &Ctx<'_>, n: usize) -> Verdict {
         grouped(ctx, || {
             for peer in 0..w {
                 ctx.ccl
-                    .seen(c.send(block(&send, peer), n, dt, peer as i32, ctx.comm, ctx.s))?;
+                    // SAFETY: block `peer` of `send` and of `recv` holds `n` elements of `dt` (both
+                    // hold `n * w`); `run` waits for the stream before they drop.
+                    .seen(unsafe {
+                        c.send(block(&send, peer), n, dt, peer as i32, ctx.comm, ctx.s)
+                    })?;
                 ctx.ccl
-                    .seen(c.recv(block(&recv, peer), n, dt, peer as i32, ctx.comm, ctx.s))?;
+                    // SAFETY: as above.
+                    .seen(unsafe {
+                        c.recv(block(&recv, peer), n, dt, peer as i32, ctx.comm, ctx.s)
+                    })?;
             }
             Ok(())
         })

@@ -62,14 +62,13 @@ fn ipc(ctx: &Ctx<'_>) -> Verdict {
     let recv = DevBuf::device(dev, max * ctx.world)?;
     send.upload(&padded)?;
     ctx.run("exchanging IPC handles", || {
-        ctx.ccl.seen(ctx.ccl.ccl.all_gather(
-            send.ptr(),
-            recv.ptr(),
-            max,
-            DataType::U8,
-            ctx.comm,
-            ctx.s,
-        ))
+        // SAFETY: `send` holds `max` and `recv` `max * world` bytes; `run` waits for the stream
+        // before they drop.
+        ctx.ccl.seen(unsafe {
+            ctx.ccl
+                .ccl
+                .all_gather(send.ptr(), recv.ptr(), max, DataType::U8, ctx.comm, ctx.s)
+        })
     })?;
     let all = recv.download(max * ctx.world)?;
     let peer = (ctx.rank + 1) % ctx.world;
@@ -121,7 +120,9 @@ fn open_and_read(ctx: &Ctx<'_>, handle: &[u8]) -> Result<Vec<u8>, Stop> {
         ipc_import(handle.as_ptr(), handle.len(), &mut p)
     )?;
     let mut got = vec![0u8; BYTES];
-    let read = dev.seen(dev.dev.mem_copy(host_ptr_mut(&mut got), p, BYTES));
+    // SAFETY: `p` is a peer's allocation of `BYTES`, opened above and closed after; `got` holds
+    // `BYTES`.
+    let read = dev.seen(unsafe { dev.dev.mem_copy(host_ptr_mut(&mut got), p, BYTES) });
     let closed = raw_call!(dev, dev.root(), ipc_close(p));
     read?;
     closed?;

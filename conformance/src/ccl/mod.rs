@@ -177,15 +177,18 @@ impl Ctx<'_> {
         let b = DevBuf::device(self.dev, 4)?;
         b.upload(&1i32.to_ne_bytes())?;
         self.run(what, || {
-            self.ccl.seen(self.ccl.ccl.all_reduce(
-                b.ptr(),
-                b.ptr(),
-                1,
-                DataType::I32,
-                ReduceOp::SUM,
-                self.comm,
-                self.s,
-            ))
+            // SAFETY: `b` holds one `i32`, in place; `run` waits for the stream before it drops.
+            self.ccl.seen(unsafe {
+                self.ccl.ccl.all_reduce(
+                    b.ptr(),
+                    b.ptr(),
+                    1,
+                    DataType::I32,
+                    ReduceOp::SUM,
+                    self.comm,
+                    self.s,
+                )
+            })
         })
     }
 
@@ -195,14 +198,13 @@ impl Ctx<'_> {
         let recv = DevBuf::device(self.dev, 8 * self.world)?;
         send.upload(&value.to_ne_bytes())?;
         self.run(what, || {
-            self.ccl.seen(self.ccl.ccl.all_gather(
-                send.ptr(),
-                recv.ptr(),
-                1,
-                DataType::U64,
-                self.comm,
-                self.s,
-            ))
+            // SAFETY: `send` holds one and `recv` `world` `u64`s; `run` waits for the stream before
+            // they drop.
+            self.ccl.seen(unsafe {
+                self.ccl
+                    .ccl
+                    .all_gather(send.ptr(), recv.ptr(), 1, DataType::U64, self.comm, self.s)
+            })
         })?;
         let bytes = recv.download(8 * self.world)?;
         Ok(bytes

@@ -32,13 +32,20 @@ fn ccl_memory(ctx: &Ctx<'_>) -> Verdict {
     let dev = ctx.dev;
     let moved = dev
         .seen(
-            dev.dev
-                .mem_copy(p, crate::buffer::host_ptr(&data), data.len()),
+            // SAFETY: `p` is a fresh CCL allocation of 64 KiB, the device's memory; `data` holds as
+            // many bytes.
+            unsafe {
+                dev.dev
+                    .mem_copy(p, crate::buffer::host_ptr(&data), data.len())
+            },
         )
         .and_then(|()| {
             dev.seen(
-                dev.dev
-                    .mem_copy(crate::buffer::host_ptr_mut(&mut back), p, data.len()),
+                // SAFETY: as above, into `back`, which holds 64 KiB.
+                unsafe {
+                    dev.dev
+                        .mem_copy(crate::buffer::host_ptr_mut(&mut back), p, data.len())
+                },
             )
         });
     let freed = raw_call!(api, api.root(), mem_free(p));

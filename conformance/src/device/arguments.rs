@@ -41,17 +41,23 @@ pub(super) fn run(r: &mut Runner<'_>, api: &DeviceApi, memory: &Option<Outcome>)
 }
 
 /// Frees what a call that should have failed allocated anyway.
-fn free_if(api: &DeviceApi, p: DevicePtr, kind: MemKind) {
+///
+/// # Safety
+///
+/// `p` is null or an allocation of `kind` the device returned, unused and not freed.
+unsafe fn free_if(api: &DeviceApi, p: DevicePtr, kind: MemKind) {
     if p != DevicePtr::NULL {
         // Observed; the check already failed on the success.
-        let _ = api.seen(api.dev.mem_free(p, kind));
+        // SAFETY: the caller's contract.
+        let _ = api.seen(unsafe { api.dev.mem_free(p, kind) });
     }
 }
 
 fn zero_size(api: &DeviceApi) -> Verdict {
     let mut p = DevicePtr::NULL;
     let r = raw_call!(api, api.root(), mem_alloc(0, MemKind::DEVICE, &mut p));
-    free_if(api, p, MemKind::DEVICE);
+    // SAFETY: null, or what the refused call allocated anyway, unused.
+    unsafe { free_if(api, p, MemKind::DEVICE) };
     refused("mem_alloc of 0 bytes", r, BAD_ARGUMENT)
 }
 
@@ -59,7 +65,8 @@ fn unknown_kind(api: &DeviceApi) -> Verdict {
     let mut p = DevicePtr::NULL;
     let kind = MemKind(99);
     let r = raw_call!(api, api.root(), mem_alloc(64, kind, &mut p));
-    free_if(api, p, kind);
+    // SAFETY: null, or what the refused call allocated anyway, unused.
+    unsafe { free_if(api, p, kind) };
     refused("mem_alloc of MemKind(99)", r, BAD_ARGUMENT)
 }
 
@@ -68,21 +75,27 @@ fn null_address(api: &DeviceApi) -> Verdict {
     let mut host = vec![0u8; 64];
     refused(
         "mem_copy to address 0",
-        api.seen(api.dev.mem_copy(DevicePtr::NULL, b.ptr(), 64)),
+        // SAFETY: address 0 is the bad argument the ABI requires the adaptor to refuse; `b` holds
+        // 64 bytes.
+        api.seen(unsafe { api.dev.mem_copy(DevicePtr::NULL, b.ptr(), 64) }),
         BAD_ARGUMENT,
     )?;
     refused(
         "mem_copy from address 0",
         api.seen(
-            api.dev
-                .mem_copy(host_ptr_mut(&mut host), DevicePtr::NULL, 64),
+            // SAFETY: as above; `host` holds 64 bytes.
+            unsafe {
+                api.dev
+                    .mem_copy(host_ptr_mut(&mut host), DevicePtr::NULL, 64)
+            },
         ),
         BAD_ARGUMENT,
     )?;
     if api.root().mem_set.is_some() {
         refused(
             "mem_set at address 0",
-            api.seen(api.dev.mem_set(DevicePtr::NULL, 0, 64)),
+            // SAFETY: address 0 is the bad argument the ABI requires the adaptor to refuse.
+            api.seen(unsafe { api.dev.mem_set(DevicePtr::NULL, 0, 64) }),
             BAD_ARGUMENT,
         )?;
     }
@@ -173,10 +186,13 @@ fn null_event(api: &DeviceApi) -> Verdict {
 
 fn freed(api: &DeviceApi) -> Verdict {
     let p = api.seen(api.dev.mem_alloc(64, MemKind::DEVICE))?;
-    api.seen(api.dev.mem_free(p, MemKind::DEVICE))?;
+    // SAFETY: `p` is the allocation just made, unused.
+    api.seen(unsafe { api.dev.mem_free(p, MemKind::DEVICE) })?;
     refused(
         "mem_free of a pointer already freed",
-        api.seen(api.dev.mem_free(p, MemKind::DEVICE)),
+        // SAFETY: freeing `p` again is the bad argument the ABI requires the adaptor to refuse (a
+        // handle-checked free).
+        api.seen(unsafe { api.dev.mem_free(p, MemKind::DEVICE) }),
         BAD_HANDLE,
     )
 }

@@ -39,8 +39,11 @@ fn graph(api: &DeviceApi) -> Verdict {
     let stream = OwnedStream::new(api)?;
     let s = stream.s;
     let g = api.seen(graphs.capture(s, || {
-        dev.mem_set_async(a.ptr(), 0x5A, BYTES, s)?;
-        dev.mem_copy_async(b.ptr(), a.ptr(), BYTES, s)
+        // SAFETY: `a` and `b` hold `BYTES` and outlive the graph's launches, each synchronized
+        // below.
+        unsafe { dev.mem_set_async(a.ptr(), 0x5A, BYTES, s) }?;
+        // SAFETY: as above.
+        unsafe { dev.mem_copy_async(b.ptr(), a.ptr(), BYTES, s) }
     }))?;
     api.seen(dev.stream_synchronize(s))?;
     if b.download(BYTES)?.iter().any(|&x| x != 0) {

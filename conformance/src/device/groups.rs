@@ -218,13 +218,17 @@ fn flat_map(api: &DeviceApi) -> Verdict {
     };
     // Slot 0 maps the allocation, slot 1 its import: one memory seen at two addresses.
     let first = pattern(size, 0xF1A7);
-    api.seen(api.dev.mem_copy(s0.addr(), host_ptr(&first), size))?;
+    // SAFETY: slot 0 maps `size` bytes; `first` holds `size`.
+    api.seen(unsafe { api.dev.mem_copy(s0.addr(), host_ptr(&first), size) })?;
     let mut seen = vec![0u8; size];
-    api.seen(api.dev.mem_copy(host_ptr_mut(&mut seen), s1.addr(), size))?;
+    // SAFETY: slot 1 maps `size` bytes; `seen` holds `size`.
+    api.seen(unsafe { api.dev.mem_copy(host_ptr_mut(&mut seen), s1.addr(), size) })?;
     differ("written at slot 0, read at slot 1", &seen, &first)?;
     let second = pattern(size, 0x2F1A);
-    api.seen(api.dev.mem_copy(s1.addr(), host_ptr(&second), size))?;
-    api.seen(api.dev.mem_copy(host_ptr_mut(&mut seen), s0.addr(), size))?;
+    // SAFETY: slot 1 maps `size` bytes; `second` holds `size`.
+    api.seen(unsafe { api.dev.mem_copy(s1.addr(), host_ptr(&second), size) })?;
+    // SAFETY: slot 0 maps `size` bytes; `seen` holds `size`.
+    api.seen(unsafe { api.dev.mem_copy(host_ptr_mut(&mut seen), s0.addr(), size) })?;
     differ("written at slot 1, read at slot 0", &seen, &second)?;
     s1.unmap()?;
     s0.unmap()?;

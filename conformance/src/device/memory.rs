@@ -69,7 +69,8 @@ fn round_trip(api: &DeviceApi, kind: MemKind) -> Verdict {
         // Device to device, whole and at odd offsets.
         let b = alloc(api, n, kind)?;
         b.fill(0)?;
-        api.seen(api.dev.mem_copy(b.ptr(), a.ptr(), n))?;
+        // SAFETY: `a` and `b` are distinct allocations of `n` bytes.
+        api.seen(unsafe { api.dev.mem_copy(b.ptr(), a.ptr(), n) })?;
         differ(
             &format!("{n} bytes copied within the device"),
             &b.download(n)?,
@@ -77,7 +78,8 @@ fn round_trip(api: &DeviceApi, kind: MemKind) -> Verdict {
         )?;
         if n > 8 {
             let len = n - 5;
-            api.seen(api.dev.mem_copy(b.at(2), a.at(3), len))?;
+            // SAFETY: `len + 3 <= n` bytes of distinct allocations of `n`.
+            api.seen(unsafe { api.dev.mem_copy(b.at(2), a.at(3), len) })?;
             let mut want = data.clone();
             want.copy_within(3..3 + len, 2);
             differ(
@@ -110,7 +112,8 @@ fn mem_set(api: &DeviceApi) -> Verdict {
         let data = pattern(n, 0x5E7);
         let b = DevBuf::device(api, n)?;
         b.upload(&data)?;
-        api.seen(api.dev.mem_set(b.at(off), 0xA5, len))?;
+        // SAFETY: `off + len <= n`, the size of `b`.
+        api.seen(unsafe { api.dev.mem_set(b.at(off), 0xA5, len) })?;
         let mut want = data.clone();
         want[off..off + len].fill(0xA5);
         differ(
@@ -119,7 +122,8 @@ fn mem_set(api: &DeviceApi) -> Verdict {
             &want,
         )?;
         // Zero bytes: nothing changes, and it is not an error.
-        api.seen(api.dev.mem_set(b.ptr(), 0, 0))?;
+        // SAFETY: zero bytes of the live `b`.
+        api.seen(unsafe { api.dev.mem_set(b.ptr(), 0, 0) })?;
         ensure(b.download(n)? == want, || {
             "a mem_set of 0 bytes changed memory".to_string()
         })?;

@@ -114,8 +114,14 @@ fn event_query(api: &DeviceApi, e: Event) -> Res<Option<bool>> {
     }
 }
 
-fn copy_on(api: &DeviceApi, dst: DevicePtr, src: DevicePtr, n: usize, s: Stream) -> Res<()> {
-    api.seen(api.dev.mem_copy_async(dst, src, n, s))
+/// `mem_copy_async`, observed.
+///
+/// # Safety
+///
+/// As [`ferrocx::adaptor::Device::mem_copy_async`].
+unsafe fn copy_on(api: &DeviceApi, dst: DevicePtr, src: DevicePtr, n: usize, s: Stream) -> Res<()> {
+    // SAFETY: the caller's contract.
+    api.seen(unsafe { api.dev.mem_copy_async(dst, src, n, s) })
 }
 
 fn sync(api: &DeviceApi, s: Stream) -> Res<()> {
@@ -151,10 +157,14 @@ fn copy_async_order(api: &DeviceApi) -> Verdict {
     b.fill(0xEE)?;
     let mut out = vec![0xEEu8; BIG];
     // Each copy reads what the one before it wrote: any reordering shows in `out` or `a`.
-    copy_on(api, a.ptr(), host_ptr(&data), BIG, s.s)?;
-    copy_on(api, b.ptr(), a.ptr(), BIG, s.s)?;
-    copy_on(api, a.ptr(), host_ptr(&zeros), BIG, s.s)?;
-    copy_on(api, host_ptr_mut(&mut out), b.ptr(), BIG, s.s)?;
+    // SAFETY: `a`, `b`, `data`, `zeros` and `out` hold `BIG` bytes each and live past the
+    // synchronize below (an early return fails the check; its stream is destroyed last).
+    unsafe {
+        copy_on(api, a.ptr(), host_ptr(&data), BIG, s.s)?;
+        copy_on(api, b.ptr(), a.ptr(), BIG, s.s)?;
+        copy_on(api, a.ptr(), host_ptr(&zeros), BIG, s.s)?;
+        copy_on(api, host_ptr_mut(&mut out), b.ptr(), BIG, s.s)?;
+    }
     sync(api, s.s)?;
     differ("host → a → b → host", &out, &data)?;
     differ("a, overwritten last", &a.download(BIG)?, &zeros)
@@ -285,10 +295,12 @@ fn wait_orders_copies(api: &DeviceApi) -> Verdict {
     x.upload(&data)?;
     y.fill(0)?;
     z.fill(0)?;
-    copy_on(api, y.ptr(), x.ptr(), BIG, a.s)?;
+    // SAFETY: `x`, `y` and `z` hold `BIG` bytes each and live past both streams' synchronize.
+    unsafe { copy_on(api, y.ptr(), x.ptr(), BIG, a.s) }?;
     api.seen(api.dev.event_record(e.e, a.s))?;
     api.seen(api.dev.stream_wait_event(b.s, e.e))?;
-    copy_on(api, z.ptr(), y.ptr(), BIG, b.s)?;
+    // SAFETY: as above.
+    unsafe { copy_on(api, z.ptr(), y.ptr(), BIG, b.s) }?;
     sync(api, b.s)?;
     differ(
         "copied on stream B after a wait on stream A's copy",

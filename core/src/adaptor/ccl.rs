@@ -169,8 +169,15 @@ impl Ccl {
     }
 
     /// All-reduce of `count` elements.
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable and `recv` writable for `count` elements of `dtype`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and written (or, for `recv`, read) by nothing else in that time. `send == recv` is
+    /// the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(
+    pub unsafe fn all_reduce(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -184,7 +191,14 @@ impl Ccl {
     }
 
     /// All-gather of `send_count` elements per rank.
-    pub fn all_gather(
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable for `send_count` and `recv` writable for `send_count * nranks` elements
+    /// of `dtype` ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on
+    /// `stream`: not freed, and written (or, for `recv`, read) by nothing else in that time.
+    /// `send == recv` is the in-place form; the ranges overlap in no other way.
+    pub unsafe fn all_gather(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -200,8 +214,15 @@ impl Ccl {
     }
 
     /// Reduce-scatter of `recv_count` elements per rank.
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable for `recv_count * nranks` and `recv` writable for `recv_count` elements
+    /// of `dtype` ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on
+    /// `stream`: not freed, and written (or, for `recv`, read) by nothing else in that time.
+    /// `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter(
+    pub unsafe fn reduce_scatter(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -218,8 +239,15 @@ impl Ccl {
     }
 
     /// Broadcast from `root`.
+    ///
+    /// # Safety
+    ///
+    /// `recv` is writable for `count` elements of `dtype`, and on `root` `send` is readable for as
+    /// many ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on
+    /// `stream`: not freed, and written (or, for `recv`, read) by nothing else in that time.
+    /// `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn broadcast(
+    pub unsafe fn broadcast(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -236,8 +264,15 @@ impl Ccl {
     }
 
     /// Reduce to `root`.
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable for `count` elements of `dtype`, and on `root` `recv` is writable for as
+    /// many ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on
+    /// `stream`: not freed, and written (or, for `recv`, read) by nothing else in that time.
+    /// `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn reduce(
+    pub unsafe fn reduce(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -255,8 +290,15 @@ impl Ccl {
     }
 
     /// Gather to `root`.
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable for `send_count` elements of `dtype`, and on `root` `recv` is writable
+    /// for `send_count * nranks` ([valid ranges](crate::adaptor#valid-ranges)) until the operation
+    /// completes on `stream`: not freed, and written (or, for `recv`, read) by nothing else in that
+    /// time. `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn gather(
+    pub unsafe fn gather(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -273,8 +315,15 @@ impl Ccl {
     }
 
     /// Scatter from `root`.
+    ///
+    /// # Safety
+    ///
+    /// `recv` is writable for `recv_count` elements of `dtype`, and on `root` `send` is readable
+    /// for `recv_count * nranks` ([valid ranges](crate::adaptor#valid-ranges)) until the operation
+    /// completes on `stream`: not freed, and written (or, for `recv`, read) by nothing else in that
+    /// time. `send == recv` is the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn scatter(
+    pub unsafe fn scatter(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -291,7 +340,14 @@ impl Ccl {
     }
 
     /// All-to-all with `count` elements per peer.
-    pub fn all_to_all(
+    ///
+    /// # Safety
+    ///
+    /// `send` is readable and `recv` writable for `count * nranks` elements of `dtype`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and written (or, for `recv`, read) by nothing else in that time. `send == recv` is
+    /// the in-place form; the ranges overlap in no other way.
+    pub unsafe fn all_to_all(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -304,8 +360,16 @@ impl Ccl {
     }
 
     /// All-to-all with per-peer counts and displacements (elements; one entry per rank).
+    ///
+    /// # Safety
+    ///
+    /// For every rank `r`, `send` is readable for `send_counts[r]` elements of `dtype` from element
+    /// `send_displs[r]`, and `recv` writable for `recv_counts[r]` from element `recv_displs[r]`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and written (or, for `recv`, read) by nothing else in that time. `send == recv` is
+    /// the in-place form; the ranges overlap in no other way.
     #[allow(clippy::too_many_arguments)]
-    pub fn all_to_allv(
+    pub unsafe fn all_to_allv(
         &self,
         send: DevicePtr,
         send_counts: &[usize],
@@ -350,7 +414,13 @@ impl Ccl {
     }
 
     /// Sends `count` elements to `peer`.
-    pub fn send(
+    ///
+    /// # Safety
+    ///
+    /// `buf` is readable for `count` elements of `dtype`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and written by nothing else in that time.
+    pub unsafe fn send(
         &self,
         buf: DevicePtr,
         count: usize,
@@ -363,7 +433,13 @@ impl Ccl {
     }
 
     /// Receives `count` elements from `peer`.
-    pub fn recv(
+    ///
+    /// # Safety
+    ///
+    /// `buf` is writable for `count` elements of `dtype`
+    /// ([valid ranges](crate::adaptor#valid-ranges)) until the operation completes on `stream`: not
+    /// freed, and used by nothing else in that time.
+    pub unsafe fn recv(
         &self,
         buf: DevicePtr,
         count: usize,

@@ -129,7 +129,8 @@ impl Device {
         })
     }
 
-    /// Allocates memory.
+    /// Allocates memory. The caller owns the address and frees it with [`Device::mem_free`];
+    /// [`DeviceBuffer`](super::DeviceBuffer) does both and moves data with bounds checks.
     pub fn mem_alloc(&self, bytes: usize, kind: MemKind) -> Result<DevicePtr, AdaptorError> {
         let mut p = DevicePtr::NULL;
         call!(self, self.tables.root.get(), mem_alloc(bytes, kind, &mut p))?;
@@ -137,12 +138,23 @@ impl Device {
     }
 
     /// Frees memory.
-    pub fn mem_free(&self, ptr: DevicePtr, kind: MemKind) -> Result<(), AdaptorError> {
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is an address this adaptor's [`Device::mem_alloc`] returned with the same `kind`,
+    /// not freed since; no pending work on any stream uses it, and nothing uses it afterwards.
+    pub unsafe fn mem_free(&self, ptr: DevicePtr, kind: MemKind) -> Result<(), AdaptorError> {
         call!(self, self.tables.root.get(), mem_free(ptr, kind))
     }
 
     /// Copies synchronously.
-    pub fn mem_copy(
+    ///
+    /// # Safety
+    ///
+    /// `src` is readable and `dst` writable for `bytes` bytes (see
+    /// [valid ranges](crate::adaptor#valid-ranges)); the two ranges do not overlap, and no pending
+    /// work on a stream writes either of them (or reads `dst`).
+    pub unsafe fn mem_copy(
         &self,
         dst: DevicePtr,
         src: DevicePtr,
@@ -152,7 +164,17 @@ impl Device {
     }
 
     /// Sets bytes synchronously.
-    pub fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<(), AdaptorError> {
+    ///
+    /// # Safety
+    ///
+    /// `dst` is writable for `bytes` bytes (see [valid ranges](crate::adaptor#valid-ranges)), and
+    /// no pending work on a stream uses that range.
+    pub unsafe fn mem_set(
+        &self,
+        dst: DevicePtr,
+        value: u8,
+        bytes: usize,
+    ) -> Result<(), AdaptorError> {
         call!(self, self.tables.root.get(), mem_set(dst, value, bytes))
     }
 
@@ -168,7 +190,14 @@ impl Device {
     }
 
     /// Enqueues a copy on `stream`.
-    pub fn mem_copy_async(
+    ///
+    /// # Safety
+    ///
+    /// `src` is readable and `dst` writable for `bytes` bytes (see
+    /// [valid ranges](crate::adaptor#valid-ranges)) from the call until the copy completes on
+    /// `stream`; the ranges do not overlap, and in that time nothing else writes either of them
+    /// (or reads `dst`) and neither is freed.
+    pub unsafe fn mem_copy_async(
         &self,
         dst: DevicePtr,
         src: DevicePtr,
@@ -183,7 +212,13 @@ impl Device {
     }
 
     /// Enqueues a memset on `stream`.
-    pub fn mem_set_async(
+    ///
+    /// # Safety
+    ///
+    /// `dst` is writable for `bytes` bytes (see [valid ranges](crate::adaptor#valid-ranges)) from
+    /// the call until the memset completes on `stream`; in that time nothing else uses the range
+    /// and it is not freed.
+    pub unsafe fn mem_set_async(
         &self,
         dst: DevicePtr,
         value: u8,

@@ -124,8 +124,12 @@ impl<'a> Call<'a> {
             route
         };
         self.on_ccl(Collective::AllReduce, route, || {
-            c.ccl
-                .all_reduce(send, recv, count, dtype, op, c.comm, self.stream)
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe {
+                c.ccl
+                    .all_reduce(send, recv, count, dtype, op, c.comm, self.stream)
+            }
         })
     }
 
@@ -171,16 +175,20 @@ impl<'a> Call<'a> {
         let _span = span(Collective::Reduce, bytes, dtype, route).entered();
         let c = self.comm;
         self.on_ccl(Collective::Reduce, route, || {
-            c.ccl.reduce(
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-                root_of(root),
-                c.comm,
-                self.stream,
-            )
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe {
+                c.ccl.reduce(
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    op,
+                    root_of(root),
+                    c.comm,
+                    self.stream,
+                )
+            }
         })
     }
 
@@ -202,8 +210,12 @@ impl<'a> Call<'a> {
         let _span = span(Collective::Broadcast, bytes, dtype, route).entered();
         let c = self.comm;
         self.on_ccl(Collective::Broadcast, route, || {
-            c.ccl
-                .broadcast(send, recv, count, dtype, root_of(root), c.comm, self.stream)
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe {
+                c.ccl
+                    .broadcast(send, recv, count, dtype, root_of(root), c.comm, self.stream)
+            }
         })
     }
 
@@ -224,8 +236,12 @@ impl<'a> Call<'a> {
         let _span = span(Collective::AllGather, bytes, dtype, route).entered();
         let c = self.comm;
         self.on_ccl(Collective::AllGather, route, || {
-            c.ccl
-                .all_gather(send, recv, send_count, dtype, c.comm, self.stream)
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe {
+                c.ccl
+                    .all_gather(send, recv, send_count, dtype, c.comm, self.stream)
+            }
         })
     }
 
@@ -248,8 +264,12 @@ impl<'a> Call<'a> {
         let _span = span(Collective::ReduceScatter, bytes, dtype, route).entered();
         let c = self.comm;
         self.on_ccl(Collective::ReduceScatter, route, || {
-            c.ccl
-                .reduce_scatter(send, recv, recv_count, dtype, op, c.comm, self.stream)
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe {
+                c.ccl
+                    .reduce_scatter(send, recv, recv_count, dtype, op, c.comm, self.stream)
+            }
         })
     }
 
@@ -271,15 +291,19 @@ impl<'a> Call<'a> {
         let _span = span(Collective::Gather, bytes, dtype, route).entered();
         let c = self.comm;
         self.on_ccl(Collective::Gather, route, || {
-            c.ccl.gather(
-                send,
-                recv,
-                send_count,
-                dtype,
-                root_of(root),
-                c.comm,
-                self.stream,
-            )
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe {
+                c.ccl.gather(
+                    send,
+                    recv,
+                    send_count,
+                    dtype,
+                    root_of(root),
+                    c.comm,
+                    self.stream,
+                )
+            }
         })
     }
 
@@ -301,15 +325,19 @@ impl<'a> Call<'a> {
         let _span = span(Collective::Scatter, bytes, dtype, route).entered();
         let c = self.comm;
         self.on_ccl(Collective::Scatter, route, || {
-            c.ccl.scatter(
-                send,
-                recv,
-                recv_count,
-                dtype,
-                root_of(root),
-                c.comm,
-                self.stream,
-            )
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe {
+                c.ccl.scatter(
+                    send,
+                    recv,
+                    recv_count,
+                    dtype,
+                    root_of(root),
+                    c.comm,
+                    self.stream,
+                )
+            }
         })
     }
 
@@ -330,8 +358,12 @@ impl<'a> Call<'a> {
         let _span = span(Collective::AllToAll, bytes, dtype, route).entered();
         let c = self.comm;
         self.on_ccl(Collective::AllToAll, route, || {
-            c.ccl
-                .all_to_all(send, recv, count, dtype, c.comm, self.stream)
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe {
+                c.ccl
+                    .all_to_all(send, recv, count, dtype, c.comm, self.stream)
+            }
         })
     }
 
@@ -357,17 +389,21 @@ impl<'a> Call<'a> {
         let _span = span(Collective::AllToAllv, bytes, dtype, route).entered();
         let c = self.comm;
         self.on_ccl(Collective::AllToAllv, route, || {
-            c.ccl.all_to_allv(
-                send,
-                send_counts,
-                send_displs,
-                recv,
-                recv_counts,
-                recv_displs,
-                dtype,
-                c.comm,
-                self.stream,
-            )
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe {
+                c.ccl.all_to_allv(
+                    send,
+                    send_counts,
+                    send_displs,
+                    recv,
+                    recv_counts,
+                    recv_displs,
+                    dtype,
+                    c.comm,
+                    self.stream,
+                )
+            }
         })
     }
 
@@ -390,7 +426,9 @@ impl<'a> Call<'a> {
         let c = self.comm;
         let peer = c.peer(peer)?;
         self.on_ccl(Collective::Send, route, || {
-            c.ccl.send(buf, count, dtype, peer, c.comm, self.stream)
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe { c.ccl.send(buf, count, dtype, peer, c.comm, self.stream) }
         })
     }
 
@@ -411,7 +449,9 @@ impl<'a> Call<'a> {
         let c = self.comm;
         let peer = c.peer(peer)?;
         self.on_ccl(Collective::Recv, route, || {
-            c.ccl.recv(buf, count, dtype, peer, c.comm, self.stream)
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+            // the barrier word is the communicator's own, live until it drops.
+            unsafe { c.ccl.recv(buf, count, dtype, peer, c.comm, self.stream) }
         })
     }
 
@@ -437,8 +477,12 @@ impl<'a> Call<'a> {
             route => {
                 let word = c.barrier_word()?;
                 self.on_ccl(Collective::Barrier, route, || {
-                    c.ccl
-                        .all_reduce(word, word, 1, dtype, ReduceOp::SUM, c.comm, self.stream)
+                    // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
+                    // the barrier word is the communicator's own, live until it drops.
+                    unsafe {
+                        c.ccl
+                            .all_reduce(word, word, 1, dtype, ReduceOp::SUM, c.comm, self.stream)
+                    }
                 })
             }
         }

@@ -382,7 +382,7 @@ impl Communicator {
     /// Registers a window that ferrocx's own algorithms address peer by peer: as
     /// [`Communicator::register_window`], but never through the CCL's window group (whose
     /// windows have no peer addresses): the symmetric heap, else IPC handles. Collective.
-    pub fn register_peer_window(
+    pub(crate) fn register_peer_window(
         &self,
         buffer: DevicePtr,
         size: usize,
@@ -442,8 +442,10 @@ impl Communicator {
         }
         self.device.set_device(self.windows.device)?;
         let w = self.device.mem_alloc(8, MemKind::DEVICE)?;
-        if let Err(e) = self.device.mem_set(w, 0, 8) {
-            let _ = self.device.mem_free(w, MemKind::DEVICE);
+        // SAFETY: `w` is the 8-byte allocation just made, used by nothing else yet.
+        if let Err(e) = unsafe { self.device.mem_set(w, 0, 8) } {
+            // SAFETY: as above; freed once, here.
+            let _ = unsafe { self.device.mem_free(w, MemKind::DEVICE) };
             return Err(e.into());
         }
         *word = Some(w);
@@ -455,7 +457,9 @@ impl Communicator {
     fn scratch_window(&self, bytes: usize) -> Result<Scratch, CommError> {
         let buffer = self.alloc_symmetric(bytes)?;
         // Signal slots start at 0; every peer waits for a value of at least 1.
-        self.device.mem_set(buffer.ptr(), 0, buffer.size())?;
+        // SAFETY: `buffer` is a live symmetric allocation of `buffer.size()` bytes that no
+        // stream uses yet.
+        unsafe { self.device.mem_set(buffer.ptr(), 0, buffer.size()) }?;
         let window =
             self.register_peer_window(buffer.ptr(), buffer.size(), WindowFlags::NO_MULTICAST)?;
         tracing::debug!(
@@ -555,6 +559,11 @@ impl Communicator {
     /// Registers `size` bytes at `buffer` as a window; collective: every rank calls it, in the
     /// same order as its other window calls, with the same `size`.
     ///
+    /// # Safety
+    /// `buffer` is a live allocation of this communicator's device (from
+    /// [`Communicator::alloc_symmetric`] or the device's `mem_alloc`), valid for `size` bytes,
+    /// and stays allocated until the window is deregistered: peers map and write it.
+    ///
     /// The window is [`Vendor`](window::WindowKind::Vendor) where the cluster's plan
     /// ([`Communicator::window_plan`]) says so; otherwise it is
     /// [`Symmetric`](window::WindowKind::Symmetric) when every rank's buffer lies in memory of
@@ -563,7 +572,7 @@ impl Communicator {
     /// through IPC handles) or when the symmetric heap failed somewhere: every rank gets the
     /// same kind. Errors are the same on every rank: sizes that differ (naming each rank's),
     /// a rank that passes a null buffer or 0 bytes, IPC that cannot work either.
-    pub fn register_window(
+    pub unsafe fn register_window(
         &self,
         buffer: DevicePtr,
         size: usize,
@@ -685,7 +694,9 @@ impl Drop for Communicator {
             .get_mut()
             .unwrap_or_else(|p| p.into_inner());
         if let Some(w) = word.take() {
-            let _ = self.device.mem_free(w, MemKind::DEVICE);
+            // SAFETY: the barrier word, allocated by `barrier_word`; the stream that used it
+            // was synchronized above.
+            let _ = unsafe { self.device.mem_free(w, MemKind::DEVICE) };
         }
         let _ = self.ccl.comm_destroy(self.comm);
         let _ = self.device.stream_destroy(self.stream);

@@ -50,7 +50,8 @@
 //!
 //! let comm = Communicator::from_env()?;
 //! let buf = comm.alloc_symmetric(1 << 20)?;
-//! let win = comm.register_window(buf.ptr(), buf.size(), WindowFlags::NONE)?;
+//! // SAFETY: `buf` is live until after the deregistration below.
+//! let win = unsafe { comm.register_window(buf.ptr(), buf.size(), WindowFlags::NONE)? };
 //! if win.kind() == WindowKind::Symmetric {
 //!     let right = (comm.rank() + 1) % comm.world();
 //!     println!("right neighbour's window at {:?}", win.peer(right));

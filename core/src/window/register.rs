@@ -285,7 +285,9 @@ fn vendor(
     size: usize,
     flags: WindowFlags,
 ) -> Result<Window, WindowError> {
-    let w = VendorWindow::register(ctx.ccl, ctx.comm, buf, size, flags.vendor_bits())?;
+    // SAFETY: the caller's buffer of `size` bytes, passed on as `Communicator::register_window`
+    // received it (its contract is the caller's to keep until deregistration).
+    let w = unsafe { VendorWindow::register(ctx.ccl, ctx.comm, buf, size, flags.vendor_bits()) }?;
     let mut win = window(ctx, WindowKind::Vendor, buf, size, ctx.plan.reason.clone());
     win.vendor = Some(w.handle());
     win.held = Some(Held::Vendor(w));
@@ -679,7 +681,8 @@ fn peer_table(
 ) -> Result<DeviceMem, crate::adaptor::AdaptorError> {
     let bytes: Vec<u8> = addrs.iter().flat_map(|a| a.0.to_le_bytes()).collect();
     let table = DeviceMem::alloc(dev, bytes.len(), MemKind::DEVICE)?;
-    dev.mem_copy(table.ptr(), DevicePtr(bytes.as_ptr() as u64), bytes.len())?;
+    // SAFETY: `table` is a fresh allocation of `bytes.len()` bytes; `bytes` is live host memory.
+    unsafe { dev.mem_copy(table.ptr(), DevicePtr(bytes.as_ptr() as u64), bytes.len()) }?;
     Ok(table)
 }
 
@@ -735,7 +738,8 @@ fn device_ipc(
 ) -> Result<Window, WindowError> {
     let me = ctx.rank();
     let exported = ctx.injected(SymHeapStep::IpcExport).and_then(|()| {
-        resources::ipc_export(ctx.device, buf).map_err(|e| format!("ipc-export: {e}"))
+        // SAFETY: the caller's buffer, passed on as `Communicator::register_window` received it.
+        unsafe { resources::ipc_export(ctx.device, buf) }.map_err(|e| format!("ipc-export: {e}"))
     });
     let record = match &exported {
         Ok(h) => [&[1u8][..], h].concat(),

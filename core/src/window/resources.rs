@@ -384,7 +384,11 @@ impl Drop for McMapping {
 }
 
 /// The IPC handle of the allocation `ptr` lies in.
-pub(crate) fn ipc_export(dev: &Device, ptr: DevicePtr) -> Result<Vec<u8>, AdaptorError> {
+///
+/// # Safety
+///
+/// `ptr` lies in a live allocation of `dev` (a [valid range](crate::adaptor#valid-ranges)).
+pub(crate) unsafe fn ipc_export(dev: &Device, ptr: DevicePtr) -> Result<Vec<u8>, AdaptorError> {
     let mut len = 0usize;
     dev_call!(dev, root, ipc_export(ptr, std::ptr::null_mut(), &mut len))?;
     let mut handle = vec![0u8; len];
@@ -459,7 +463,11 @@ impl DeviceMem {
 
 impl Drop for DeviceMem {
     fn drop(&mut self) {
-        released("device memory", self.dev.mem_free(self.ptr, self.kind));
+        // SAFETY: the address `mem_alloc` returned with this kind, freed once, here; work that
+        // used it was enqueued by `unsafe` calls whose callers wait for it before this drops.
+        released("device memory", unsafe {
+            self.dev.mem_free(self.ptr, self.kind)
+        });
     }
 }
 
@@ -473,7 +481,12 @@ pub(crate) struct VendorWindow {
 
 impl VendorWindow {
     /// Registers `bytes` at `buf`; collective over `comm`.
-    pub(crate) fn register(
+    ///
+    /// # Safety
+    ///
+    /// `buf` is valid for `bytes` bytes ([valid ranges](crate::adaptor#valid-ranges)) until the
+    /// window is deregistered.
+    pub(crate) unsafe fn register(
         ccl: &Ccl,
         comm: Comm,
         buf: DevicePtr,

@@ -360,18 +360,24 @@ impl Cuda {
         let counter = match device.mem_alloc(8 * MAX_BLOCKS, MemKind::DEVICE) {
             Ok(c) => c,
             Err(e) => {
-                let _ = device.mem_free(status, MemKind::PINNED);
+                // SAFETY: `status` is the pinned allocation just made, unused.
+                let _ = unsafe { device.mem_free(status, MemKind::PINNED) };
                 return Err(adaptor(e));
             }
         };
         // Rounds start at 1 (signal slots start at 0), in every block's word.
         let first = [1u64; MAX_BLOCKS];
-        let ready = device.mem_set(status, 0, 64).and_then(|()| {
-            device.mem_copy(counter, DevicePtr(first.as_ptr() as u64), 8 * MAX_BLOCKS)
+        // SAFETY: `status` is a fresh pinned allocation of 64 bytes.
+        let ready = unsafe { device.mem_set(status, 0, 64) }.and_then(|()| {
+            // SAFETY: `counter` is a fresh device allocation of `8 * MAX_BLOCKS` bytes; `first`
+            // holds as many.
+            unsafe { device.mem_copy(counter, DevicePtr(first.as_ptr() as u64), 8 * MAX_BLOCKS) }
         });
         if let Err(e) = ready {
-            let _ = device.mem_free(status, MemKind::PINNED);
-            let _ = device.mem_free(counter, MemKind::DEVICE);
+            // SAFETY: the allocations just made, unused by any stream.
+            let _ = unsafe { device.mem_free(status, MemKind::PINNED) };
+            // SAFETY: as above.
+            let _ = unsafe { device.mem_free(counter, MemKind::DEVICE) };
             return Err(adaptor(e));
         }
         let mut base = Args {
@@ -510,8 +516,11 @@ pub(crate) fn decode_failure(word: u64, waited: std::time::Duration) -> Collecti
 
 impl Drop for Cuda {
     fn drop(&mut self) {
-        let _ = self.device.mem_free(self.status, MemKind::PINNED);
-        let _ = self.device.mem_free(self.counter, MemKind::DEVICE);
+        // SAFETY: allocations `new` made, freed once; the communicator synchronized its stream
+        // before its window backend drops, so no kernel uses them.
+        let _ = unsafe { self.device.mem_free(self.status, MemKind::PINNED) };
+        // SAFETY: as above.
+        let _ = unsafe { self.device.mem_free(self.counter, MemKind::DEVICE) };
     }
 }
 

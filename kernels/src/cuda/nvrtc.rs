@@ -81,7 +81,7 @@ pub(crate) unsafe fn symbol<T: Copy>(
 }
 
 fn bind(lib: libloading::Library, path: &str) -> Result<Nvrtc, String> {
-    // SAFETY (every call): the field's type is the C signature NVRTC documents for the name.
+    // SAFETY: (every call) the field's type is the C signature NVRTC documents for the name.
     unsafe {
         Ok(Nvrtc {
             path: path.to_string(),

@@ -147,8 +147,8 @@ mod tramp {
     use super::*;
 
     pub unsafe extern "C" fn init<A: DeviceAdaptor>(opts: *const KeyValue, n: usize) -> Status {
-        // SAFETY: the caller passes `n` valid options.
         call("init", || {
+            // SAFETY: the caller passes `n` valid options.
             A::instance().init(&unsafe { Options::from_raw(opts, n) }?)
         })
     }

@@ -9,7 +9,7 @@ use ferrocx::comm::Communicator;
 use ferrocx::window::collectives::WindowAlgo;
 use ferrocx_adaptor_host::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
-use super::{host_ptr, Finished};
+use super::{host_ptr, host_ptr_mut, Finished};
 
 pub const TYPES: [DataType; 4] = [DataType::F32, DataType::BF16, DataType::F16, DataType::I32];
 pub const OPS: [ReduceOp; 3] = [ReduceOp::SUM, ReduceOp::MIN, ReduceOp::MAX];
@@ -200,7 +200,9 @@ impl<'a> Buffers<'a> {
 impl Drop for Buffers<'_> {
     fn drop(&mut self) {
         for p in [self.send, self.recv] {
-            let _ = self.comm.device().mem_free(p, MemKind::DEVICE);
+            // SAFETY: the allocations `new` made, freed once; every user of `Buffers` synchronizes
+            // before dropping it.
+            let _ = unsafe { self.comm.device().mem_free(p, MemKind::DEVICE) };
         }
     }
 }
@@ -223,8 +225,8 @@ pub fn run_case(
     let bytes = count * size_of(dtype);
     let mine = input(case, me, count, dtype);
     let dev = comm.device();
-    dev.mem_copy(bufs.send, host_ptr(&mine), bytes)
-        .expect("upload");
+    // SAFETY: `bufs` buffers hold the largest case, at least `bytes`; `mine` holds `bytes`.
+    unsafe { dev.mem_copy(bufs.send, host_ptr(&mine), bytes) }.expect("upload");
     let recv = if in_place { bufs.send } else { bufs.recv };
     // SAFETY: the case's buffers hold `count` elements of `dtype` and outlive the
     // synchronize below.
@@ -232,8 +234,9 @@ pub fn run_case(
         .unwrap_or_else(|e| panic!("case {case}: {e}"));
     comm.synchronize()
         .unwrap_or_else(|e| panic!("case {case}: {e}"));
-    let got = vec![0u8; bytes];
-    dev.mem_copy(host_ptr(&got), recv, bytes).expect("download");
+    let mut got = vec![0u8; bytes];
+    // SAFETY: as above, after the synchronize; `got` holds `bytes`.
+    unsafe { dev.mem_copy(host_ptr_mut(&mut got), recv, bytes) }.expect("download");
     // The ring is the algorithm beyond one parity of the scratch window, whatever was asked.
     let ran = match algo {
         Some(a) if bytes <= world * chunk => a,
@@ -385,11 +388,14 @@ pub fn back_to_back(comm: &Communicator, test: &str) {
     let stall = dev.mem_alloc(16 << 20, MemKind::DEVICE).expect("alloc");
     for (k, &(_, dtype, _, count, _)) in plan.iter().enumerate() {
         let data = input(1000 + k as u64, me, count, dtype);
-        dev.mem_copy(
-            DevicePtr(ins.0 + (k * slot) as u64),
-            host_ptr(&data),
-            data.len(),
-        )
+        // SAFETY: slot `k` of `ins`, `slot >= data.len()` bytes.
+        unsafe {
+            dev.mem_copy(
+                DevicePtr(ins.0 + (k * slot) as u64),
+                host_ptr(&data),
+                data.len(),
+            )
+        }
         .expect("upload");
     }
     comm.barrier().expect("barrier");
@@ -403,7 +409,8 @@ pub fn back_to_back(comm: &Communicator, test: &str) {
         };
         if k % 37 == me % 37 {
             // Holds this rank's stream up for a while: its peers run ahead into the next rounds.
-            dev.mem_set_async(stall, (k % 251) as u8, 16 << 20, comm.stream())
+            // SAFETY: `stall` holds 16 MiB and is freed after the synchronize below.
+            unsafe { dev.mem_set_async(stall, (k % 251) as u8, 16 << 20, comm.stream()) }
                 .expect("stall");
         }
         // SAFETY: slots of buffers sized for every call, freed after the synchronize below.
@@ -414,8 +421,9 @@ pub fn back_to_back(comm: &Communicator, test: &str) {
     let elapsed = start.elapsed();
     for (k, &(algo, dtype, op, count, in_place)) in plan.iter().enumerate() {
         let at = if in_place { ins.0 } else { outs.0 } + (k * slot) as u64;
-        let got = vec![0u8; count * size_of(dtype)];
-        dev.mem_copy(host_ptr(&got), DevicePtr(at), got.len())
+        let mut got = vec![0u8; count * size_of(dtype)];
+        // SAFETY: slot `k` of `ins` or `outs`, `slot >= got.len()` bytes, after the synchronize.
+        unsafe { dev.mem_copy(host_ptr_mut(&mut got), DevicePtr(at), got.len()) }
             .expect("download");
         check(
             &got,
@@ -429,7 +437,8 @@ pub fn back_to_back(comm: &Communicator, test: &str) {
         );
     }
     for p in [ins, outs, stall] {
-        dev.mem_free(p, MemKind::DEVICE).expect("free");
+        // SAFETY: the allocations made above; the stream was synchronized.
+        unsafe { dev.mem_free(p, MemKind::DEVICE) }.expect("free");
     }
     println!(
         "CALLS {test}: rank {me}: {CALLS} calls in {:.1} ms, every result checked",

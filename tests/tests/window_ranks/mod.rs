@@ -310,19 +310,34 @@ pub fn host_ptr<T>(v: &[T]) -> DevicePtr {
     DevicePtr(v.as_ptr() as u64)
 }
 
+/// The device address of host memory the device writes.
+pub fn host_ptr_mut<T>(v: &mut [T]) -> DevicePtr {
+    DevicePtr(v.as_mut_ptr() as u64)
+}
+
 /// Writes `data` at `dst` of the communicator's device.
-pub fn upload(comm: &Communicator, dst: DevicePtr, data: &[u64]) {
-    comm.device()
-        .mem_copy(dst, host_ptr(data), std::mem::size_of_val(data))
-        .expect("upload");
+///
+/// # Safety
+///
+/// `dst` is writable for `data`'s bytes (a valid range, as `Device::mem_copy` requires).
+pub unsafe fn upload(comm: &Communicator, dst: DevicePtr, data: &[u64]) {
+    // SAFETY: `dst` by the caller's contract; `data` is live host memory.
+    unsafe {
+        comm.device()
+            .mem_copy(dst, host_ptr(data), std::mem::size_of_val(data))
+    }
+    .expect("upload");
 }
 
 /// Reads `n` words at `src` of the communicator's device.
-pub fn download(comm: &Communicator, src: DevicePtr, n: usize) -> Vec<u64> {
-    let out = vec![0u64; n];
-    comm.device()
-        .mem_copy(host_ptr(&out), src, n * 8)
-        .expect("download");
+///
+/// # Safety
+///
+/// `src` is readable for `n` words (a valid range, as `Device::mem_copy` requires).
+pub unsafe fn download(comm: &Communicator, src: DevicePtr, n: usize) -> Vec<u64> {
+    let mut out = vec![0u64; n];
+    // SAFETY: `src` by the caller's contract; `out` holds `n` words.
+    unsafe { comm.device().mem_copy(host_ptr_mut(&mut out), src, n * 8) }.expect("download");
     out
 }
 

@@ -181,7 +181,7 @@ impl CollTask {
     /// Runs the operation in its turn on the communicator.
     pub(crate) fn run(self) -> Result<()> {
         let CollTask { comm, ticket, op } = self;
-        // SAFETY (every arm): the buffers hold what the ABI requires for the operation and stay
+        // SAFETY: (every arm) the buffers hold what the ABI requires for the operation and stay
         // valid until it completes on the stream.
         comm.run(ticket, |ctx| unsafe {
             match op {

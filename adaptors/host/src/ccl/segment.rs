@@ -181,6 +181,7 @@ impl Segment {
             // SAFETY: valid C string.
             let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0) };
             if fd >= 0 {
+                // SAFETY: `stat` is plain data; all zeroes is a valid value.
                 let mut st: libc::stat = unsafe { std::mem::zeroed() };
                 // SAFETY: fd is open; st is writable.
                 let ok = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as usize >= total;
