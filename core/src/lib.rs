@@ -29,6 +29,8 @@ pub mod comm;
 #[cfg(feature = "runtime")]
 pub mod config;
 #[cfg(feature = "runtime")]
+pub mod hetero;
+#[cfg(feature = "runtime")]
 pub mod loader;
 #[cfg(feature = "runtime")]
 pub mod registry;

@@ -77,6 +77,14 @@ impl<'a> Call<'a> {
             .unwrap_or_else(|| self.comm.router.route(op, bytes, dtype, redop))
     }
 
+    /// The cross-cluster side, for a call on [`Route::Clusters`].
+    fn hetero(&self, op: Collective) -> Result<&'a crate::hetero::Hetero, CommError> {
+        self.comm
+            .hetero
+            .as_ref()
+            .ok_or_else(|| self.comm.across_clusters(op))
+    }
+
     /// The CCL call of `op` (on a route the router gave or the caller forced).
     fn on_ccl(
         &self,
@@ -109,6 +117,11 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::AllReduce, bytes, dtype, Some(op));
         let _span = span(Collective::AllReduce, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::AllReduce)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe { h.all_reduce(send, recv, count, dtype, op, self.stream) }?);
+        }
         if let Route::Window(algo) = route {
             match c.window_backend() {
                 Ok(_) => return self.window_all_reduce(send, recv, count, dtype, op, algo),
@@ -170,6 +183,11 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Reduce, bytes, dtype, Some(op));
         let _span = span(Collective::Reduce, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Reduce)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe { h.reduce(send, recv, count, dtype, op, root, self.stream) }?);
+        }
         self.on_ccl(Collective::Reduce, route, || {
             c.ccl.reduce(
                 send,
@@ -201,6 +219,11 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Broadcast, bytes, dtype, None);
         let _span = span(Collective::Broadcast, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Broadcast)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe { h.broadcast(send, recv, count, dtype, root, self.stream) }?);
+        }
         self.on_ccl(Collective::Broadcast, route, || {
             c.ccl
                 .broadcast(send, recv, count, dtype, root_of(root), c.comm, self.stream)
@@ -223,6 +246,11 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::AllGather, bytes, dtype, None);
         let _span = span(Collective::AllGather, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::AllGather)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe { h.gather(send, recv, send_count, dtype, None, self.stream) }?);
+        }
         self.on_ccl(Collective::AllGather, route, || {
             c.ccl
                 .all_gather(send, recv, send_count, dtype, c.comm, self.stream)
@@ -247,6 +275,22 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::ReduceScatter, bytes, dtype, Some(op));
         let _span = span(Collective::ReduceScatter, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::ReduceScatter)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe {
+                h.exchange(
+                    Collective::ReduceScatter,
+                    send,
+                    recv,
+                    recv_count,
+                    dtype,
+                    Some(op),
+                    None,
+                    self.stream,
+                )
+            }?);
+        }
         self.on_ccl(Collective::ReduceScatter, route, || {
             c.ccl
                 .reduce_scatter(send, recv, recv_count, dtype, op, c.comm, self.stream)
@@ -270,6 +314,13 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Gather, bytes, dtype, None);
         let _span = span(Collective::Gather, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Gather)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(
+                unsafe { h.gather(send, recv, send_count, dtype, Some(root), self.stream) }?,
+            );
+        }
         self.on_ccl(Collective::Gather, route, || {
             c.ccl.gather(
                 send,
@@ -300,6 +351,22 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Scatter, bytes, dtype, None);
         let _span = span(Collective::Scatter, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Scatter)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe {
+                h.exchange(
+                    Collective::Scatter,
+                    send,
+                    recv,
+                    recv_count,
+                    dtype,
+                    None,
+                    Some(root),
+                    self.stream,
+                )
+            }?);
+        }
         self.on_ccl(Collective::Scatter, route, || {
             c.ccl.scatter(
                 send,
@@ -329,6 +396,22 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::AllToAll, bytes, dtype, None);
         let _span = span(Collective::AllToAll, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::AllToAll)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe {
+                h.exchange(
+                    Collective::AllToAll,
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    None,
+                    None,
+                    self.stream,
+                )
+            }?);
+        }
         self.on_ccl(Collective::AllToAll, route, || {
             c.ccl
                 .all_to_all(send, recv, count, dtype, c.comm, self.stream)
@@ -356,6 +439,22 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::AllToAllv, bytes, dtype, None);
         let _span = span(Collective::AllToAllv, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::AllToAllv)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe {
+                h.all_to_allv(
+                    send,
+                    send_counts,
+                    send_displs,
+                    recv,
+                    recv_counts,
+                    recv_displs,
+                    dtype,
+                    self.stream,
+                )
+            }?);
+        }
         self.on_ccl(Collective::AllToAllv, route, || {
             c.ccl.all_to_allv(
                 send,
@@ -388,7 +487,24 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Send, bytes, dtype, None);
         let _span = span(Collective::Send, bytes, dtype, route).entered();
         let c = self.comm;
-        let peer = c.peer(peer)?;
+        let global = peer;
+        let mut peer = c.peer(peer)?;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Send)?;
+            let t = h.topology();
+            let (cluster, local) = t.place[global];
+            if cluster != t.my_cluster() {
+                // SAFETY: the caller's contract is the channel's.
+                return Ok(unsafe { h.send(buf, bytes, global, self.stream) }?);
+            }
+            // A peer of this cluster: its CCL, by its cluster-local rank.
+            peer = local as i32;
+        }
+        let route = if route == Route::Clusters {
+            Route::Ccl
+        } else {
+            route
+        };
         self.on_ccl(Collective::Send, route, || {
             c.ccl.send(buf, count, dtype, peer, c.comm, self.stream)
         })
@@ -409,7 +525,24 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Recv, bytes, dtype, None);
         let _span = span(Collective::Recv, bytes, dtype, route).entered();
         let c = self.comm;
-        let peer = c.peer(peer)?;
+        let global = peer;
+        let mut peer = c.peer(peer)?;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Recv)?;
+            let t = h.topology();
+            let (cluster, local) = t.place[global];
+            if cluster != t.my_cluster() {
+                // SAFETY: the caller's contract is the channel's.
+                return Ok(unsafe { h.recv(buf, bytes, global, self.stream) }?);
+            }
+            // A peer of this cluster: its CCL, by its cluster-local rank.
+            peer = local as i32;
+        }
+        let route = if route == Route::Clusters {
+            Route::Ccl
+        } else {
+            route
+        };
         self.on_ccl(Collective::Recv, route, || {
             c.ccl.recv(buf, count, dtype, peer, c.comm, self.stream)
         })
@@ -425,6 +558,9 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Barrier, 4, dtype, Some(ReduceOp::SUM));
         let _span = span(Collective::Barrier, 4, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            return Ok(self.hetero(Collective::Barrier)?.barrier(self.stream)?);
+        }
         match route {
             Route::Store => {
                 c.device.stream_synchronize(self.stream)?;
