@@ -317,9 +317,9 @@ impl<'a> Call<'a> {
         if route == Route::Clusters {
             let h = self.hetero(Collective::Gather)?;
             // SAFETY: the caller's contract is the plan's.
-            return Ok(
-                unsafe { h.gather(send, recv, send_count, dtype, Some(root), self.stream) }?,
-            );
+            return Ok(unsafe {
+                h.gather(send, recv, send_count, dtype, Some(root), self.stream)
+            }?);
         }
         self.on_ccl(Collective::Gather, route, || {
             c.ccl.gather(

@@ -125,9 +125,21 @@ mod tests {
     #[test]
     fn bad_values_name_the_file_line_and_key() {
         let cases = [
-            ("ccl = \"nccl\"", ConfigErrorKind::InvalidValue, "bridge.ccl"),
-            ("chunk_bytes = 100", ConfigErrorKind::InvalidValue, "bridge.chunk_bytes"),
-            ("chunk_bytes = 4100", ConfigErrorKind::InvalidValue, "bridge.chunk_bytes"),
+            (
+                "ccl = \"nccl\"",
+                ConfigErrorKind::InvalidValue,
+                "bridge.ccl",
+            ),
+            (
+                "chunk_bytes = 100",
+                ConfigErrorKind::InvalidValue,
+                "bridge.chunk_bytes",
+            ),
+            (
+                "chunk_bytes = 4100",
+                ConfigErrorKind::InvalidValue,
+                "bridge.chunk_bytes",
+            ),
             ("depth = 0", ConfigErrorKind::InvalidValue, "bridge.depth"),
             ("depth = 17", ConfigErrorKind::InvalidValue, "bridge.depth"),
             ("chunk = 4096", ConfigErrorKind::UnknownKey, "bridge.chunk"),
@@ -135,7 +147,11 @@ mod tests {
         for (line, kind, key) in cases {
             let text = format!("{BASE}[bridge]\n{line}\n");
             let e = Config::parse(&text, Path::new("b.toml")).expect_err(line);
-            assert_eq!((e.kind(), e.line(), e.key()), (kind, Some(7), Some(key)), "{e}");
+            assert_eq!(
+                (e.kind(), e.line(), e.key()),
+                (kind, Some(7), Some(key)),
+                "{e}"
+            );
             assert!(e.to_string().starts_with("b.toml:7:"), "{e}");
         }
     }

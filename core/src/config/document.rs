@@ -13,8 +13,8 @@ use toml::Spanned;
 use super::error::{ConfigError, ConfigErrorKind, ErrorOrigin};
 use super::position::{KeyPositions, Pos};
 use super::{
-    BridgeCcl, BridgeConfig, ClusterConfig, Config, ConfigOrigin, Fallback, MulticastMode, RankSet, RuntimeConfig,
-    SmallMessage, WindowMode,
+    BridgeCcl, BridgeConfig, ClusterConfig, Config, ConfigOrigin, Fallback, MulticastMode, RankSet,
+    RuntimeConfig, SmallMessage, WindowMode,
 };
 
 /// The whole file.

@@ -95,10 +95,7 @@ impl Bridge {
 
     /// Bytes of the control block of one rank.
     fn control_bytes(world: usize, depth: usize) -> usize {
-        round_up(
-            LINE * (1 + 2 * depth + C_DESC_LINES) + 16 * world,
-            PAGE,
-        )
+        round_up(LINE * (1 + 2 * depth + C_DESC_LINES) + 16 * world, PAGE)
     }
 
     /// Creates (rank 0) or opens (others) the segment and attaches; returns once every rank of
@@ -144,7 +141,9 @@ impl Bridge {
                 // SAFETY: a NUL-terminated name.
                 unsafe { libc::shm_unlink(cname.as_ptr()) };
             }
-            return Err(HeteroError::Bridge(format!("mmap of {name} ({len} bytes): {e}")));
+            return Err(HeteroError::Bridge(format!(
+                "mmap of {name} ({len} bytes): {e}"
+            )));
         }
         let bridge = Bridge {
             base: base.cast(),
@@ -159,8 +158,12 @@ impl Bridge {
             topo,
         };
         if me == 0 {
-            bridge.u64_at(H_WORLD).store(world as u64, Ordering::Relaxed);
-            bridge.u64_at(H_DEPTH).store(depth as u64, Ordering::Relaxed);
+            bridge
+                .u64_at(H_WORLD)
+                .store(world as u64, Ordering::Relaxed);
+            bridge
+                .u64_at(H_DEPTH)
+                .store(depth as u64, Ordering::Relaxed);
             bridge
                 .u64_at(H_SLOT)
                 .store(slot_bytes as u64, Ordering::Relaxed);
@@ -168,9 +171,7 @@ impl Bridge {
         } else {
             bridge.wait_header(deadline)?;
         }
-        bridge
-            .pid(me)
-            .store(std::process::id(), Ordering::Release);
+        bridge.pid(me).store(std::process::id(), Ordering::Release);
         bridge.u64_at(H_ATTACHED).fetch_add(1, Ordering::AcqRel);
         let all = bridge.wait_all_attached(deadline);
         if me == 0 || all.is_err() {
@@ -274,7 +275,9 @@ impl Bridge {
     /// Chunks rank `to` finished reading from rank `from`'s p2p slot.
     pub fn p2p_acked(&self, to: usize, from: usize) -> &AtomicU64 {
         self.u64_at(
-            self.rank_base(to) + LINE * (1 + 2 * self.depth + C_DESC_LINES) + 8 * (self.world + from),
+            self.rank_base(to)
+                + LINE * (1 + 2 * self.depth + C_DESC_LINES)
+                + 8 * (self.world + from),
         )
     }
 
@@ -331,7 +334,9 @@ impl Bridge {
             let bytes = &text.as_bytes()[..text.len().min(TEXT)];
             // SAFETY: the text area lies in the header; only the winner of the exchange
             // writes it, before publishing its length.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(H_TEXT), bytes.len()) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(H_TEXT), bytes.len())
+            };
             self.u64_at(H_TEXT_LEN)
                 .store(bytes.len() as u64, Ordering::Release);
         }
@@ -437,7 +442,8 @@ impl Bridge {
     ) -> Result<(), HeteroError> {
         let me = self.topo.me;
         let parity = (call % 2) as usize;
-        self.desc(me, parity, 1).store(mine.count, Ordering::Relaxed);
+        self.desc(me, parity, 1)
+            .store(mine.count, Ordering::Relaxed);
         self.desc(me, parity, 2).store(mine.kind, Ordering::Relaxed);
         self.desc(me, parity, 0).store(call + 1, Ordering::Release);
         let mut all = Vec::with_capacity(self.world);

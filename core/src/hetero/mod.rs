@@ -237,7 +237,12 @@ impl Step {
         let me = b.topo().me;
         let slot = self.slot;
         if !self.publish.is_empty() {
-            b.wait(b.done(me, slot), self.free_at, me, "the release of a staging slot")?;
+            b.wait(
+                b.done(me, slot),
+                self.free_at,
+                me,
+                "the release of a staging slot",
+            )?;
             let base = b.slot(me, slot);
             for &(src, off, bytes) in &self.publish {
                 // SAFETY: `src` holds `bytes` by the collective's buffer contract; the slot
@@ -289,9 +294,7 @@ fn describe(d: Descriptor) -> String {
     let op = Collective::ALL
         .get((d.kind & 0xff) as usize)
         .map_or("?", |c| c.name());
-    let dtype = DataType(((d.kind >> 8) & 0xff) as _)
-        .name()
-        .unwrap_or("?");
+    let dtype = DataType(((d.kind >> 8) & 0xff) as _).name().unwrap_or("?");
     let mut s = format!("{op} of {} x {dtype}", d.count);
     let redop = (d.kind >> 16) & 0xff;
     if redop != 0xff {
@@ -339,7 +342,13 @@ impl Hetero {
         let max_cluster = topo.sizes().into_iter().max().unwrap_or(1);
         // A share is at most a slot plus the tail (fewer elements than ranks).
         let slot_bytes = config.chunk_bytes as usize + 16 * max_cluster;
-        let bridge = Arc::new(Bridge::attach(name, topo.clone(), depth, slot_bytes, timeout)?);
+        let bridge = Arc::new(Bridge::attach(
+            name,
+            topo.clone(),
+            depth,
+            slot_bytes,
+            timeout,
+        )?);
         let slot_bytes = bridge.slot_bytes();
         let mut made: Vec<Stream> = Vec::new();
         let mut stream = || -> Result<Stream, HeteroError> {
@@ -614,7 +623,11 @@ impl Hetero {
         let i = self.topo.my_local();
         let me_c = self.topo.my_cluster();
         let world = self.topo.world();
-        let cop = if op == ReduceOp::AVG { ReduceOp::SUM } else { op };
+        let cop = if op == ReduceOp::AVG {
+            ReduceOp::SUM
+        } else {
+            op
+        };
         let at = |ptr: DevicePtr, elems: usize| DevicePtr(ptr.0 + (elems * es) as u64);
         self.order(stream, cs)?;
         let issue = |k: usize| -> Result<(), HeteroError> {
@@ -674,8 +687,10 @@ impl Hetero {
                 what: "the bridge step of an all_reduce",
             };
             // My own source is my slot (published from `recv` before it is overwritten).
-            debug_assert!(sh.pieces.iter().all(|pc| pc.owners[me_c].1 + pc.len
-                <= sh.share.1 - sh.share.0));
+            debug_assert!(sh
+                .pieces
+                .iter()
+                .all(|pc| pc.owners[me_c].1 + pc.len <= sh.share.1 - sh.share.0));
             self.host(bs, Box::new(move |b: &Bridge| step.run(b)))?;
             Ok(())
         };
@@ -763,7 +778,14 @@ impl Hetero {
             count: 0,
             kind: kind_word(Collective::Barrier, DataType::U8, None, None),
         };
-        self.bridge_only(Collective::Barrier, d, 0, &|_| 0, &|_, _, _, _| unreachable!(), stream)
+        self.bridge_only(
+            Collective::Barrier,
+            d,
+            0,
+            &|_| 0,
+            &|_, _, _, _| unreachable!(),
+            stream,
+        )
     }
 
     /// Enqueues a broadcast from `root` (any cluster) over the bridge.
@@ -1043,7 +1065,12 @@ impl Hetero {
         Ok(root)
     }
 
-    fn reducible(&self, op: Collective, dtype: DataType, redop: ReduceOp) -> Result<(), HeteroError> {
+    fn reducible(
+        &self,
+        op: Collective,
+        dtype: DataType,
+        redop: ReduceOp,
+    ) -> Result<(), HeteroError> {
         if reduce::supports(dtype, redop) {
             return Ok(());
         }
@@ -1318,8 +1345,14 @@ fn p2p_progress(
                 progress = true;
             }
         }
-        let pending_s = sends.iter().enumerate().find(|(i, _)| sent[*i] < total_s[*i]);
-        let pending_r = recvs.iter().enumerate().find(|(i, _)| got[*i] < total_r[*i]);
+        let pending_s = sends
+            .iter()
+            .enumerate()
+            .find(|(i, _)| sent[*i] < total_s[*i]);
+        let pending_r = recvs
+            .iter()
+            .enumerate()
+            .find(|(i, _)| got[*i] < total_r[*i]);
         let whom = match (pending_r, pending_s) {
             (None, None) => return Ok(()),
             (Some((_, r)), _) => r.0,

@@ -217,7 +217,13 @@ mod tests {
 
     #[test]
     fn every_element_has_one_owner_per_cluster_and_reads_are_symmetric() {
-        for sizes in [vec![2, 3], vec![1, 1, 2], vec![4, 1], vec![3, 3], vec![5, 2, 3]] {
+        for sizes in [
+            vec![2, 3],
+            vec![1, 1, 2],
+            vec![4, 1],
+            vec![3, 3],
+            vec![5, 2, 3],
+        ] {
             let world: usize = sizes.iter().sum();
             for count in (0..40).chain([97, 1000, 1001]) {
                 for slot in [1, 3, 8] {
@@ -264,7 +270,10 @@ mod tests {
                             // A share fits one slot, give or take the tail.
                             assert!(s.share.1 - s.share.0 <= slot + sizes.iter().max().unwrap());
                         }
-                        assert!(covered.iter().all(|&n| n == sizes.len()), "{sizes:?} {count}");
+                        assert!(
+                            covered.iter().all(|&n| n == sizes.len()),
+                            "{sizes:?} {count}"
+                        );
                     }
                     let total: usize = (0..chunks).map(|k| plans[0].chunk(k).1.elems).sum();
                     assert_eq!(total, count);
