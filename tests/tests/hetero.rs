@@ -90,7 +90,7 @@ const OPS: [ReduceOp; 2] = [ReduceOp::SUM, ReduceOp::MAX];
 fn every_collective(comm: &Communicator, counts: &[usize]) {
     let me = comm.rank();
     let w = comm.world();
-    assert_eq!(comm.router().clusters > 1, true);
+    assert!(comm.router().clusters > 1);
     assert_eq!(
         comm.all_reduce_route(8, DataType::F32, ReduceOp::SUM),
         Route::Clusters

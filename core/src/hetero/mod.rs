@@ -754,9 +754,9 @@ impl Hetero {
         let r = (|| {
             self.order(stream, self.streams.bridge)?;
             self.check_step(call, d)?;
-            for k in 0..rounds {
+            for (k, &free_at) in free.iter().enumerate() {
                 let epoch = first + k as u64;
-                let s = step(k, epoch, (epoch % self.depth as u64) as usize, free[k]);
+                let s = step(k, epoch, (epoch % self.depth as u64) as usize, free_at);
                 self.host(self.streams.bridge, Box::new(move |b: &Bridge| s.run(b)))?;
             }
             self.order(self.streams.bridge, stream)

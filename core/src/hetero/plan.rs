@@ -108,11 +108,9 @@ pub fn share_of(e: usize, p: usize, i: usize) -> (usize, usize) {
 
 /// The local rank of a `p`-rank cluster whose share holds element `a` of an `e`-element chunk.
 pub fn owner_of(e: usize, p: usize, a: usize) -> usize {
-    let q = e / p;
-    if q == 0 {
-        p - 1
-    } else {
-        (a / q).min(p - 1)
+    match a.checked_div(e / p) {
+        None => p - 1,
+        Some(i) => i.min(p - 1),
     }
 }
 
@@ -251,8 +249,8 @@ mod tests {
                             let (o, s) = plan.chunk(k);
                             assert_eq!((o, s.elems), (off, e));
                             for p in &s.pieces {
-                                for x in p.start..p.start + p.len {
-                                    covered[x] += 1;
+                                for c in &mut covered[p.start..p.start + p.len] {
+                                    *c += 1;
                                 }
                                 assert!(p.owners.iter().any(|&(o, _)| o == r));
                                 for &(o, at) in &p.owners {
