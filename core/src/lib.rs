@@ -31,6 +31,8 @@ pub mod comm;
 #[cfg(feature = "runtime")]
 pub mod config;
 #[cfg(feature = "runtime")]
+pub mod hetero;
+#[cfg(feature = "runtime")]
 pub mod loader;
 #[cfg(feature = "runtime")]
 pub mod registry;

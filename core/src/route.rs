@@ -102,8 +102,7 @@ pub enum Route {
     /// window algorithms can run one.
     Store,
     /// The cross-cluster plan of a job that spans clusters (each cluster's CCL plus the bridge
-    /// between clusters). Heterogeneous jobs are refused when the communicator is made today,
-    /// so no call takes this route yet: it is where the plan plugs in.
+    /// between clusters, see [`crate::hetero`]): every call of a job that spans clusters.
     Clusters,
 }
 
@@ -176,7 +175,7 @@ pub struct Router {
     pub config: WindowCollectivesConfig,
     /// The window algorithms for the device, if a provider runs on it.
     pub window: Option<WindowRoute>,
-    /// Clusters the communicator spans (1 today: a job across clusters is refused at init).
+    /// Clusters the communicator spans (above 1, every call takes [`Route::Clusters`]).
     pub clusters: usize,
 }
 

@@ -77,6 +77,14 @@ impl<'a> Call<'a> {
             .unwrap_or_else(|| self.comm.router.route(op, bytes, dtype, redop))
     }
 
+    /// The cross-cluster side, for a call on [`Route::Clusters`].
+    fn hetero(&self, op: Collective) -> Result<&'a crate::hetero::Hetero, CommError> {
+        self.comm
+            .hetero
+            .as_ref()
+            .ok_or_else(|| self.comm.across_clusters(op))
+    }
+
     /// The CCL call of `op` (on a route the router gave or the caller forced).
     fn on_ccl(
         &self,
@@ -109,6 +117,11 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::AllReduce, bytes, dtype, Some(op));
         let _span = span(Collective::AllReduce, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::AllReduce)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe { h.all_reduce(send, recv, count, dtype, op, self.stream) }?);
+        }
         if let Route::Window(algo) = route {
             match c.window_backend() {
                 Ok(_) => return self.window_all_reduce(send, recv, count, dtype, op, algo),
@@ -174,6 +187,11 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Reduce, bytes, dtype, Some(op));
         let _span = span(Collective::Reduce, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Reduce)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe { h.reduce(send, recv, count, dtype, op, root, self.stream) }?);
+        }
         self.on_ccl(Collective::Reduce, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -209,6 +227,11 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Broadcast, bytes, dtype, None);
         let _span = span(Collective::Broadcast, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Broadcast)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe { h.broadcast(send, recv, count, dtype, root, self.stream) }?);
+        }
         self.on_ccl(Collective::Broadcast, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -235,6 +258,11 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::AllGather, bytes, dtype, None);
         let _span = span(Collective::AllGather, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::AllGather)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe { h.gather(send, recv, send_count, dtype, None, self.stream) }?);
+        }
         self.on_ccl(Collective::AllGather, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -263,6 +291,22 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::ReduceScatter, bytes, dtype, Some(op));
         let _span = span(Collective::ReduceScatter, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::ReduceScatter)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe {
+                h.exchange(
+                    Collective::ReduceScatter,
+                    send,
+                    recv,
+                    recv_count,
+                    dtype,
+                    Some(op),
+                    None,
+                    self.stream,
+                )
+            }?);
+        }
         self.on_ccl(Collective::ReduceScatter, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -290,6 +334,13 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Gather, bytes, dtype, None);
         let _span = span(Collective::Gather, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Gather)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe {
+                h.gather(send, recv, send_count, dtype, Some(root), self.stream)
+            }?);
+        }
         self.on_ccl(Collective::Gather, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -324,6 +375,22 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Scatter, bytes, dtype, None);
         let _span = span(Collective::Scatter, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Scatter)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe {
+                h.exchange(
+                    Collective::Scatter,
+                    send,
+                    recv,
+                    recv_count,
+                    dtype,
+                    None,
+                    Some(root),
+                    self.stream,
+                )
+            }?);
+        }
         self.on_ccl(Collective::Scatter, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -357,6 +424,22 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::AllToAll, bytes, dtype, None);
         let _span = span(Collective::AllToAll, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::AllToAll)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe {
+                h.exchange(
+                    Collective::AllToAll,
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    None,
+                    None,
+                    self.stream,
+                )
+            }?);
+        }
         self.on_ccl(Collective::AllToAll, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -388,6 +471,22 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::AllToAllv, bytes, dtype, None);
         let _span = span(Collective::AllToAllv, bytes, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::AllToAllv)?;
+            // SAFETY: the caller's contract is the plan's.
+            return Ok(unsafe {
+                h.all_to_allv(
+                    send,
+                    send_counts,
+                    send_displs,
+                    recv,
+                    recv_counts,
+                    recv_displs,
+                    dtype,
+                    self.stream,
+                )
+            }?);
+        }
         self.on_ccl(Collective::AllToAllv, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -424,7 +523,24 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Send, bytes, dtype, None);
         let _span = span(Collective::Send, bytes, dtype, route).entered();
         let c = self.comm;
-        let peer = c.peer(peer)?;
+        let global = peer;
+        let mut peer = c.peer(peer)?;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Send)?;
+            let t = h.topology();
+            let (cluster, local) = t.place[global];
+            if cluster != t.my_cluster() {
+                // SAFETY: the caller's contract is the channel's.
+                return Ok(unsafe { h.send(buf, bytes, global, self.stream) }?);
+            }
+            // A peer of this cluster: its CCL, by its cluster-local rank.
+            peer = local as i32;
+        }
+        let route = if route == Route::Clusters {
+            Route::Ccl
+        } else {
+            route
+        };
         self.on_ccl(Collective::Send, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -447,7 +563,24 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Recv, bytes, dtype, None);
         let _span = span(Collective::Recv, bytes, dtype, route).entered();
         let c = self.comm;
-        let peer = c.peer(peer)?;
+        let global = peer;
+        let mut peer = c.peer(peer)?;
+        if route == Route::Clusters {
+            let h = self.hetero(Collective::Recv)?;
+            let t = h.topology();
+            let (cluster, local) = t.place[global];
+            if cluster != t.my_cluster() {
+                // SAFETY: the caller's contract is the channel's.
+                return Ok(unsafe { h.recv(buf, bytes, global, self.stream) }?);
+            }
+            // A peer of this cluster: its CCL, by its cluster-local rank.
+            peer = local as i32;
+        }
+        let route = if route == Route::Clusters {
+            Route::Ccl
+        } else {
+            route
+        };
         self.on_ccl(Collective::Recv, route, || {
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
             // the barrier word is the communicator's own, live until it drops.
@@ -465,6 +598,9 @@ impl<'a> Call<'a> {
         let route = self.route(Collective::Barrier, 4, dtype, Some(ReduceOp::SUM));
         let _span = span(Collective::Barrier, 4, dtype, route).entered();
         let c = self.comm;
+        if route == Route::Clusters {
+            return Ok(self.hetero(Collective::Barrier)?.barrier(self.stream)?);
+        }
         match route {
             Route::Store => {
                 c.device.stream_synchronize(self.stream)?;

@@ -27,7 +27,10 @@ use crate::abi::{Comm, DataType, DevicePtr, MemKind, ReduceOp, Stream};
 use crate::adaptor::{AdaptorError, Ccl, Device};
 use crate::bootstrap::{BootstrapError, JobInfo, RankInfo, Store, StoreServer};
 use crate::caps::{CclCaps, DeviceCaps};
-use crate::config::{Config, ConfigError};
+use crate::config::{BridgeCcl, Config, ConfigError, ConfigErrorKind};
+use crate::hetero::bridge::Bridge;
+use crate::hetero::topo::Topology;
+use crate::hetero::{Hetero, HeteroError};
 use crate::registry::Registry;
 use crate::route::{CclEntries, Collective, Route, Router, WindowRoute};
 use crate::window::collectives::{
@@ -62,6 +65,9 @@ pub enum CommError {
     /// A window collective failed.
     #[error(transparent)]
     Collective(#[from] CollectiveError),
+    /// A collective across clusters failed.
+    #[error(transparent)]
+    Hetero(#[from] HeteroError),
 }
 
 /// What a communicator works with, probed once when it was made: its adaptors' capabilities
@@ -93,6 +99,8 @@ pub struct Communicator {
     collectives: Collectives,
     /// One word of device memory the barrier all-reduces, made at the first barrier.
     barrier_word: Mutex<Option<DevicePtr>>,
+    /// The cross-cluster side of a job that spans clusters (`None`: one cluster).
+    hetero: Option<Hetero>,
     _server: Option<Arc<StoreServer>>,
 }
 
@@ -158,11 +166,15 @@ impl Communicator {
                 CommError::Topology(format!("rank {me} is in no cluster of {}", config.origin))
             })?;
         let cluster = &config.clusters[index];
-        if let Some(other) = (0..world).find(|r| !cluster.ranks.contains(*r)) {
-            return Err(CommError::Topology(format!(
-                "rank {other} of this {world}-rank job is not in cluster {:?} (ranks {}): collectives across clusters are not available yet",
-                cluster.name, cluster.ranks
-            )));
+        // A job across clusters: this rank's communicator is its cluster's, over the cluster's
+        // ranks, plus the bridge between clusters (see `crate::hetero`).
+        let topo = if (0..world).any(|r| !cluster.ranks.contains(r)) {
+            Some(Topology::new(config, world, me).map_err(CommError::Topology)?)
+        } else {
+            None
+        };
+        if topo.is_some() {
+            check_bridge(config, rank)?;
         }
         let sel = registry.select(config, index)?;
         let timeout = Duration::from_millis(config.runtime.timeout_ms);
@@ -178,24 +190,53 @@ impl Communicator {
         // Communicators are made collectively, in the same order on every rank, so the n-th of
         // each process is the same communicator: its id travels under a key of its own (a new
         // `Store` starts its rounds at 0, and would read an earlier communicator's id).
-        let uid_key = format!(
-            "ferrocx/unique_id/{}",
-            COMMUNICATORS.fetch_add(1, Ordering::Relaxed)
-        );
-        let uid = if me == 0 {
+        let seq = COMMUNICATORS.fetch_add(1, Ordering::Relaxed);
+        // Across clusters each cluster has its own id, under a key naming the cluster.
+        let (uid_key, ccl_rank, ccl_world) = match &topo {
+            None => (format!("ferrocx/unique_id/{seq}"), me, world),
+            Some(t) => (
+                format!("ferrocx/unique_id/{seq}/{}", cluster.name),
+                t.my_local(),
+                t.clusters[t.my_cluster()].ranks.len(),
+            ),
+        };
+        let uid = if ccl_rank == 0 {
             let id = sel.ccl.unique_id()?;
             store.broadcast(&uid_key, true, Some(&id))?
         } else {
             store.broadcast(&uid_key, false, None)?
         };
         let comm = sel.ccl.comm_init_rank(
-            me as i32,
-            world as i32,
+            ccl_rank as i32,
+            ccl_world as i32,
             local_device,
             &uid,
             config.runtime.timeout_ms,
             &options(cluster.options_for(&cluster.ccl)),
         )?;
+        let hetero = match topo {
+            None => None,
+            Some(t) => {
+                let name = Bridge::name_of(&job.id, seq);
+                match Hetero::new(
+                    t,
+                    sel.device.clone(),
+                    sel.ccl.clone(),
+                    comm,
+                    &config.bridge,
+                    local_device,
+                    &name,
+                    timeout,
+                ) {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        let _ = sel.ccl.comm_destroy(comm);
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        let clusters = hetero.as_ref().map_or(1, |h| h.topology().clusters.len());
         let stream = sel.device.stream_create()?;
         let plan = window::plan(cluster, &sel.device, &sel.ccl, |v| std::env::var(v).ok());
         if let Some(w) = &plan.multicast.warning {
@@ -220,7 +261,7 @@ impl Communicator {
                 measured,
                 supports: p.supports,
             }),
-            clusters: 1,
+            clusters,
         };
         tracing::debug!(rank = me, world, cluster = %cluster.name, device = sel.device.name(), ccl = sel.ccl.name(), "communicator ready");
         Ok(Communicator {
@@ -250,6 +291,7 @@ impl Communicator {
                 making: Mutex::new(()),
             },
             barrier_word: Mutex::new(None),
+            hetero,
             _server: server,
         })
     }
@@ -514,11 +556,28 @@ impl Communicator {
     /// Waits for everything enqueued on the communicator's stream; reports a window
     /// collective's failure among it.
     pub fn synchronize(&self) -> Result<(), CommError> {
-        self.device.stream_synchronize(self.stream)?;
+        let synced = self.device.stream_synchronize(self.stream);
+        if let Some(h) = &self.hetero {
+            // A failure across clusters is named by the bridge (rank and cluster), even when
+            // the stream reports it as a cluster CCL's error (which names local ranks).
+            h.check()?;
+            if synced.is_err() {
+                if let Some(e) = h.explain() {
+                    return Err(e.into());
+                }
+            }
+        }
+        synced?;
         if let Some(Ok(b)) = self.collectives.backend.get() {
             b.check()?;
         }
         Ok(())
+    }
+
+    /// The cross-cluster side of a job that spans clusters (`None` for one cluster): its
+    /// topology, plan cache and bridge.
+    pub fn hetero(&self) -> Option<&Hetero> {
+        self.hetero.as_ref()
     }
 
     /// Returns once every rank has called it, with everything enqueued on the communicator's
@@ -639,6 +698,24 @@ impl Communicator {
     }
 }
 
+/// Refuses a bridge that cannot run this job: `mpi`, or ranks on several hosts (the shared
+/// memory bridge needs one host), with the `[bridge] ccl` key's file and line.
+fn check_bridge(config: &Config, rank: &RankInfo) -> Result<(), CommError> {
+    let one_host = rank.local_world_size >= rank.world_size;
+    let why = match (config.bridge.ccl, one_host) {
+        (BridgeCcl::Mpi, _) => "the MPI bridge between clusters is not available yet",
+        (_, false) => {
+            "this job's ranks are on several hosts (LOCAL_WORLD_SIZE < WORLD_SIZE), and the bridge \
+             between clusters across hosts (MPI) is not available yet: only one host runs a job \
+             across clusters"
+        }
+        _ => return Ok(()),
+    };
+    Err(config
+        .bridge_error("ccl", ConfigErrorKind::InvalidValue, why)
+        .into())
+}
+
 /// The communicator's collectives on its own stream: each forwards to the same method of
 /// [`Call`], whose documentation (and the buffer contract in [`call`]'s module docs) applies.
 macro_rules! on_own_stream {
@@ -689,6 +766,8 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         // Teardown failures are not actionable here; the adaptor logs them.
         let _ = self.device.stream_synchronize(self.stream);
+        // The plans' streams drain before the cluster communicator goes.
+        drop(self.hetero.take());
         let word = self
             .barrier_word
             .get_mut()

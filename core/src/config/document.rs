@@ -13,8 +13,8 @@ use toml::Spanned;
 use super::error::{ConfigError, ConfigErrorKind, ErrorOrigin};
 use super::position::{KeyPositions, Pos};
 use super::{
-    ClusterConfig, Config, ConfigOrigin, Fallback, MulticastMode, RankSet, RuntimeConfig,
-    SmallMessage, WindowMode,
+    BridgeCcl, BridgeConfig, ClusterConfig, Config, ConfigOrigin, Fallback, MulticastMode, RankSet,
+    RuntimeConfig, SmallMessage, WindowMode,
 };
 
 /// The whole file.
@@ -25,6 +25,17 @@ struct RawDocument {
     runtime: RawRuntime,
     #[serde(default)]
     cluster: Vec<Spanned<RawCluster>>,
+    #[serde(default)]
+    bridge: RawBridge,
+}
+
+/// `[bridge]`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawBridge {
+    ccl: Option<Spanned<BridgeCcl>>,
+    chunk_bytes: Option<Spanned<u64>>,
+    depth: Option<Spanned<u64>>,
 }
 
 /// `[runtime]`.
@@ -273,7 +284,25 @@ impl Builder<'_> {
             origin: ConfigOrigin::File(origin.to_path_buf()),
             runtime,
             clusters,
+            bridge: self.bridge(raw.bridge),
         })
+    }
+
+    fn bridge(&self, raw: RawBridge) -> BridgeConfig {
+        let mut bridge = BridgeConfig::default();
+        if let Some(ccl) = raw.ccl {
+            bridge.positions.set("ccl", self.pos(&ccl));
+            bridge.ccl = ccl.into_inner();
+        }
+        if let Some(chunk) = raw.chunk_bytes {
+            bridge.positions.set("chunk_bytes", self.pos(&chunk));
+            bridge.chunk_bytes = chunk.into_inner();
+        }
+        if let Some(depth) = raw.depth {
+            bridge.positions.set("depth", self.pos(&depth));
+            bridge.depth = depth.into_inner();
+        }
+        bridge
     }
 
     fn runtime(&self, raw: RawRuntime) -> Result<RuntimeConfig, ConfigError> {

@@ -35,6 +35,7 @@
 //! # Ok::<(), ferrocx::config::ConfigError>(())
 //! ```
 
+mod bridge;
 mod document;
 mod env;
 mod error;
@@ -48,6 +49,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use bridge::{
+    BridgeCcl, BridgeConfig, DEFAULT_CHUNK_BYTES, DEFAULT_DEPTH, MAX_CHUNK_BYTES, MAX_DEPTH,
+};
 pub use env::{
     multicast_kill_switches, ENV_CONFIG, ENV_LOG, ENV_MULTICAST, ENV_NCCL_NVLS_ENABLE,
     ENV_PLUGIN_PATH, ENV_TIMEOUT_MS,
@@ -108,6 +112,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// The clusters, in file order; their rank sets do not overlap.
     pub clusters: Vec<ClusterConfig>,
+    /// The `[bridge]` table: how clusters exchange data in a job that spans several.
+    pub bridge: BridgeConfig,
 }
 
 /// The `[runtime]` table.
@@ -345,6 +351,7 @@ impl Config {
             origin: ConfigOrigin::Defaults,
             runtime: RuntimeConfig::default(),
             clusters: vec![ClusterConfig::new("local", RankSet::all(), "host", "host")],
+            bridge: BridgeConfig::default(),
         }
     }
 
@@ -374,6 +381,19 @@ impl Config {
         ConfigError::new(self.origin.to_error_origin(), kind, message)
             .at(pos)
             .with_key(format!("cluster[{index}].{key}"))
+    }
+
+    /// An error about `key` of `[bridge]` (`"ccl"`, `"depth"`), located at the line it was
+    /// written on.
+    pub fn bridge_error(
+        &self,
+        key: &str,
+        kind: ConfigErrorKind,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::new(self.origin.to_error_origin(), kind, message)
+            .at(self.bridge.positions.key(key))
+            .with_key(format!("bridge.{key}"))
     }
 
     /// An error about `key` of `[runtime]` (`"timeout_ms"`, `"plugin_dirs[0]"`), located at

@@ -44,6 +44,12 @@ impl Config {
             }
         }
 
+        if let Some(why) = self.bridge.chunk_problem() {
+            return Err(self.bridge_error("chunk_bytes", InvalidValue, why));
+        }
+        if let Some(why) = self.bridge.depth_problem() {
+            return Err(self.bridge_error("depth", InvalidValue, why));
+        }
         for (index, cluster) in self.clusters.iter().enumerate() {
             self.check_cluster(index, cluster)?;
         }

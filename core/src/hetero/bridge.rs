@@ -1,0 +1,548 @@
+//! The bridge on one host: one POSIX shared-memory segment per job and communicator that every
+//! rank of the job maps, holding per rank its signal words and its staging slots.
+//!
+//! ```text
+//! segment /ferrocx-<job>-bridge-<comm>          (made by rank 0, unlinked once all attached)
+//! ├─ header (4 KiB): magic, world, depth, slot bytes, attached, failed (rank + 1), the
+//! │                  failure's text
+//! └─ rank r (stride = control + depth slots + p2p slot)
+//!    ├─ control: pid, arrive[s], done[s] (s < depth, one cache line each), the call
+//!    │           descriptors (two, by call parity), p2p sent[to] and acked[from]
+//!    ├─ slot 0 .. slot depth-1   staging of the pipeline slots (epoch % depth)
+//!    └─ p2p slot                 staging of this rank's sends to ranks of other clusters
+//! ```
+//!
+//! Every signal is a monotonic counter, never reset: `arrive[r][s]` holds the latest epoch rank
+//! r published in slot s (plus one), `done[r][s]` counts the reads of slot s that finished (each
+//! reader adds one), so a writer knows a slot is free when `done` reaches the reads it expects
+//! (counted when the steps were planned, identically on every rank). A wait spins, then yields,
+//! then sleeps in growing steps; every few milliseconds it looks at the failure word (set by
+//! the first rank that gave up on a peer) and at the awaited rank's process; at the deadline
+//! (`timeout_ms`) it sets the failure word and fails naming the rank and its cluster.
+
+use std::ffi::CString;
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::topo::Topology;
+use super::HeteroError;
+
+const MAGIC: u64 = 0x6665_7272_6f62_7231; // "ferrobr1"
+const LINE: usize = 64;
+const PAGE: usize = 4096;
+const HEADER: usize = PAGE;
+/// Bytes of the failure text kept in the header.
+const TEXT: usize = 1024;
+/// Header fields (byte offsets).
+const H_MAGIC: usize = 0;
+const H_WORLD: usize = 8;
+const H_DEPTH: usize = 16;
+const H_SLOT: usize = 24;
+const H_ATTACHED: usize = LINE;
+const H_FAILED: usize = 2 * LINE;
+const H_TEXT_LEN: usize = 3 * LINE;
+const H_TEXT: usize = 4 * LINE;
+
+/// Control block of one rank (byte offsets from the rank's base).
+const C_PID: usize = 0;
+const C_ARRIVE: usize = LINE;
+/// Two call descriptors of 4 words (tag, count, kind, spare), by call parity.
+const C_DESC_LINES: usize = 2;
+
+/// One rank's descriptor of a call: every rank of the job must give the same one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Elements (per rank, as the collective counts them).
+    pub count: u64,
+    /// The collective, dtype, op and root, packed by the caller.
+    pub kind: u64,
+}
+
+/// The shared segment, mapped.
+pub struct Bridge {
+    base: *mut u8,
+    len: usize,
+    world: usize,
+    depth: usize,
+    slot_bytes: usize,
+    control: usize,
+    stride: usize,
+    /// The name, while this process must unlink it (rank 0 until every rank attached).
+    name: CString,
+    timeout: Duration,
+    /// Rank -> (cluster name) for errors.
+    topo: Topology,
+}
+
+// SAFETY: the mapping is shared memory reached only through atomics (signals) or through the
+// step protocol (staging bytes written by one rank before it publishes, read by others after);
+// the pointer itself is never mutated after construction.
+unsafe impl Send for Bridge {}
+// SAFETY: as above.
+unsafe impl Sync for Bridge {}
+
+fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+impl Bridge {
+    /// The segment name of communicator `comm` of job `job`: found by the launcher's cleanup
+    /// (`ferrocx-<job>-` prefix), never parsed as a host-adaptor segment (no pid field).
+    pub fn name_of(job: &str, comm: u64) -> String {
+        format!("/ferrocx-{job}-bridge-{comm}")
+    }
+
+    /// Bytes of the control block of one rank.
+    fn control_bytes(world: usize, depth: usize) -> usize {
+        round_up(LINE * (1 + 2 * depth + C_DESC_LINES) + 16 * world, PAGE)
+    }
+
+    /// Creates (rank 0) or opens (others) the segment and attaches; returns once every rank of
+    /// the job has attached, and the name is unlinked (so nothing is left in /dev/shm whatever
+    /// happens next).
+    pub fn attach(
+        name: &str,
+        topo: Topology,
+        depth: usize,
+        slot_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Bridge, HeteroError> {
+        let world = topo.world();
+        let me = topo.me;
+        let slot_bytes = round_up(slot_bytes, PAGE);
+        let control = Self::control_bytes(world, depth);
+        let stride = control + (depth + 1) * slot_bytes;
+        let len = HEADER + world * stride;
+        let cname = CString::new(name)
+            .map_err(|_| HeteroError::Bridge(format!("segment name {name:?} has a NUL")))?;
+        let deadline = Instant::now() + timeout;
+        let fd = if me == 0 {
+            create(&cname, len)?
+        } else {
+            open(&cname, len, deadline, name)?
+        };
+        // SAFETY: a fresh shared mapping of an fd we own, of the size the segment has.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        // SAFETY: our descriptor; the mapping (if any) keeps the memory.
+        unsafe { libc::close(fd) };
+        if base == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            if me == 0 {
+                // SAFETY: a NUL-terminated name.
+                unsafe { libc::shm_unlink(cname.as_ptr()) };
+            }
+            return Err(HeteroError::Bridge(format!(
+                "mmap of {name} ({len} bytes): {e}"
+            )));
+        }
+        let bridge = Bridge {
+            base: base.cast(),
+            len,
+            world,
+            depth,
+            slot_bytes,
+            control,
+            stride,
+            name: cname,
+            timeout,
+            topo,
+        };
+        if me == 0 {
+            bridge
+                .u64_at(H_WORLD)
+                .store(world as u64, Ordering::Relaxed);
+            bridge
+                .u64_at(H_DEPTH)
+                .store(depth as u64, Ordering::Relaxed);
+            bridge
+                .u64_at(H_SLOT)
+                .store(slot_bytes as u64, Ordering::Relaxed);
+            bridge.u64_at(H_MAGIC).store(MAGIC, Ordering::Release);
+        } else {
+            bridge.wait_header(deadline)?;
+        }
+        bridge.pid(me).store(std::process::id(), Ordering::Release);
+        bridge.u64_at(H_ATTACHED).fetch_add(1, Ordering::AcqRel);
+        let all = bridge.wait_all_attached(deadline);
+        if me == 0 || all.is_err() {
+            // SAFETY: a NUL-terminated name; ENOENT (someone else unlinked it) is fine.
+            unsafe { libc::shm_unlink(bridge.name.as_ptr()) };
+        }
+        all?;
+        Ok(bridge)
+    }
+
+    fn wait_header(&self, deadline: Instant) -> Result<(), HeteroError> {
+        while self.u64_at(H_MAGIC).load(Ordering::Acquire) != MAGIC {
+            if Instant::now() > deadline {
+                return Err(self.absent(0, "the bridge's creation"));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let (w, d, s) = (
+            self.u64_at(H_WORLD).load(Ordering::Relaxed),
+            self.u64_at(H_DEPTH).load(Ordering::Relaxed),
+            self.u64_at(H_SLOT).load(Ordering::Relaxed),
+        );
+        if (w, d, s) != (self.world as u64, self.depth as u64, self.slot_bytes as u64) {
+            return Err(HeteroError::Bridge(format!(
+                "the bridge of rank 0 has world {w}, depth {d}, slots of {s} bytes; this rank \
+                 expects {}, {}, {}: every rank must read the same [bridge] and clusters",
+                self.world, self.depth, self.slot_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn wait_all_attached(&self, deadline: Instant) -> Result<(), HeteroError> {
+        loop {
+            if self.u64_at(H_ATTACHED).load(Ordering::Acquire) >= self.world as u64 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let missing = (0..self.world)
+                    .find(|&r| self.pid(r).load(Ordering::Acquire) == 0)
+                    .unwrap_or(0);
+                return Err(self.absent(missing, "the bridge's attach"));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// The world.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+    /// Pipeline slots per rank.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+    /// Bytes of one staging slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+    /// The topology the bridge names ranks with.
+    pub fn topo(&self) -> &Topology {
+        &self.topo
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= self.len && off % 8 == 0);
+        // SAFETY: inside the mapping, 8-aligned (the mapping is page-aligned); the segment
+        // lives as long as `self`; shared words are only accessed atomically.
+        unsafe { &*self.base.add(off).cast::<AtomicU64>() }
+    }
+
+    fn rank_base(&self, r: usize) -> usize {
+        HEADER + r * self.stride
+    }
+
+    fn pid(&self, r: usize) -> &AtomicU32 {
+        // SAFETY: as `u64_at`, 4-aligned.
+        unsafe { &*self.base.add(self.rank_base(r) + C_PID).cast::<AtomicU32>() }
+    }
+
+    /// `arrive[r][slot]`: the latest epoch rank r published in `slot`, plus one.
+    pub fn arrive(&self, r: usize, slot: usize) -> &AtomicU64 {
+        self.u64_at(self.rank_base(r) + C_ARRIVE + slot * LINE)
+    }
+
+    /// `done[r][slot]`: reads of rank r's `slot` that have finished.
+    pub fn done(&self, r: usize, slot: usize) -> &AtomicU64 {
+        self.u64_at(self.rank_base(r) + C_ARRIVE + (self.depth + slot) * LINE)
+    }
+
+    /// Word `i` (< 4) of rank r's call descriptor of `parity`.
+    fn desc(&self, r: usize, parity: usize, i: usize) -> &AtomicU64 {
+        self.u64_at(self.rank_base(r) + C_ARRIVE + (2 * self.depth + parity) * LINE + 8 * i)
+    }
+
+    /// Chunks rank `from` sent to rank `to` through its p2p slot.
+    pub fn p2p_sent(&self, from: usize, to: usize) -> &AtomicU64 {
+        self.u64_at(self.rank_base(from) + LINE * (1 + 2 * self.depth + C_DESC_LINES) + 8 * to)
+    }
+
+    /// Chunks rank `to` finished reading from rank `from`'s p2p slot.
+    pub fn p2p_acked(&self, to: usize, from: usize) -> &AtomicU64 {
+        self.u64_at(
+            self.rank_base(to)
+                + LINE * (1 + 2 * self.depth + C_DESC_LINES)
+                + 8 * (self.world + from),
+        )
+    }
+
+    /// The address of rank r's staging `slot` (`slot == depth`: its p2p slot).
+    pub fn slot(&self, r: usize, slot: usize) -> *mut u8 {
+        debug_assert!(slot <= self.depth);
+        // SAFETY: inside the mapping.
+        unsafe {
+            self.base
+                .add(self.rank_base(r) + self.control + slot * self.slot_bytes)
+        }
+    }
+
+    /// The rank named with its cluster: `rank 3 (cluster "cpu")`.
+    pub fn who(&self, r: usize) -> String {
+        self.topo.who(r)
+    }
+
+    fn absent(&self, r: usize, what: &str) -> HeteroError {
+        HeteroError::Absent {
+            rank: r,
+            cluster: self.topo.cluster_name_of(r).to_string(),
+            what: what.to_string(),
+            waited: self.timeout,
+        }
+    }
+
+    /// The failure another rank recorded, if one.
+    pub fn failure(&self) -> Option<HeteroError> {
+        let failed = self.u64_at(H_FAILED).load(Ordering::Acquire);
+        if failed == 0 {
+            return None;
+        }
+        let len = (self.u64_at(H_TEXT_LEN).load(Ordering::Acquire) as usize).min(TEXT);
+        let mut text = vec![0u8; len];
+        // SAFETY: the text area lies in the header; written once, before `H_TEXT_LEN`.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(H_TEXT), text.as_mut_ptr(), len) };
+        let rank = (failed - 1) as usize;
+        Some(HeteroError::PeerFailed {
+            rank,
+            cluster: self.topo.cluster_name_of(rank).to_string(),
+            message: String::from_utf8_lossy(&text).into_owned(),
+        })
+    }
+
+    /// Records `e` (about rank `r`) as the job's failure, unless one is recorded already.
+    pub fn record_failure(&self, r: usize, e: &HeteroError) {
+        if self
+            .u64_at(H_FAILED)
+            .compare_exchange(0, r as u64 + 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let text = e.to_string();
+            let bytes = &text.as_bytes()[..text.len().min(TEXT)];
+            // SAFETY: the text area lies in the header; only the winner of the exchange
+            // writes it, before publishing its length.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(H_TEXT), bytes.len())
+            };
+            self.u64_at(H_TEXT_LEN)
+                .store(bytes.len() as u64, Ordering::Release);
+        }
+    }
+
+    /// `true` unless rank r's process is known to be gone.
+    pub fn alive(&self, r: usize) -> bool {
+        let pid = self.pid(r).load(Ordering::Acquire);
+        if pid == 0 {
+            return true;
+        }
+        // SAFETY: signal 0 only checks that the process exists.
+        if unsafe { libc::kill(pid as i32, 0) } == 0 {
+            return true;
+        }
+        io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    }
+
+    /// The deadline of a wait on a peer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The error for rank r not arriving at `what`: it died, or it is late.
+    pub fn absent_or_dead(&self, r: usize, what: &str) -> HeteroError {
+        match self.first_dead() {
+            Some(d) => HeteroError::Died {
+                rank: d,
+                cluster: self.topo.cluster_name_of(d).to_string(),
+                what: what.to_string(),
+            },
+            None => self.absent(r, what),
+        }
+    }
+
+    /// The first rank whose process is gone, if one.
+    pub fn first_dead(&self) -> Option<usize> {
+        (0..self.world).find(|&r| !self.alive(r))
+    }
+
+    /// Waits until `word` (of rank `whom`) reaches `target`, for `what`.
+    pub fn wait(
+        &self,
+        word: &AtomicU64,
+        target: u64,
+        whom: usize,
+        what: &str,
+    ) -> Result<(), HeteroError> {
+        if word.load(Ordering::Acquire) >= target {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut polls: u32 = 0;
+        let mut last_check = start;
+        let mut nap = Duration::from_micros(1);
+        loop {
+            if word.load(Ordering::Acquire) >= target {
+                return Ok(());
+            }
+            polls = polls.wrapping_add(1);
+            if polls < 2_000 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if polls < 4_000 {
+                std::thread::yield_now();
+                continue;
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_micros(500));
+            let now = Instant::now();
+            if now.duration_since(last_check) >= Duration::from_millis(5) {
+                last_check = now;
+                if let Some(e) = self.failure() {
+                    return Err(e);
+                }
+                let dead = if self.alive(whom) {
+                    self.first_dead()
+                } else {
+                    Some(whom)
+                };
+                if dead.is_some() || now.duration_since(start) >= self.timeout {
+                    let e = self.absent_or_dead(dead.unwrap_or(whom), what);
+                    let about = match &e {
+                        HeteroError::Died { rank, .. } => *rank,
+                        _ => whom,
+                    };
+                    self.record_failure(about, &e);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Publishes this rank's descriptor of call `call` and checks it against every rank's:
+    /// a barrier of the job. A mismatch gives the same error on every rank (the lowest rank
+    /// that differs from rank 0, and rank 0).
+    pub fn check_call(
+        &self,
+        call: u64,
+        mine: Descriptor,
+        describe: &dyn Fn(Descriptor) -> String,
+    ) -> Result<(), HeteroError> {
+        let me = self.topo.me;
+        let parity = (call % 2) as usize;
+        self.desc(me, parity, 1)
+            .store(mine.count, Ordering::Relaxed);
+        self.desc(me, parity, 2).store(mine.kind, Ordering::Relaxed);
+        self.desc(me, parity, 0).store(call + 1, Ordering::Release);
+        let mut all = Vec::with_capacity(self.world);
+        for r in 0..self.world {
+            self.wait(self.desc(r, parity, 0), call + 1, r, "a collective")?;
+            all.push(Descriptor {
+                count: self.desc(r, parity, 1).load(Ordering::Relaxed),
+                kind: self.desc(r, parity, 2).load(Ordering::Relaxed),
+            });
+        }
+        if let Some(r) = (1..self.world).find(|&r| all[r] != all[0]) {
+            return Err(HeteroError::Mismatch(format!(
+                "{} called {} but {} called {}: every rank of every cluster must call the same \
+                 collective with the same count and dtype",
+                self.who(0),
+                describe(all[0]),
+                self.who(r),
+                describe(all[r])
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, unused from here on (the communicator's streams are drained
+        // before its bridge is dropped).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn create(name: &CString, len: usize) -> Result<libc::c_int, HeteroError> {
+    let open = || {
+        // SAFETY: a NUL-terminated name; O_EXCL makes it a new segment.
+        unsafe {
+            libc::shm_open(
+                name.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                0o600 as libc::mode_t,
+            )
+        }
+    };
+    let mut fd = open();
+    if fd < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+        // Left by an earlier job of the same id whose rank 0 died before unlinking it.
+        tracing::warn!(segment = %name.to_string_lossy(), "removing a stale bridge segment");
+        // SAFETY: a NUL-terminated name.
+        unsafe { libc::shm_unlink(name.as_ptr()) };
+        fd = open();
+    }
+    if fd < 0 {
+        return Err(HeteroError::Bridge(format!(
+            "shm_open({}): {}",
+            name.to_string_lossy(),
+            io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: our descriptor; the size fits off_t on 64-bit Linux.
+    if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: our descriptor and name.
+        unsafe {
+            libc::close(fd);
+            libc::shm_unlink(name.as_ptr());
+        }
+        return Err(HeteroError::Bridge(format!(
+            "sizing the bridge segment to {len} bytes: {e}"
+        )));
+    }
+    Ok(fd)
+}
+
+fn open(
+    name: &CString,
+    len: usize,
+    deadline: Instant,
+    shown: &str,
+) -> Result<libc::c_int, HeteroError> {
+    loop {
+        // SAFETY: a NUL-terminated name; no O_CREAT.
+        let fd = unsafe { libc::shm_open(name.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        if fd >= 0 {
+            let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+            // SAFETY: our descriptor and a stat buffer.
+            let ok = unsafe { libc::fstat(fd, st.as_mut_ptr()) } == 0;
+            // SAFETY: fstat filled it (zeroed before).
+            let size = unsafe { st.assume_init() }.st_size as usize;
+            if ok && size >= len {
+                return Ok(fd);
+            }
+            // SAFETY: our descriptor.
+            unsafe { libc::close(fd) };
+        }
+        if Instant::now() > deadline {
+            return Err(HeteroError::Bridge(format!(
+                "the bridge segment {shown} did not appear (rank 0 of the job never made it)"
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
