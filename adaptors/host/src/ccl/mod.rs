@@ -13,11 +13,11 @@ mod segment;
 mod sync;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferrocx_plugin_sdk::handles::HandleTable;
 use ferrocx_plugin_sdk::prelude::*;
 
 use crate::stream;
@@ -38,12 +38,8 @@ const DEFAULT_SLOT: usize = 1 << 20;
 /// Default bytes per point-to-point ring.
 const DEFAULT_RING: usize = 256 << 10;
 
-fn comms() -> &'static Mutex<HashMap<u64, Arc<HostComm>>> {
-    static COMMS: OnceLock<Mutex<HashMap<u64, Arc<HostComm>>>> = OnceLock::new();
-    COMMS.get_or_init(Default::default)
-}
-
-static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
+/// The live communicators of this process.
+static COMMS: HandleTable<Arc<HostComm>> = HandleTable::new("communicator");
 
 thread_local! {
     /// The communicator this thread used last: a stream of calls on one skips the map.
@@ -67,22 +63,11 @@ fn get(c: Comm) -> Result<Arc<HostComm>> {
 }
 
 fn lookup(c: Comm) -> Result<Arc<HostComm>> {
-    let id = c.0 as usize as u64;
-    comms()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&id)
-        .cloned()
-        .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))
+    COMMS.get(c.0 as usize as u64)
 }
 
 fn take(c: Comm) -> Result<Arc<HostComm>> {
-    let id = c.0 as usize as u64;
-    let comm = comms()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&id)
-        .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))?;
+    let comm = COMMS.remove(c.0 as usize as u64)?;
     comm.destroyed.store(true, Ordering::Release);
     Ok(comm)
 }
@@ -424,11 +409,7 @@ impl CclAdaptor for HostCcl {
         attached?;
         let comm = Arc::new(HostComm::new(rank, nranks, seg, timeout));
         comm.set_generation(1);
-        let id = NEXT_COMM.fetch_add(1, Ordering::Relaxed);
-        comms()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, comm);
+        let id = COMMS.insert(comm);
         Ok(Comm(id as usize as *mut std::ffi::c_void))
     }
     fn comm_finalize(&self, c: Comm) -> Result<()> {
