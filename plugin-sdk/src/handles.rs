@@ -51,7 +51,9 @@ impl<T> HandleTable<T> {
     /// Stores `value` under a new id (never 0, never reused) and returns the id.
     pub fn insert(&self, value: T) -> u64 {
         let id = self.last.fetch_add(1, Ordering::Relaxed) + 1;
-        self.lock().get_or_insert_with(HashMap::new).insert(id, value);
+        self.lock()
+            .get_or_insert_with(HashMap::new)
+            .insert(id, value);
         id
     }
 
@@ -60,7 +62,9 @@ impl<T> HandleTable<T> {
     pub fn insert_with<E>(&self, make: impl FnOnce(u64) -> Result<T, E>) -> Result<u64, E> {
         let id = self.last.fetch_add(1, Ordering::Relaxed) + 1;
         let value = make(id)?;
-        self.lock().get_or_insert_with(HashMap::new).insert(id, value);
+        self.lock()
+            .get_or_insert_with(HashMap::new)
+            .insert(id, value);
         Ok(id)
     }
 
