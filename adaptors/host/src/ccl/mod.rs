@@ -72,27 +72,6 @@ fn take(c: Comm) -> Result<Arc<HostComm>> {
     Ok(comm)
 }
 
-/// The job id used in segment names: `FERROCX_JOB_ID`, made safe for a file name.
-pub fn job_id() -> String {
-    let raw = std::env::var("FERROCX_JOB_ID").unwrap_or_else(|_| "local".to_string());
-    let s: String = raw
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(48)
-        .collect();
-    if s.is_empty() {
-        "local".to_string()
-    } else {
-        s
-    }
-}
-
 fn random_bytes<const N: usize>() -> Result<[u8; N]> {
     use std::io::Read;
     let mut b = [0u8; N];
@@ -390,7 +369,7 @@ impl CclAdaptor for HostCcl {
         };
         let pid0 = u32::from_le_bytes([uid[4], uid[5], uid[6], uid[7]]);
         let hex: String = uid[8..].iter().map(|b| format!("{b:02x}")).collect();
-        let name = format!("/ferrocx-{}-{pid0}-c{hex}", job_id());
+        let name = format!("/ferrocx-{}-{pid0}-c{hex}", crate::shm::job_id());
         let deadline = Instant::now() + timeout;
         let mut seg = if rank == 0 {
             Segment::create(&name, layout)?
