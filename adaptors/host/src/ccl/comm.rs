@@ -103,7 +103,7 @@ impl HostComm {
         let h = self.seg.header();
         h.abort.store(1, Ordering::Release);
         h.wake.fetch_add(1, Ordering::AcqRel);
-        super::sync::futex_wake(&h.wake);
+        ferrocx::futex::wake(&h.wake);
         let mut ex = self.exec.lock().unwrap_or_else(|p| p.into_inner());
         ex.broken
             .get_or_insert_with(|| Error::new(Status::ABORTED, "the communicator was aborted"));
