@@ -17,7 +17,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ferrocx::bootstrap::{
-    StoreServer, ENV_JOB_ID, ENV_JOB_TOKEN, ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_STORE_HOSTED,
+    JobInfo, StoreServer, ENV_JOB_ID, ENV_JOB_TOKEN, ENV_MASTER_ADDR, ENV_MASTER_PORT,
+    ENV_STORE_HOSTED,
 };
 
 /// Time between SIGTERM and SIGKILL when the job is stopped.
@@ -245,9 +246,10 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
 }
 
 /// Removes the shared-memory segments of this job that its ranks left behind (a rank that was
-/// killed cannot unlink its own): every name in /dev/shm that starts with `ferrocx-<job id>-`.
+/// killed cannot unlink its own): every name in /dev/shm that starts with `ferrocx-<job id>-`,
+/// the id made safe by the ranks' rule ([`JobInfo::sanitize_id`]).
 fn remove_job_segments(job_id: &str) {
-    let prefix = format!("ferrocx-{job_id}-");
+    let prefix = format!("ferrocx-{}-", JobInfo::sanitize_id(job_id));
     let Ok(dir) = std::fs::read_dir("/dev/shm") else {
         return;
     };

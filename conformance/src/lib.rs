@@ -61,6 +61,7 @@ mod reference;
 mod report;
 mod runner;
 mod target;
+pub mod values;
 mod worker;
 
 pub use abi::check_abi;

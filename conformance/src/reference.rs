@@ -2,9 +2,12 @@
 //!
 //! Every rank draws every rank's inputs from the same seeded generator, so each computes the
 //! expected output of a collective on its own. Inputs are small integers, chosen so that every
-//! result is exact in every data type (products draw from ±1 and ±2).
+//! result is exact in every data type (products draw from ±1 and ±2). Encoding and the
+//! reference reduction are [`crate::values`], shared with `ferrocx bench`.
 
 use ferrocx::abi::{DataType, ReduceOp};
+
+use crate::values::{self, is_unsigned, Value};
 
 /// Seed of every input.
 const SEED: u64 = 0x5EED_F00D_C0FF_EE00;
@@ -37,18 +40,6 @@ pub(crate) fn tag(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// `true` for the floating-point types.
-pub(crate) fn is_float(dt: DataType) -> bool {
-    matches!(
-        dt,
-        DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16
-    )
-}
-
-fn is_unsigned(dt: DataType) -> bool {
-    matches!(dt, DataType::U8 | DataType::U32 | DataType::U64)
 }
 
 /// Element size in bytes (every type the kit uses is known).
@@ -94,84 +85,20 @@ pub(crate) fn inputs(
     (0..world).map(|r| input(tag, r, n, dt, op)).collect()
 }
 
-/// Wraps an exact integer the way the type's arithmetic does.
-fn wrap(dt: DataType, v: i64) -> i64 {
-    match dt {
-        DataType::I8 => v as i8 as i64,
-        DataType::U8 => v as u8 as i64,
-        DataType::I32 => v as i32 as i64,
-        DataType::U32 => v as u32 as i64,
-        _ => v,
-    }
-}
-
 /// Element `i` of the reduction of `inputs` with `op`, as the type computes it.
 pub(crate) fn reduced(dt: DataType, op: ReduceOp, inputs: &[Vec<i64>], i: usize) -> f64 {
-    let n = inputs.len();
-    let mut acc = inputs[0][i];
-    for inp in &inputs[1..] {
-        let x = inp[i];
-        acc = wrap(
-            dt,
-            match op {
-                ReduceOp::PROD => acc.wrapping_mul(x),
-                ReduceOp::MIN => acc.min(x),
-                ReduceOp::MAX => acc.max(x),
-                _ => acc.wrapping_add(x),
-            },
-        );
-    }
-    if op == ReduceOp::AVG {
-        if is_float(dt) {
-            return acc as f64 / n as f64;
-        }
-        // Integer averages truncate toward zero, as C's division (and NCCL's) does.
-        return wrap(dt, acc / n as i64) as f64;
-    }
-    acc as f64
+    let vals: Vec<i128> = inputs.iter().map(|inp| inp[i] as i128).collect();
+    values::reduce(dt, op, &vals).as_f64()
 }
 
 /// The bytes of `values` in type `dt` (native endianness, as the device holds them).
 pub(crate) fn encode(dt: DataType, values: &[i64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(values.len() * size_of(dt));
-    for &v in values {
-        match dt {
-            DataType::F32 => out.extend_from_slice(&(v as f32).to_ne_bytes()),
-            DataType::F64 => out.extend_from_slice(&(v as f64).to_ne_bytes()),
-            DataType::F16 => out.extend_from_slice(&f32_to_f16(v as f32).to_ne_bytes()),
-            DataType::BF16 => out.extend_from_slice(&f32_to_bf16(v as f32).to_ne_bytes()),
-            DataType::I8 => out.push(v as i8 as u8),
-            DataType::U8 => out.push(v as u8),
-            DataType::I32 => out.extend_from_slice(&(v as i32).to_ne_bytes()),
-            DataType::U32 => out.extend_from_slice(&(v as u32).to_ne_bytes()),
-            DataType::I64 => out.extend_from_slice(&v.to_ne_bytes()),
-            _ => out.extend_from_slice(&(v as u64).to_ne_bytes()),
-        }
-    }
-    out
+    values::encode(dt, values.iter().map(|&v| Value::Int(v as i128)))
 }
 
 /// Element `i` of `bytes` in type `dt`, as an `f64`.
 pub(crate) fn decode(dt: DataType, bytes: &[u8], i: usize) -> f64 {
-    let es = size_of(dt);
-    let b = &bytes[i * es..(i + 1) * es];
-    let mut w = [0u8; 8];
-    w[..es].copy_from_slice(b);
-    let u16v = u16::from_ne_bytes([w[0], w[1]]);
-    let u32v = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
-    let u64v = u64::from_ne_bytes(w);
-    match dt {
-        DataType::F32 => f32::from_bits(u32v) as f64,
-        DataType::F64 => f64::from_bits(u64v),
-        DataType::F16 => f16_to_f32(u16v) as f64,
-        DataType::BF16 => bf16_to_f32(u16v) as f64,
-        DataType::I8 => w[0] as i8 as f64,
-        DataType::U8 => w[0] as f64,
-        DataType::I32 => u32v as i32 as f64,
-        DataType::U32 => u32v as f64,
-        DataType::I64 => u64v as i64 as f64,
-        _ => u64v as f64,
-    }
+    values::decode(dt, &bytes[i * size_of(dt)..])
 }
 
 /// Compares `n` elements of `got` with `want(i)`: exact for integers, within the type's
@@ -216,93 +143,9 @@ pub(crate) fn compare(
     }
 }
 
-/// IEEE binary32 to binary16, rounding to nearest even.
-pub(crate) fn f32_to_f16(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let mant = b & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | if mant != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let m = mant | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let rem = m & ((1u32 << shift) - 1);
-        let mut r = m >> shift;
-        if rem > half || (rem == half && r & 1 == 1) {
-            r += 1;
-        }
-        return sign | r as u16;
-    }
-    let mut r = ((e as u32) << 10) | (mant >> 13);
-    let rem = mant & 0x1fff;
-    if rem > 0x1000 || (rem == 0x1000 && r & 1 == 1) {
-        // A carry into the exponent is the correct rounding (up to infinity).
-        r += 1;
-    }
-    sign | r as u16
-}
-
-/// IEEE binary16 to binary32 (exact).
-pub(crate) fn f16_to_f32(h: u16) -> f32 {
-    let negative = h & 0x8000 != 0;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let mant = (h & 0x3ff) as u32;
-    let sign = if negative { 1u32 << 31 } else { 0 };
-    match exp {
-        0 => {
-            let v = mant as f32 / 16_777_216.0;
-            if negative {
-                -v
-            } else {
-                v
-            }
-        }
-        0x1f => f32::from_bits(sign | 0x7f80_0000 | (mant << 13)),
-        _ => f32::from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13)),
-    }
-}
-
-/// binary32 to bfloat16, rounding to nearest even.
-pub(crate) fn f32_to_bf16(x: f32) -> u16 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) as u16) | 0x40;
-    }
-    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
-}
-
-/// bfloat16 to binary32 (exact).
-pub(crate) fn bf16_to_f32(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn half_precision_round_trips_small_integers_and_rounds_to_even() {
-        for v in -2048..=2048 {
-            assert_eq!(f16_to_f32(f32_to_f16(v as f32)), v as f32);
-        }
-        for v in -256..=256 {
-            assert_eq!(bf16_to_f32(f32_to_bf16(v as f32)), v as f32);
-        }
-        assert_eq!(f32_to_f16(2049.0), f32_to_f16(2048.0));
-        assert_eq!(f16_to_f32(f32_to_f16(1.0 / 3.0)), 0.333_251_95);
-        assert_eq!(f16_to_f32(f32_to_f16(1e-7)), 1.192_092_9e-7);
-        assert!(f16_to_f32(f32_to_f16(1e6)).is_infinite());
-    }
 
     #[test]
     fn every_type_encodes_and_decodes_and_references_wrap() {

@@ -18,6 +18,7 @@
 //! ```
 
 pub mod abi;
+pub mod element;
 pub mod half;
 
 #[cfg(feature = "runtime")]
@@ -30,6 +31,8 @@ pub mod caps;
 pub mod comm;
 #[cfg(feature = "runtime")]
 pub mod config;
+#[cfg(all(feature = "runtime", target_os = "linux"))]
+pub mod futex;
 #[cfg(feature = "runtime")]
 pub mod hetero;
 #[cfg(feature = "runtime")]

@@ -101,200 +101,42 @@ pub fn supports(dtype: DataType, op: ReduceOp) -> bool {
 
 pub use ferrocx::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
-/// Elements reduced per pass: an accumulator of this many stays in registers and L1.
-const BLOCK: usize = 256;
-
-/// One element type's loads and stores, through its accumulator type.
-trait Lane {
-    type Acc: Copy + Default;
-    const SIZE: usize;
-    fn load(b: &[u8]) -> Self::Acc;
-    fn store(a: Self::Acc, b: &mut [u8]);
-}
-
-/// One reduction on an accumulator type.
-trait Combine<A> {
-    fn apply(a: A, b: A) -> A;
-}
-
-struct LaneF32;
-struct LaneBf16;
-struct LaneF16;
-struct LaneI32;
-
-fn bytes4(b: &[u8]) -> [u8; 4] {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(b);
-    w
-}
-
-fn bytes2(b: &[u8]) -> [u8; 2] {
-    let mut w = [0u8; 2];
-    w.copy_from_slice(b);
-    w
-}
-
-impl Lane for LaneF32 {
-    type Acc = f32;
-    const SIZE: usize = 4;
-    fn load(b: &[u8]) -> f32 {
-        f32::from_le_bytes(bytes4(b))
-    }
-    fn store(a: f32, b: &mut [u8]) {
-        b.copy_from_slice(&a.to_le_bytes());
-    }
-}
-
-impl Lane for LaneBf16 {
-    type Acc = f32;
-    const SIZE: usize = 2;
-    fn load(b: &[u8]) -> f32 {
-        bf16_to_f32(u16::from_le_bytes(bytes2(b)))
-    }
-    fn store(a: f32, b: &mut [u8]) {
-        b.copy_from_slice(&f32_to_bf16(a).to_le_bytes());
-    }
-}
-
-impl Lane for LaneF16 {
-    type Acc = f32;
-    const SIZE: usize = 2;
-    fn load(b: &[u8]) -> f32 {
-        f16_to_f32(u16::from_le_bytes(bytes2(b)))
-    }
-    fn store(a: f32, b: &mut [u8]) {
-        b.copy_from_slice(&f32_to_f16(a).to_le_bytes());
-    }
-}
-
-impl Lane for LaneI32 {
-    type Acc = i32;
-    const SIZE: usize = 4;
-    fn load(b: &[u8]) -> i32 {
-        i32::from_le_bytes(bytes4(b))
-    }
-    fn store(a: i32, b: &mut [u8]) {
-        b.copy_from_slice(&a.to_le_bytes());
-    }
-}
-
-struct Sum;
-struct Min;
-struct Max;
-
-impl Combine<f32> for Sum {
-    fn apply(a: f32, b: f32) -> f32 {
-        a + b
-    }
-}
-impl Combine<i32> for Sum {
-    fn apply(a: i32, b: i32) -> i32 {
-        a.wrapping_add(b)
-    }
-}
-impl Combine<f32> for Min {
-    fn apply(a: f32, b: f32) -> f32 {
-        a.min(b)
-    }
-}
-impl Combine<i32> for Min {
-    fn apply(a: i32, b: i32) -> i32 {
-        a.min(b)
-    }
-}
-impl Combine<f32> for Max {
-    fn apply(a: f32, b: f32) -> f32 {
-        a.max(b)
-    }
-}
-impl Combine<i32> for Max {
-    fn apply(a: i32, b: i32) -> i32 {
-        a.max(b)
-    }
-}
-
-fn reduce_lane<L: Lane, C: Combine<L::Acc>>(dst: &mut [u8], srcs: &[&[u8]]) {
-    let n = dst.len() / L::SIZE;
-    let mut acc = [L::Acc::default(); BLOCK];
-    let mut start = 0;
-    while start < n {
-        let m = BLOCK.min(n - start);
-        let (lo, hi) = (start * L::SIZE, (start + m) * L::SIZE);
-        let acc = &mut acc[..m];
-        for (a, b) in acc.iter_mut().zip(srcs[0][lo..hi].chunks_exact(L::SIZE)) {
-            *a = L::load(b);
+impl Elem {
+    /// The ABI's data type.
+    pub fn dtype(self) -> DataType {
+        match self {
+            Elem::F32 => DataType::F32,
+            Elem::Bf16 => DataType::BF16,
+            Elem::F16 => DataType::F16,
+            Elem::I32 => DataType::I32,
         }
-        for src in &srcs[1..] {
-            for (a, b) in acc.iter_mut().zip(src[lo..hi].chunks_exact(L::SIZE)) {
-                *a = C::apply(*a, L::load(b));
-            }
-        }
-        for (a, b) in acc.iter().zip(dst[lo..hi].chunks_exact_mut(L::SIZE)) {
-            L::store(*a, b);
-        }
-        start += m;
     }
 }
 
-fn reduce_elem<C>(dst: &mut [u8], srcs: &[&[u8]], elem: Elem)
-where
-    C: Combine<f32> + Combine<i32>,
-{
-    match elem {
-        Elem::F32 => reduce_lane::<LaneF32, C>(dst, srcs),
-        Elem::Bf16 => reduce_lane::<LaneBf16, C>(dst, srcs),
-        Elem::F16 => reduce_lane::<LaneF16, C>(dst, srcs),
-        Elem::I32 => reduce_lane::<LaneI32, C>(dst, srcs),
+impl Op {
+    /// The ABI's reduction.
+    pub fn reduce_op(self) -> ReduceOp {
+        match self {
+            Op::Sum => ReduceOp::SUM,
+            Op::Min => ReduceOp::MIN,
+            Op::Max => ReduceOp::MAX,
+        }
     }
 }
 
 /// Reduces `srcs` element-wise into `dst`, combining them in the order given (the order fixes
 /// the rounding, so every rank that reduces the same sources in the same order gets the same
 /// bits). Every source holds at least `dst.len()` bytes; `dst` holds whole elements; there
-/// is at least one source.
+/// is at least one source. The host CCL's implementation ([`ferrocx::element::reduce`]).
 pub fn reduce(dst: &mut [u8], srcs: &[&[u8]], elem: Elem, op: Op) {
-    debug_assert!(!srcs.is_empty() && srcs.iter().all(|s| s.len() >= dst.len()));
-    if srcs.is_empty() {
-        return;
-    }
-    match op {
-        Op::Sum => reduce_elem::<Sum>(dst, srcs, elem),
-        Op::Min => reduce_elem::<Min>(dst, srcs, elem),
-        Op::Max => reduce_elem::<Max>(dst, srcs, elem),
-    }
+    // Every Elem and Op is a type and reduction of the ABI: nothing to refuse.
+    let r = ferrocx::element::reduce(dst, srcs, elem.dtype(), op.reduce_op());
+    debug_assert!(r.is_ok(), "{r:?}");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn half_conversions_round_trip_every_finite_value() {
-        for h in 0..=u16::MAX {
-            let exp = (h >> 10) & 0x1f;
-            if exp == 0x1f && h & 0x3ff != 0 {
-                assert!(f16_to_f32(h).is_nan());
-                continue;
-            }
-            assert_eq!(f32_to_f16(f16_to_f32(h)), h, "f16 {h:#06x}");
-            let b = bf16_to_f32(h);
-            if !b.is_nan() {
-                assert_eq!(f32_to_bf16(b), h, "bf16 {h:#06x}");
-            }
-        }
-    }
-
-    #[test]
-    fn half_rounding_is_to_nearest_even() {
-        // 1 + 2^-11 lies halfway between 1 and the next f16; ties go to the even one (1.0).
-        assert_eq!(f32_to_f16(1.0 + 2f32.powi(-11)), 0x3c00);
-        assert_eq!(f32_to_f16(1.0 + 3.0 * 2f32.powi(-11)), 0x3c02);
-        assert_eq!(f32_to_f16(70000.0), 0x7c00);
-        assert_eq!(f32_to_f16(2f32.powi(-24)), 1);
-        assert_eq!(f32_to_bf16(1.0 + 2f32.powi(-8)), 0x3f80);
-        assert_eq!(f32_to_bf16(1.0 + 3.0 * 2f32.powi(-8)), 0x3f82);
-        assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
-    }
 
     fn f32s(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()

@@ -37,6 +37,7 @@ mod device;
 mod error;
 #[doc(hidden)]
 pub mod flat;
+pub mod handles;
 mod options;
 pub mod table;
 

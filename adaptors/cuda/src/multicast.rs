@@ -28,15 +28,15 @@
 //! a range, `cuMemMap`s the object and sets read/write access for the calling thread's device;
 //! `mc_unmap` undoes that; `mc_unbind` is `cuMulticastUnbind`; `mc_release` is `cuMemRelease`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ffi::{c_ulonglong, c_void, CStr};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use cudarc::driver::sys::{
     CUdevice, CUdevice_attribute, CUdeviceptr, CUmemGenericAllocationHandle,
     CUmulticastGranularity_flags, CUmulticastObjectProp, CUresult,
 };
+use ferrocx_plugin_sdk::handles::HandleTable;
 use ferrocx_plugin_sdk::prelude::*;
 
 use crate::device::State;
@@ -127,8 +127,7 @@ struct Mapping {
 /// What the adaptor holds for the multicast group.
 pub(crate) struct Multicast {
     api: std::result::Result<Api, String>,
-    next: AtomicU64,
-    objects: Mutex<HashMap<u64, Object>>,
+    objects: HandleTable<Object>,
     mappings: Mutex<BTreeMap<u64, Mapping>>,
 }
 
@@ -145,33 +144,23 @@ impl Multicast {
         }
         Multicast {
             api,
-            next: AtomicU64::new(0),
-            objects: Mutex::default(),
+            objects: HandleTable::new("multicast"),
             mappings: Mutex::default(),
         }
     }
 
     /// `true` when no object or mapping is held.
     pub(crate) fn is_empty(&self) -> bool {
-        lock(&self.objects).is_empty() && lock(&self.mappings).is_empty()
+        self.objects.is_empty() && lock(&self.mappings).is_empty()
     }
 
     fn insert(&self, o: Object) -> McHandle {
-        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        lock(&self.objects).insert(id, o);
-        McHandle(id)
+        McHandle(self.objects.insert(o))
     }
 
     fn get(&self, mc: McHandle) -> Result<Object> {
-        lock(&self.objects)
-            .get(&mc.0)
-            .copied()
-            .ok_or_else(|| unknown(mc))
+        self.objects.get(mc.0)
     }
-}
-
-fn unknown(mc: McHandle) -> Error {
-    Error::invalid_handle(format!("unknown multicast handle {:#x}", mc.0))
 }
 
 /// Why the environment forbids multicast, read through `lookup`, or `None`.
@@ -265,7 +254,7 @@ fn granularity(st: &State, api: &Api, prop: &CUmulticastObjectProp) -> Result<us
 /// error.
 pub(crate) fn release_all(st: &State) -> Result<()> {
     let maps = std::mem::take(&mut *lock(&st.mc.mappings));
-    let objects = std::mem::take(&mut *lock(&st.mc.objects));
+    let objects = st.mc.objects.take_all();
     let mut first = Ok(());
     let mut keep = |r: Result<()>| {
         if first.is_ok() {
@@ -280,7 +269,7 @@ pub(crate) fn release_all(st: &State) -> Result<()> {
             (st.lib.cuMemAddressFree)(ptr, m.size)
         }));
     }
-    for (_, o) in objects {
+    for o in objects {
         // SAFETY: an object handle of this adaptor, removed from the registry so released once.
         keep(st.check("cuMemRelease", unsafe { (st.lib.cuMemRelease)(o.handle) }));
     }
@@ -503,9 +492,7 @@ impl DeviceMulticast for CudaDevice {
 
     fn mc_release(&self, mc: McHandle) -> Result<()> {
         let st = self.ready()?;
-        let o = lock(&st.mc.objects)
-            .remove(&mc.0)
-            .ok_or_else(|| unknown(mc))?;
+        let o = st.mc.objects.remove(mc.0)?;
         // SAFETY: an object handle of this adaptor, removed from the registry so released once.
         st.check("cuMemRelease", unsafe { (st.lib.cuMemRelease)(o.handle) })
     }

@@ -18,15 +18,13 @@
 //! `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED` gets `UNSUPPORTED` with the
 //! attribute that is missing.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use cudarc::driver::sys::{
     CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp,
     CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType,
 };
+use ferrocx_plugin_sdk::handles::HandleTable;
 use ferrocx_plugin_sdk::prelude::*;
 
 use crate::device::State;
@@ -48,36 +46,28 @@ pub(crate) struct Physical {
 }
 
 /// The VMM handles of this adaptor, by id.
-#[derive(Default)]
-pub(crate) struct Handles {
-    next: AtomicU64,
-    map: Mutex<HashMap<u64, Physical>>,
+pub(crate) struct Handles(HandleTable<Physical>);
+
+impl Default for Handles {
+    fn default() -> Self {
+        Handles(HandleTable::new("VMM"))
+    }
 }
 
 impl Handles {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Physical>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn insert(&self, p: Physical) -> VmmHandle {
-        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.lock().insert(id, p);
-        VmmHandle(id)
+        VmmHandle(self.0.insert(p))
     }
 
     /// The allocation behind `h`, or `INVALID_HANDLE`.
     pub(crate) fn get(&self, h: VmmHandle) -> Result<Physical> {
-        self.lock().get(&h.0).copied().ok_or_else(|| unknown(h))
+        self.0.get(h.0)
     }
 
     /// `true` when no handle is held.
     pub(crate) fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.0.is_empty()
     }
-}
-
-fn unknown(h: VmmHandle) -> Error {
-    Error::invalid_handle(format!("unknown VMM handle {:#x}", h.0))
 }
 
 /// The allocation properties of a pinned allocation on device `ordinal` that can be exported as
@@ -135,7 +125,7 @@ pub(crate) fn round_up(bytes: usize, g: usize) -> Result<usize> {
 
 /// Releases every handle still held (at `finalize`): the first error, if any.
 pub(crate) fn release_all(st: &State) -> Result<()> {
-    let all: Vec<Physical> = st.vmm.lock().drain().map(|(_, p)| p).collect();
+    let all: Vec<Physical> = st.vmm.0.take_all();
     let mut first = Ok(());
     for p in all {
         // SAFETY: a handle of this adaptor, removed from the registry so released once.
@@ -229,7 +219,7 @@ impl DeviceVmm for CudaDevice {
 
     fn vmm_release(&self, h: VmmHandle) -> Result<()> {
         let st = self.ready()?;
-        let p = st.vmm.lock().remove(&h.0).ok_or_else(|| unknown(h))?;
+        let p = st.vmm.0.remove(h.0)?;
         tracing::trace!(
             handle = h.0,
             size = p.size,

@@ -88,7 +88,7 @@ fn devices_and_properties() {
 fn memory_round_trip_and_memset() {
     let Some(dev) = gpu() else { return };
     let n = (1 << 20) + 3;
-    let mut src = random_bytes(n, 0x9e37_79b9_7f4a_7c15);
+    let mut src = random_bytes(0x9e37_79b9_7f4a_7c15, n);
     let a = dev.mem_alloc(n, MemKind::DEVICE).expect("alloc a");
     let b = dev.mem_alloc(n, MemKind::DEVICE).expect("alloc b");
     dev.mem_copy(a, host_ptr(&mut src), n)
@@ -376,7 +376,7 @@ fn vmm_allocation_and_its_import_at_two_slots_of_one_range() {
     );
 
     // One memory at two addresses: written through one slot, read through the other.
-    let first = random_bytes(g, 0xF1A7);
+    let first = random_bytes(0xF1A7, g);
     let mut seen = vec![0u8; g];
     dev.mem_copy(at(base, 0, g), DevicePtr(first.as_ptr() as u64), g)
         .expect("write slot 0");
@@ -423,7 +423,7 @@ const FLAT_WORKER: &str = "vmm_flat_map_worker";
 
 /// The data rank `r` writes into its own allocation.
 fn rank_pattern(r: usize, n: usize) -> Vec<u8> {
-    random_bytes(n, 0x5EED_0000 + r as u64)
+    random_bytes(0x5EED_0000 + r as u64, n)
 }
 
 /// One of the two processes of [`vmm_and_flat_map_across_two_processes`]: rank `r` (on device

@@ -5,12 +5,11 @@
 //! is most recent *when the wait is enqueued*, so re-recording the event later does not redirect
 //! an earlier wait. An event never recorded counts as complete, as in CUDA.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use ferrocx_plugin_sdk::abi::{Event, Stream};
+use ferrocx_plugin_sdk::handles::HandleTable;
 use ferrocx_plugin_sdk::{Error, Result};
 
 use crate::stream;
@@ -61,21 +60,11 @@ impl HostEvent {
     }
 }
 
-fn events() -> &'static Mutex<HashMap<u64, Arc<HostEvent>>> {
-    static EVENTS: OnceLock<Mutex<HashMap<u64, Arc<HostEvent>>>> = OnceLock::new();
-    EVENTS.get_or_init(Default::default)
-}
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// The live events of this process.
+static EVENTS: HandleTable<Arc<HostEvent>> = HandleTable::new("event");
 
 fn get(handle: Event) -> Result<Arc<HostEvent>> {
-    let id = handle.0 as usize as u64;
-    events()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&id)
-        .cloned()
-        .ok_or_else(|| Error::invalid_handle(format!("unknown event handle {id:#x}")))
+    EVENTS.get(handle.0 as usize as u64)
 }
 
 /// Creates an event.
@@ -85,27 +74,16 @@ pub fn create(flags: u32) -> Result<Event> {
             "unknown event flags {flags:#x}"
         )));
     }
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let ev = Arc::new(HostEvent {
+    let id = EVENTS.insert(Arc::new(HostEvent {
         timing: flags & DISABLE_TIMING == 0,
         latest: Mutex::new(None),
-    });
-    events()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(id, ev);
+    }));
     Ok(Event(id as usize as *mut std::ffi::c_void))
 }
 
 /// Destroys an event. Waits already enqueued keep their latch and still complete.
 pub fn destroy(handle: Event) -> Result<()> {
-    let id = handle.0 as usize as u64;
-    events()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&id)
-        .map(|_| ())
-        .ok_or_else(|| Error::invalid_handle(format!("unknown event handle {id:#x}")))
+    EVENTS.remove(handle.0 as usize as u64).map(|_| ())
 }
 
 /// Records the event at the current end of `stream`.
@@ -184,7 +162,7 @@ pub fn elapsed_ms(start: Event, end: Event) -> Result<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A task that blocks its stream until the returned gate is opened.
     fn gate(s: Stream) -> Arc<(Mutex<bool>, Condvar)> {

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use ferrocx_plugin_sdk::abi::{DataType, DevicePtr, McHandle, ReduceOp, VmmHandle};
+use ferrocx_plugin_sdk::handles::HandleTable;
 use ferrocx_plugin_sdk::{Error, Result};
 
 use crate::shm::{self, Mapping};
@@ -193,13 +194,8 @@ struct McMapping {
     dir: Arc<Directory>,
 }
 
-fn objects() -> MutexGuard<'static, HashMap<u64, Object>> {
-    static OBJECTS: OnceLock<Mutex<HashMap<u64, Object>>> = OnceLock::new();
-    OBJECTS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
+/// The multicast handles of this process.
+static OBJECTS: HandleTable<Object> = HandleTable::new("multicast");
 
 fn mappings() -> MutexGuard<'static, BTreeMap<u64, McMapping>> {
     static MAPPINGS: OnceLock<Mutex<BTreeMap<u64, McMapping>>> = OnceLock::new();
@@ -209,16 +205,8 @@ fn mappings() -> MutexGuard<'static, BTreeMap<u64, McMapping>> {
         .unwrap_or_else(|p| p.into_inner())
 }
 
-static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
-
 fn insert(o: Object) -> McHandle {
-    let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-    objects().insert(id, o);
-    McHandle(id)
-}
-
-fn unknown(mc: McHandle) -> Error {
-    Error::invalid_handle(format!("unknown multicast handle {:#x}", mc.0))
+    McHandle(OBJECTS.insert(o))
 }
 
 fn check_device(device: i32) -> Result<()> {
@@ -271,11 +259,9 @@ pub(crate) fn create(bytes: usize, num_devices: i32) -> Result<McHandle> {
 
 /// A new descriptor of the object's directory, owned by the caller.
 pub(crate) fn export_fd(mc: McHandle) -> Result<i32> {
-    let objs = objects();
-    let o = objs.get(&mc.0).ok_or_else(|| unknown(mc))?;
-    let fd =
-        o.fd.try_clone()
-            .map_err(|e| shm::os_error(format!("dup of multicast handle {:#x}", mc.0), e))?;
+    let fd = OBJECTS
+        .with(mc.0, |o| o.fd.try_clone())?
+        .map_err(|e| shm::os_error(format!("dup of multicast handle {:#x}", mc.0), e))?;
     Ok(fd.into_raw_fd())
 }
 
@@ -318,27 +304,27 @@ pub(crate) fn import_fd(fd: i32, bytes: usize) -> Result<McHandle> {
 /// Claims the next free lane of the object for this handle.
 pub(crate) fn add_device(mc: McHandle, device: i32) -> Result<()> {
     check_device(device)?;
-    let mut objs = objects();
-    let o = objs.get_mut(&mc.0).ok_or_else(|| unknown(mc))?;
-    if let Some(lane) = o.lane {
-        return Err(Error::invalid_argument(format!(
-            "multicast handle {:#x} already added its device (lane {lane})",
-            mc.0
-        )));
-    }
-    let n = o.dir.num_devices as u32;
-    let claimed = &o.dir.header().claimed;
-    let lane = claimed
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
-            (c < n).then_some(c + 1)
-        })
-        .map_err(|c| {
-            Error::invalid_argument(format!(
-                "all {n} devices of the multicast object are added ({c} lanes claimed)"
-            ))
-        })?;
-    o.lane = Some(lane as usize);
-    Ok(())
+    OBJECTS.with(mc.0, |o| -> Result<()> {
+        if let Some(lane) = o.lane {
+            return Err(Error::invalid_argument(format!(
+                "multicast handle {:#x} already added its device (lane {lane})",
+                mc.0
+            )));
+        }
+        let n = o.dir.num_devices as u32;
+        let claimed = &o.dir.header().claimed;
+        let lane = claimed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                (c < n).then_some(c + 1)
+            })
+            .map_err(|c| {
+                Error::invalid_argument(format!(
+                    "all {n} devices of the multicast object are added ({c} lanes claimed)"
+                ))
+            })?;
+        o.lane = Some(lane as usize);
+        Ok(())
+    })?
 }
 
 /// Binds `bytes` of allocation `mem` from `mem_offset` at `mc_offset` of the object, in this
@@ -350,17 +336,15 @@ pub(crate) fn bind(
     mem_offset: usize,
     bytes: usize,
 ) -> Result<()> {
-    let (dir, lane) = {
-        let objs = objects();
-        let o = objs.get(&mc.0).ok_or_else(|| unknown(mc))?;
+    let (dir, lane) = OBJECTS.with(mc.0, |o| -> Result<_> {
         let lane = o.lane.ok_or_else(|| {
             Error::invalid_argument(format!(
                 "multicast handle {:#x} has no device: call mc_add_device first",
                 mc.0
             ))
         })?;
-        (o.dir.clone(), lane)
-    };
+        Ok((o.dir.clone(), lane))
+    })??;
     if bytes == 0 || mc_offset.checked_add(bytes).is_none_or(|e| e > dir.bytes) {
         return Err(Error::invalid_argument(format!(
             "binding {bytes} bytes at offset {mc_offset} does not fit the {}-byte multicast \
@@ -407,7 +391,7 @@ pub(crate) fn bind(
 
 /// Reserves an address range standing for the object (no access: see the module's docs).
 pub(crate) fn map(mc: McHandle, bytes: usize) -> Result<DevicePtr> {
-    let dir = objects().get(&mc.0).ok_or_else(|| unknown(mc))?.dir.clone();
+    let dir = OBJECTS.with(mc.0, |o| o.dir.clone())?;
     if bytes == 0 || bytes > dir.bytes {
         return Err(Error::invalid_argument(format!(
             "cannot map {bytes} bytes of a {}-byte multicast object",
@@ -444,26 +428,26 @@ pub(crate) fn unmap(ptr: DevicePtr, bytes: usize) -> Result<()> {
 /// Clears this handle's lane, bound at `mc_offset` for `bytes`.
 pub(crate) fn unbind(mc: McHandle, device: i32, mc_offset: usize, bytes: usize) -> Result<()> {
     check_device(device)?;
-    let objs = objects();
-    let o = objs.get(&mc.0).ok_or_else(|| unknown(mc))?;
-    let not_bound = || {
-        Error::invalid_argument(format!(
-            "multicast handle {:#x} has nothing bound at offset {mc_offset} for {bytes} bytes",
-            mc.0
-        ))
-    };
-    let lane = o.lane.ok_or_else(not_bound)?;
-    let b = o.dir.binding(lane).ok_or_else(not_bound)?;
-    if (b.mc_offset, b.length) != (mc_offset as u64, bytes as u64) {
-        return Err(not_bound());
-    }
-    o.dir.lane(lane).bound.store(0, Ordering::Release);
-    Ok(())
+    OBJECTS.with(mc.0, |o| -> Result<()> {
+        let not_bound = || {
+            Error::invalid_argument(format!(
+                "multicast handle {:#x} has nothing bound at offset {mc_offset} for {bytes} bytes",
+                mc.0
+            ))
+        };
+        let lane = o.lane.ok_or_else(not_bound)?;
+        let b = o.dir.binding(lane).ok_or_else(not_bound)?;
+        if (b.mc_offset, b.length) != (mc_offset as u64, bytes as u64) {
+            return Err(not_bound());
+        }
+        o.dir.lane(lane).bound.store(0, Ordering::Release);
+        Ok(())
+    })?
 }
 
 /// Releases a handle; the creating one unlinks the directory's name.
 pub(crate) fn release(mc: McHandle) -> Result<()> {
-    let o = objects().remove(&mc.0).ok_or_else(|| unknown(mc))?;
+    let o = OBJECTS.remove(mc.0)?;
     drop(o);
     Ok(())
 }
@@ -471,7 +455,7 @@ pub(crate) fn release(mc: McHandle) -> Result<()> {
 /// Releases every mapping and handle still held; returns how many there were.
 pub(crate) fn release_all() -> usize {
     let maps = std::mem::take(&mut *mappings());
-    let objs = std::mem::take(&mut *objects());
+    let objs = OBJECTS.take_all();
     maps.len() + objs.len()
 }
 

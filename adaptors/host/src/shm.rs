@@ -12,13 +12,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+use ferrocx::bootstrap::JobInfo;
 use ferrocx_plugin_sdk::{Error, Result};
 
 /// Where Linux shows the POSIX shared-memory segments.
 const SHM_DIR: &str = "/dev/shm";
-
-/// Longest job id kept in a segment name (a name must stay under `NAME_MAX`).
-const MAX_JOB_ID: usize = 128;
 
 /// Environment variable naming the job.
 pub const JOB_ID_ENV: &str = "FERROCX_JOB_ID";
@@ -245,25 +243,12 @@ pub fn job_id() -> &'static str {
     })
 }
 
-/// `raw` restricted to `[A-Za-z0-9_-]` (other characters become `_`), at most
-/// [`MAX_JOB_ID`] characters; `local` when absent or empty.
+/// `raw` made safe by the job-id rule of the whole project ([`JobInfo::sanitize_id`]);
+/// `local` when absent or empty.
 fn sanitize_job_id(raw: Option<String>) -> String {
-    let s: String = raw
-        .unwrap_or_default()
-        .chars()
-        .take(MAX_JOB_ID)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if s.is_empty() {
-        "local".to_string()
-    } else {
-        s
+    match raw.filter(|s| !s.is_empty()) {
+        Some(s) => JobInfo::sanitize_id(&s),
+        None => "local".to_string(),
     }
 }
 
@@ -447,7 +432,15 @@ mod tests {
         assert_eq!(sanitize_job_id(Some(String::new())), "local");
         assert_eq!(sanitize_job_id(Some("slurm-12_3".into())), "slurm-12_3");
         assert_eq!(sanitize_job_id(Some("a/b c.d\u{e9}".into())), "a_b_c_d_");
-        assert_eq!(sanitize_job_id(Some("x".repeat(500))).len(), MAX_JOB_ID);
+        assert_eq!(
+            sanitize_job_id(Some("x".repeat(500))).len(),
+            JobInfo::MAX_ID_LEN
+        );
+        assert_eq!(
+            sanitize_job_id(Some("y".repeat(500))),
+            JobInfo::sanitize_id(&"y".repeat(500)),
+            "the host's segments and the store's files cut an id alike"
+        );
     }
 
     #[test]

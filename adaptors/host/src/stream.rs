@@ -5,12 +5,13 @@
 //! run, so events recorded after a failure still complete and nothing waits forever.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread;
 
 use ferrocx_plugin_sdk::abi::Stream;
+use ferrocx_plugin_sdk::handles::HandleTable;
 use ferrocx_plugin_sdk::{Error, Result};
 
 use crate::ccl::CollTask;
@@ -179,16 +180,11 @@ impl StreamInner {
 }
 
 /// All live streams of this process, by handle value.
-fn streams() -> &'static Mutex<HashMap<u64, Arc<StreamInner>>> {
-    static STREAMS: OnceLock<Mutex<HashMap<u64, Arc<StreamInner>>>> = OnceLock::new();
-    STREAMS.get_or_init(Default::default)
-}
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static STREAMS: HandleTable<Arc<StreamInner>> = HandleTable::new("stream");
 static DEFAULT: OnceLock<Arc<StreamInner>> = OnceLock::new();
 
-fn spawn() -> Result<Arc<StreamInner>> {
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+/// Starts the worker of stream `id` (its handle value; 0 for the default stream).
+fn spawn(id: u64) -> Result<Arc<StreamInner>> {
     let inner = Arc::new(StreamInner {
         id,
         state: Mutex::new(State::default()),
@@ -209,12 +205,7 @@ fn spawn() -> Result<Arc<StreamInner>> {
 
 /// Creates a stream and returns its handle.
 pub fn create() -> Result<Stream> {
-    let inner = spawn()?;
-    let id = inner.id;
-    streams()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(id, inner);
+    let id = STREAMS.insert_with(spawn)?;
     Ok(Stream(id as usize as *mut std::ffi::c_void))
 }
 
@@ -243,16 +234,10 @@ fn lookup(handle: Stream) -> Result<Arc<StreamInner>> {
         if let Some(d) = DEFAULT.get() {
             return Ok(d.clone());
         }
-        let d = spawn()?;
+        let d = spawn(0)?;
         return Ok(DEFAULT.get_or_init(|| d).clone());
     }
-    let id = handle.0 as usize as u64;
-    streams()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&id)
-        .cloned()
-        .ok_or_else(|| Error::invalid_handle(format!("unknown stream handle {id:#x}")))
+    STREAMS.get(handle.0 as usize as u64)
 }
 
 /// Destroys a stream: work already enqueued still runs, then the worker exits.
@@ -262,12 +247,7 @@ pub fn destroy(handle: Stream) -> Result<()> {
             "the default stream cannot be destroyed",
         ));
     }
-    let id = handle.0 as usize as u64;
-    let inner = streams()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&id)
-        .ok_or_else(|| Error::invalid_handle(format!("unknown stream handle {id:#x}")))?;
+    let inner = STREAMS.remove(handle.0 as usize as u64)?;
     inner.alive.store(false, Ordering::Release);
     inner.lock().closing = true;
     inner.work.notify_all();

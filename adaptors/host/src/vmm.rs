@@ -9,13 +9,12 @@
 //! releasing a handle that is still mapped into a flat range keeps the mapping valid. An
 //! imported handle learns the name from `/proc/self/fd` (and never unlinks it).
 
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use ferrocx_plugin_sdk::abi::VmmHandle;
+use ferrocx_plugin_sdk::handles::HandleTable;
 use ferrocx_plugin_sdk::{Error, Result};
 
 use crate::shm;
@@ -113,24 +112,11 @@ struct Physical {
     owner: Option<Unlink>,
 }
 
-fn registry() -> MutexGuard<'static, HashMap<u64, Physical>> {
-    static PHYSICAL: OnceLock<Mutex<HashMap<u64, Physical>>> = OnceLock::new();
-    PHYSICAL
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+/// The allocations and imports of this process, by handle.
+static PHYSICAL: HandleTable<Physical> = HandleTable::new("VMM");
 
 fn insert(p: Physical) -> VmmHandle {
-    let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
-    registry().insert(id, p);
-    VmmHandle(id)
-}
-
-fn unknown(h: VmmHandle) -> Error {
-    Error::invalid_handle(format!("unknown VMM handle {:#x}", h.0))
+    VmmHandle(PHYSICAL.insert(p))
 }
 
 /// Allocation granularity: the page size.
@@ -155,11 +141,8 @@ pub fn alloc(bytes: usize) -> Result<VmmHandle> {
 
 /// A new descriptor of the allocation, owned by the caller.
 pub fn export_fd(h: VmmHandle) -> Result<i32> {
-    let reg = registry();
-    let p = reg.get(&h.0).ok_or_else(|| unknown(h))?;
-    let fd = p
-        .fd
-        .try_clone()
+    let fd = PHYSICAL
+        .with(h.0, |p| p.fd.try_clone())?
         .map_err(|e| shm::os_error(format!("dup of the descriptor of VMM handle {:#x}", h.0), e))?;
     Ok(fd.into_raw_fd())
 }
@@ -207,7 +190,7 @@ pub fn import_fd(fd: i32, bytes: usize) -> Result<VmmHandle> {
 
 /// Releases a handle (closes this process's descriptor of it).
 pub fn release(h: VmmHandle) -> Result<()> {
-    let p = registry().remove(&h.0).ok_or_else(|| unknown(h))?;
+    let p = PHYSICAL.remove(h.0)?;
     tracing::trace!(
         handle = h.0,
         fd = p.fd.as_raw_fd(),
@@ -221,22 +204,18 @@ pub fn release(h: VmmHandle) -> Result<()> {
 
 /// Releases every handle still held; returns how many there were.
 pub fn release_all() -> usize {
-    std::mem::take(&mut *registry()).len()
+    PHYSICAL.take_all().len()
 }
 
 /// Calls `f` with the descriptor and size of `h`, under the registry's lock (callers that hold
 /// another registry's lock take this one second, never the other way round).
 pub fn with_fd<T>(h: VmmHandle, f: impl FnOnce(BorrowedFd<'_>, usize) -> Result<T>) -> Result<T> {
-    let reg = registry();
-    let p = reg.get(&h.0).ok_or_else(|| unknown(h))?;
-    f(p.fd.as_fd(), p.size)
+    PHYSICAL.with(h.0, |p| f(p.fd.as_fd(), p.size))?
 }
 
 /// The segment name (with its leading `/`) of `h`'s memory.
 pub fn segment_name(h: VmmHandle) -> Result<String> {
-    let reg = registry();
-    let p = reg.get(&h.0).ok_or_else(|| unknown(h))?;
-    p.name.clone().ok_or_else(|| {
+    PHYSICAL.with(h.0, |p| p.name.clone())?.ok_or_else(|| {
         Error::invalid_argument(format!(
             "VMM handle {:#x} was imported from a descriptor that is not a named shared-memory \
              segment of /dev/shm",

@@ -9,12 +9,15 @@
 mod common;
 
 use common::fds::{recv_fds, send_fds};
+use ferrocx_test_support::procs::{finish, rerun};
+use ferrocx_test_support::shm::segments_of_job;
+use ferrocx_test_support::{fresh_seed, random_bytes};
 use std::ffi::{c_void, CStr, CString};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -277,28 +280,6 @@ fn expect_status<T: std::fmt::Debug>(r: Outcome<T>, want: Status) -> String {
 // ---------------------------------------------------------------------------------------------
 // Data, segments and child processes.
 
-/// `n` pseudo-random bytes (xorshift64*), the same for the same seed in every process.
-fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
-}
-
-/// A seed that differs between runs.
-fn fresh_seed() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    t ^ ((std::process::id() as u64) << 32)
-}
-
 /// The segment name inside an IPC handle (layout: magic, offset, size, name).
 fn handle_segment(handle: &[u8]) -> (String, u64, u64) {
     assert_eq!(&handle[..4], b"FXI1");
@@ -312,18 +293,6 @@ fn handle_segment(handle: &[u8]) -> (String, u64, u64) {
 
 fn shm_path(name: &str) -> std::path::PathBuf {
     Path::new("/dev/shm").join(name.trim_start_matches('/'))
-}
-
-/// Segment files of job `job` now in `/dev/shm`.
-fn segments_of_job(job: &str) -> Vec<String> {
-    let prefix = format!("ferrocx-{job}-");
-    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&prefix))
-        .collect();
-    v.sort();
-    v
 }
 
 fn unique_job(tag: &str) -> String {
@@ -378,28 +347,12 @@ fn role() -> Option<String> {
 
 /// Starts this test executable on test `test` in role `role`.
 fn spawn_child(test: &str, role: &str, envs: &[(&str, String)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .env(ROLE, role)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = rerun(test);
+    cmd.env(ROLE, role);
     for (k, v) in envs {
         cmd.env(k, v);
     }
     cmd.spawn().expect("spawn the child test process")
-}
-
-/// Waits for a child (killing it past the deadline) and returns its output.
-fn finish_child(mut child: Child) -> Output {
-    let deadline = Instant::now() + TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().ok();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
 }
 
 #[track_caller]
@@ -715,14 +668,17 @@ fn ipc_between_two_processes() {
         spec.push(format!("{hex}:{}:{n}:{off}", seed + i as u64));
         allocs.push((p, kind, n, off, data));
     }
-    let out = finish_child(spawn_child(
-        "ipc_between_two_processes",
-        "ipc-child",
-        &[
-            ("FERROCX_JOB_ID", unique_job("ipc")),
-            ("FERROCX_TEST_IPC", spec.join(",")),
-        ],
-    ));
+    let out = finish(
+        spawn_child(
+            "ipc_between_two_processes",
+            "ipc-child",
+            &[
+                ("FERROCX_JOB_ID", unique_job("ipc")),
+                ("FERROCX_TEST_IPC", spec.join(",")),
+            ],
+        ),
+        TIMEOUT,
+    );
     assert_child_ok(&out);
     for (p, kind, n, off, data) in allocs {
         // The child wrote its pattern from the exported pointer on; the rest is untouched.
@@ -800,7 +756,7 @@ fn vmm_and_flat_map_across_two_processes() {
             Ok((s, _)) => break s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
-                    assert_child_ok(&finish_child(child));
+                    assert_child_ok(&finish(child, TIMEOUT));
                     panic!("the child never connected");
                 }
                 std::thread::sleep(Duration::from_millis(5));
@@ -810,7 +766,7 @@ fn vmm_and_flat_map_across_two_processes() {
     };
     sock.set_nonblocking(false).unwrap();
     flat_peer(0, sock, seed);
-    assert_child_ok(&finish_child(child));
+    assert_child_ok(&finish(child, TIMEOUT));
 }
 
 /// One side of the flat-map exchange: rank 0 (the parent) or 1 (the child).
@@ -897,11 +853,14 @@ fn finalize_releases_everything_and_leaves_no_segment() {
     }
     let job = unique_job("fin");
     let _cleanup = JobCleanup(vec![job.clone()]);
-    let out = finish_child(spawn_child(
-        "finalize_releases_everything_and_leaves_no_segment",
-        "finalize-child",
-        &[("FERROCX_JOB_ID", job.clone())],
-    ));
+    let out = finish(
+        spawn_child(
+            "finalize_releases_everything_and_leaves_no_segment",
+            "finalize-child",
+            &[("FERROCX_JOB_ID", job.clone())],
+        ),
+        TIMEOUT,
+    );
     assert_child_ok(&out);
     let made = child_lines(&out, "SEGMENT");
     assert_eq!(made.len(), 4, "the child reported its segments");
@@ -980,7 +939,7 @@ fn segments_of_a_crashed_process_are_removed_at_the_next_start() {
     let test = "segments_of_a_crashed_process_are_removed_at_the_next_start";
     let env = [("FERROCX_JOB_ID", job.clone())];
 
-    let out = finish_child(spawn_child(test, "crash-child", &env));
+    let out = finish(spawn_child(test, "crash-child", &env), TIMEOUT);
     assert!(!out.status.success(), "the crash child aborts");
     let crashed = child_lines(&out, "SEGMENT");
     assert_eq!(crashed.len(), 2, "{}", String::from_utf8_lossy(&out.stdout));
@@ -996,7 +955,7 @@ fn segments_of_a_crashed_process_are_removed_at_the_next_start() {
     let live = make_segment(&job, std::process::id(), u64::MAX);
     let other = make_segment(&other_job, dead_pid, 0);
 
-    let out = finish_child(spawn_child(test, "restart-child", &env));
+    let out = finish(spawn_child(test, "restart-child", &env), TIMEOUT);
     assert_child_ok(&out);
     for name in crashed.iter().chain([&forged]) {
         assert!(!shm_path(name).exists(), "{name} survived the next start");

@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
 use ferrocx::abi::{
@@ -21,6 +21,9 @@ use ferrocx::abi::{
 use ferrocx::adaptor::Device;
 use ferrocx::registry::Registry;
 use ferrocx_adaptor_host::multicast;
+use ferrocx_test_support::procs::{finish, rerun};
+use ferrocx_test_support::shm::{segments_of_job, JobCleanup};
+use ferrocx_test_support::{fresh_seed, random_bytes};
 
 const ROLE: &str = "FERROCX_TEST_ROLE";
 const WORLD: usize = 3;
@@ -232,72 +235,13 @@ fn invalid<E: std::fmt::Display, F: Fn(&E) -> Status>(r: Result<(), E>, status: 
 // ---------------------------------------------------------------------------------------------
 // Data, segments, children and sockets.
 
-fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
-}
-
-fn fresh_seed() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    t ^ ((std::process::id() as u64) << 32)
-}
-
-fn segments_of_job(job: &str) -> Vec<String> {
-    let prefix = format!("ferrocx-{job}-");
-    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&prefix))
-        .collect();
-    v.sort();
-    v
-}
-
-/// Unlinks every segment of the job when dropped, so a failing test leaves nothing behind.
-struct JobCleanup(String);
-
-impl Drop for JobCleanup {
-    fn drop(&mut self) {
-        for name in segments_of_job(&self.0) {
-            let c = std::ffi::CString::new(format!("/{name}")).unwrap();
-            // SAFETY: a NUL-terminated name.
-            unsafe { libc::shm_unlink(c.as_ptr()) };
-        }
-    }
-}
-
 fn spawn_rank(test: &str, rank: usize, envs: &[(&str, String)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .env(ROLE, rank.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = rerun(test);
+    cmd.env(ROLE, rank.to_string());
     for (k, v) in envs {
         cmd.env(k, v);
     }
     cmd.spawn().expect("spawn a rank")
-}
-
-fn finish_child(mut child: Child) -> Output {
-    let deadline = Instant::now() + TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().ok();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
 }
 
 /// Rank 0's sockets to ranks 1.. (index r - 1), or a rank's socket to rank 0.
@@ -381,7 +325,7 @@ fn multicast_lifecycle_across_three_processes() {
     let children: Vec<Child> = (0..WORLD)
         .map(|r| spawn_rank("multicast_lifecycle_across_three_processes", r, &env))
         .collect();
-    let outs: Vec<Output> = children.into_iter().map(finish_child).collect();
+    let outs: Vec<Output> = children.into_iter().map(|c| finish(c, TIMEOUT)).collect();
     for (r, out) in outs.iter().enumerate() {
         assert!(
             out.status.success() && String::from_utf8_lossy(&out.stdout).contains("RANK DONE"),

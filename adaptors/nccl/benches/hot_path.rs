@@ -283,12 +283,15 @@ fn main() {
         }),
         samples: Vec::new(),
     });
-    let table: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Arc<u64>>> =
-        std::sync::Mutex::new((0..4).map(|k| (k, std::sync::Arc::new(k))).collect());
+    // The adaptor's communicator table (the SDK's HandleTable: a Mutex<HashMap>).
+    let table = ferrocx_plugin_sdk::handles::HandleTable::new("communicator");
+    for k in 0..4u64 {
+        table.insert(std::sync::Arc::new(k));
+    }
     methods.push(Method {
         name: "Mutex<HashMap> lookup + Arc clone alone",
         call: Box::new(move || {
-            let v = table.lock().expect("lock").get(&2).cloned();
+            let v = table.get(2).ok();
             std::hint::black_box(v);
         }),
         samples: Vec::new(),

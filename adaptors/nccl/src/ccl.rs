@@ -6,11 +6,11 @@
 //! after it lets the watchdog see it complete (see `monitor`).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use ferrocx_plugin_sdk::handles::HandleTable;
 use ferrocx_plugin_sdk::prelude::*;
 
 use crate::comm::{NcclComm, Teardown};
@@ -23,11 +23,9 @@ use crate::{conv, monitor, sys};
 /// Options (`[cluster.options.nccl]`): `library` — the libnccl to load (else
 /// `FERROCX_NCCL_LIBRARY`, else `libnccl.so.2`, then `libnccl.so`); `watchdog` — `"on"` (the
 /// default) or `"off"` (`FERROCX_NCCL_WATCHDOG=0` turns it off whatever the file says).
-#[derive(Default)]
 pub struct NcclCcl {
     state: RwLock<State>,
-    comms: Mutex<HashMap<u64, Arc<NcclComm>>>,
-    next_comm: AtomicU64,
+    comms: HandleTable<Arc<NcclComm>>,
     /// Whether a library is loaded (`state.api` is set): the calls on a communicator read this
     /// instead of taking the state's lock.
     live: AtomicBool,
@@ -123,8 +121,14 @@ fn in_place_unsupported(op: &str, rule: &str) -> Error {
     ))
 }
 
-fn unknown(id: u64) -> Error {
-    Error::invalid_handle(format!("unknown communicator handle {id:#x}"))
+impl Default for NcclCcl {
+    fn default() -> Self {
+        NcclCcl {
+            state: Default::default(),
+            comms: HandleTable::new("communicator"),
+            live: Default::default(),
+        }
+    }
 }
 
 /// Where an `ncclCommInitRank` running on its own thread stands.
@@ -236,18 +240,12 @@ impl NcclCcl {
 
     fn comm(&self, c: Comm) -> Result<(&'static Api, Arc<NcclComm>)> {
         let id = c.0 as usize as u64;
-        let found = self
-            .comms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .cloned();
-        match found {
+        match self.comms.get(id) {
             // The library a communicator was made with stays loaded (never unloaded).
-            Some(comm) if self.live.load(Ordering::Acquire) => Ok((comm.api, comm)),
+            Ok(comm) if self.live.load(Ordering::Acquire) => Ok((comm.api, comm)),
             _ => {
                 self.api()?;
-                Err(unknown(id))
+                Err(self.comms.unknown(id))
             }
         }
     }
@@ -255,11 +253,7 @@ impl NcclCcl {
     fn take(&self, c: Comm) -> Result<Arc<NcclComm>> {
         self.api()?;
         let id = c.0 as usize as u64;
-        self.comms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id)
-            .ok_or_else(|| unknown(id))
+        self.comms.remove(id)
     }
 
     /// Runs `f` on the communicator inside its gate (refused with the watchdog's error once it
@@ -441,7 +435,7 @@ impl CclAdaptor for NcclCcl {
 
     fn finalize(&self) -> Result<()> {
         self.api()?;
-        let left = self.comms.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let left = self.comms.len();
         if left > 0 {
             tracing::warn!(
                 communicators = left,
@@ -561,11 +555,7 @@ impl CclAdaptor for NcclCcl {
         if comm.watch.is_some() {
             monitor::watch(comm.clone());
         }
-        let id = self.next_comm.fetch_add(1, Ordering::Relaxed) + 1;
-        self.comms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, comm.clone());
+        let id = self.comms.insert(comm.clone());
         tracing::debug!(
             rank = init.rank,
             nranks = init.nranks,

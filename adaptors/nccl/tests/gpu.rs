@@ -16,6 +16,7 @@ use ferrocx_adaptor_cuda::CudaDevice;
 use ferrocx_adaptor_nccl::NcclCcl;
 use ferrocx_plugin_sdk::abi::{Comm, DataType, DevicePtr, MemKind, ReduceOp, Status, Stream};
 use ferrocx_plugin_sdk::{CclAdaptor, CclWindow, CommInit, DeviceAdaptor, Options};
+use ferrocx_test_support::{hex, unhex};
 
 const ROLE: &str = "FERROCX_NCCL_TEST_ROLE";
 const UID: &str = "FERROCX_NCCL_TEST_UID";
@@ -45,17 +46,6 @@ fn gpus(gpus: i32) -> Option<(&'static CudaDevice, &'static NcclCcl)> {
         return None;
     }
     Some((dev, ccl))
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
 }
 
 fn init_args(rank: i32, nranks: i32, uid: &[u8], timeout: Duration, opts: Options) -> CommInit<'_> {

@@ -5,9 +5,6 @@ use std::fmt;
 
 use super::{RankInfo, ENV_JOB_ID, ENV_JOB_TOKEN, ENV_MASTER_ADDR, ENV_MASTER_PORT};
 
-/// Longest job id kept: it goes into file names, next to other parts.
-const MAX_ID_LEN: usize = 128;
-
 /// Who this job is. `Debug` does not show the token.
 #[derive(Clone, PartialEq, Eq)]
 pub struct JobInfo {
@@ -18,6 +15,12 @@ pub struct JobInfo {
 }
 
 impl JobInfo {
+    /// Longest job id kept: it goes into file and shared-memory names, next to other parts.
+    /// The longest such name, the host CCL's `/ferrocx-<job>-<pid>-c<32 hex digits>`, is then
+    /// 181 bytes, under `NAME_MAX` (255); the window sockets' abstract names (at most 107
+    /// bytes) cut a longer id and append its hash themselves.
+    pub const MAX_ID_LEN: usize = 128;
+
     /// A job with the given id (made safe with [`JobInfo::sanitize_id`]) and token.
     pub fn new(id: &str, token: impl Into<String>) -> JobInfo {
         JobInfo {
@@ -58,12 +61,14 @@ impl JobInfo {
         JobInfo::new(&id, token)
     }
 
-    /// `raw` with every character outside `[A-Za-z0-9_-]` replaced by `_`, cut to 128
-    /// characters; `job` if nothing is left.
+    /// `raw` with every character outside `[A-Za-z0-9_-]` replaced by `_`, cut to
+    /// [`JobInfo::MAX_ID_LEN`] characters; `job` if nothing is left. Every name made from a job id (the
+    /// store's files, the host device's and host CCL's shared-memory segments, the launcher's
+    /// cleanup of them) uses this one rule.
     pub fn sanitize_id(raw: &str) -> String {
         let id: String = raw
             .chars()
-            .take(MAX_ID_LEN)
+            .take(Self::MAX_ID_LEN)
             .map(
                 |c| match c.is_ascii_alphanumeric() || c == '_' || c == '-' {
                     true => c,
@@ -100,7 +105,23 @@ mod tests {
         assert_eq!(JobInfo::sanitize_id("10.0.0.1:29500"), "10_0_0_1_29500");
         assert_eq!(JobInfo::sanitize_id("../a b/é"), "___a_b__");
         assert_eq!(JobInfo::sanitize_id(""), "job");
-        assert_eq!(JobInfo::sanitize_id(&"x".repeat(500)).len(), MAX_ID_LEN);
+        assert_eq!(
+            JobInfo::sanitize_id(&"x".repeat(500)).len(),
+            JobInfo::MAX_ID_LEN
+        );
+        // The launcher's ids are kept as they are: its cleanup matches them verbatim.
+        assert_eq!(
+            JobInfo::sanitize_id("launch-0123456789abcdef"),
+            "launch-0123456789abcdef"
+        );
+        // The longest shared-memory name made from an id fits NAME_MAX.
+        let longest = format!(
+            "ferrocx-{}-{}-c{}",
+            JobInfo::sanitize_id(&"é".repeat(500)),
+            u32::MAX,
+            "f".repeat(32)
+        );
+        assert!(longest.len() <= 255, "{}", longest.len());
     }
 
     #[test]

@@ -76,51 +76,11 @@ struct SlotWords {
 const _: () = assert!(std::mem::size_of::<SlotWords>() <= SIGNAL_STRIDE);
 const _: () = assert!(std::mem::align_of::<SlotWords>() <= SIGNAL_STRIDE);
 
-/// The futex system calls on a slot's value (its low 32 bits).
+/// The futex system calls on a slot's value (its low 32 bits): the core's, shared with the
+/// host CCL.
 #[cfg(target_os = "linux")]
 mod futex {
-    use std::sync::atomic::AtomicU64;
-    use std::time::Duration;
-
-    /// The address of the low 32 bits of `value`: the futex word.
-    fn low_word(value: &AtomicU64) -> *mut u32 {
-        let at = value.as_ptr().cast::<u32>();
-        if cfg!(target_endian = "big") {
-            at.wrapping_add(1)
-        } else {
-            at
-        }
-    }
-
-    /// Sleeps while the low 32 bits of `value` are those of `seen`, at most `timeout` (less on
-    /// a signal or a spurious wake-up: the caller polls again).
-    pub(super) fn wait(value: &AtomicU64, seen: u64, timeout: Duration) {
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: the futex word is 4 aligned bytes inside `value`, which lives (mapped) for
-        // the call; the kernel only reads it. `ts` outlives the call. A non-private
-        // FUTEX_WAIT has no other effect than blocking this thread at most `timeout`.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                low_word(value),
-                libc::FUTEX_WAIT,
-                seen as u32,
-                &ts as *const libc::timespec,
-            );
-        }
-    }
-
-    /// Wakes every thread asleep on `value`'s futex word, in any process.
-    pub(super) fn wake(value: &AtomicU64) {
-        // SAFETY: the futex word is 4 aligned bytes inside `value`, which lives (mapped) for
-        // the call; FUTEX_WAKE neither reads nor writes it, it only wakes its waiters.
-        unsafe {
-            libc::syscall(libc::SYS_futex, low_word(value), libc::FUTEX_WAKE, i32::MAX);
-        }
-    }
+    pub(super) use ferrocx::futex::{wait_low as wait, wake_low as wake};
 }
 
 /// What every call of one communicator shares: the layout and the ranks' scratch windows.

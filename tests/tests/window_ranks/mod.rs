@@ -8,13 +8,13 @@
 pub mod all_reduce;
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferrocx::abi::DevicePtr;
 use ferrocx::bootstrap::StoreServer;
 use ferrocx::comm::Communicator;
+pub use ferrocx_test_support::shm::segments_of_job;
+use ferrocx_test_support::shm::JobCleanup;
 
 /// Set in a rank: the test it runs.
 const ROLE: &str = "FERROCX_WINDOW_TEST";
@@ -206,9 +206,8 @@ impl Job {
         let _cleanup = JobCleanup(job.clone());
         let children: Vec<_> = (0..self.world)
             .map(|rank| {
-                let mut c = Command::new(std::env::current_exe().expect("current_exe"));
-                c.args(["--exact", &self.test, "--nocapture", "--test-threads=1"])
-                    .env(ROLE, &self.test)
+                let mut c = ferrocx_test_support::procs::rerun(&self.test);
+                c.env(ROLE, &self.test)
                     .env("RANK", rank.to_string())
                     .env("WORLD_SIZE", self.world.to_string())
                     .env("LOCAL_RANK", rank.to_string())
@@ -221,9 +220,7 @@ impl Job {
                     .env("FERROCX_CONFIG", &config)
                     .env_remove("FERROCX_MULTICAST")
                     .env_remove("NCCL_NVLS_ENABLE")
-                    .env_remove("FERROCX_TIMEOUT_MS")
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped());
+                    .env_remove("FERROCX_TIMEOUT_MS");
                 for (_, k, v) in self.env.iter().filter(|(r, _, _)| *r == rank) {
                     c.env(k, v);
                 }
@@ -254,84 +251,15 @@ impl Job {
 
 /// Waits for every rank, killing the ones still running after [`LIMIT`].
 fn wait(children: Vec<std::process::Child>) -> Vec<Finished> {
-    let deadline = Instant::now() + LIMIT;
-    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
-    let (tx, rx) = std::sync::mpsc::channel();
-    for (rank, child) in children.into_iter().enumerate() {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let out = child.wait_with_output().expect("wait for a rank");
-            let _ = tx.send((rank, out));
-        });
-    }
-    drop(tx);
-    let mut done: Vec<Option<Finished>> = pids.iter().map(|_| None).collect();
-    let mut killed = false;
-    while done.iter().any(Option::is_none) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
-            Ok((rank, out)) => {
-                let note = if killed {
-                    "(killed after the time limit)\n"
-                } else {
-                    ""
-                };
-                done[rank] = Some(Finished {
-                    rank,
-                    code: out.status.code(),
-                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                    stderr: format!("{note}{}", String::from_utf8_lossy(&out.stderr)),
-                });
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !killed => {
-                killed = true;
-                for (rank, pid) in pids.iter().enumerate() {
-                    if done[rank].is_none() {
-                        // Our child, not reaped yet (its waiter has not reported), so the pid
-                        // is still ours.
-                        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-                    }
-                }
-            }
-            Err(_) => break,
-        }
-    }
-    done.into_iter()
-        .enumerate()
-        .map(|(rank, f)| {
-            f.unwrap_or(Finished {
-                rank,
-                code: None,
-                stdout: String::new(),
-                stderr: "(never reported)".into(),
-            })
+    ferrocx_test_support::procs::wait(children, LIMIT)
+        .into_iter()
+        .map(|o| Finished {
+            rank: o.rank,
+            code: o.code,
+            stdout: o.stdout,
+            stderr: o.stderr,
         })
         .collect()
-}
-
-/// The job's shared-memory segments in `/dev/shm`.
-pub fn segments_of_job(job: &str) -> Vec<String> {
-    let prefix = format!("ferrocx-{job}-");
-    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| n.starts_with(&prefix))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-/// Unlinks the job's segments when dropped, so a failing test leaves nothing behind.
-struct JobCleanup(String);
-
-impl Drop for JobCleanup {
-    fn drop(&mut self) {
-        for name in segments_of_job(&self.0) {
-            let _ = std::fs::remove_file(PathBuf::from("/dev/shm").join(name));
-        }
-    }
 }
 
 /// What a process holds: open descriptors, mappings, and the segments it made.

@@ -1,17 +1,16 @@
 //! Helpers of the CUDA adaptor's tests: the test executable re-runs one of its own tests in a
 //! child process (a "worker", selected by [`ROLE`]) with its own environment, and workers talk
-//! over a UNIX socket.
+//! over a UNIX socket. The harness itself is `ferrocx-test-support`'s.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
-pub mod fds;
+use std::time::Duration;
 
-use std::io::{Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+pub use ferrocx_test_support::fds;
+pub use ferrocx_test_support::procs::Outcome;
+use ferrocx_test_support::procs::{rerun, wait};
+pub use ferrocx_test_support::random_bytes;
+pub use ferrocx_test_support::sock::{barrier, connect};
 
 /// Set in a child: the name of the worker test to run.
 pub const ROLE: &str = "FERROCX_CUDA_TEST_ROLE";
@@ -30,68 +29,32 @@ pub struct Worker<'a> {
 }
 
 /// Runs test `name` of this executable once per worker, all at once, each alone in its
-/// process; waits at most `limit` for all of them (killing the ones still running) and returns
-/// their outputs in order.
-pub fn run_workers(name: &str, workers: &[Worker<'_>], limit: Duration) -> Vec<Output> {
-    let exe = std::env::current_exe().expect("current_exe");
-    let (tx, rx) = mpsc::channel();
-    let mut pids = Vec::new();
-    for (i, w) in workers.iter().enumerate() {
-        let mut c = Command::new(&exe);
-        c.args(["--exact", name, "--nocapture", "--test-threads=1"])
-            .env(ROLE, name)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for v in &w.unset {
-            c.env_remove(v);
-        }
-        for (k, v) in &w.set {
-            c.env(k, v);
-        }
-        let child = c.spawn().expect("start a worker");
-        pids.push(child.id());
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send((i, child.wait_with_output()));
-        });
-    }
-    drop(tx);
-    let deadline = Instant::now() + limit;
-    let mut outputs: Vec<Option<Output>> = workers.iter().map(|_| None).collect();
-    for _ in 0..workers.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((i, out)) => outputs[i] = Some(out.expect("wait for a worker")),
-            Err(_) => {
-                for (i, &pid) in pids.iter().enumerate() {
-                    if outputs[i].is_none() {
-                        // SAFETY: `pid` is a child this function started and has not reaped
-                        // (its waiting thread has not returned), so the id is still ours.
-                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-                    }
-                }
-                panic!("workers of {name} did not finish within {limit:?}; killed");
+/// process; waits at most `limit` for all of them (killing the ones still running, which then
+/// fail) and returns their outcomes in order.
+pub fn run_workers(name: &str, workers: &[Worker<'_>], limit: Duration) -> Vec<Outcome> {
+    let children = workers
+        .iter()
+        .map(|w| {
+            let mut c = rerun(name);
+            c.env(ROLE, name);
+            for v in &w.unset {
+                c.env_remove(v);
             }
-        }
-    }
-    outputs
-        .into_iter()
-        .map(|o| o.expect("every worker"))
-        .collect()
+            for (k, v) in &w.set {
+                c.env(k, v);
+            }
+            c.spawn().expect("start a worker")
+        })
+        .collect();
+    wait(children, limit)
 }
 
 /// Prints every worker's output, then panics naming the workers that failed, if any.
-pub fn assert_all_succeeded(outs: &[(String, Output)]) {
+pub fn assert_all_succeeded(outs: &[(String, Outcome)]) {
     let mut failed = Vec::new();
     for (what, out) in outs {
-        println!(
-            "=== {what}: {}\n--- stdout\n{}\n--- stderr\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if !out.status.success() {
+        println!("=== {what}: exit {:?}\n{}", out.code, out.output);
+        if out.code != Some(0) {
             failed.push(what.as_str());
         }
     }
@@ -100,52 +63,4 @@ pub fn assert_all_succeeded(outs: &[(String, Output)]) {
         "failed: {} (output above)",
         failed.join(", ")
     );
-}
-
-/// The two ends of a connection between two workers: rank 0 listens at `path`, rank 1
-/// connects (retrying until rank 0 is there, at most 30 s). Reads and writes time out after
-/// 60 s, so a peer that died fails the other instead of hanging it.
-pub fn connect(path: &Path, rank: usize) -> UnixStream {
-    let s = if rank == 0 {
-        let l = UnixListener::bind(path).expect("bind the test socket");
-        let (s, _) = l.accept().expect("accept the peer");
-        let _ = std::fs::remove_file(path);
-        s
-    } else {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match UnixStream::connect(path) {
-                Ok(s) => break s,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => panic!("connect to {}: {e}", path.display()),
-            }
-        }
-    };
-    let t = Some(Duration::from_secs(60));
-    s.set_read_timeout(t).expect("read timeout");
-    s.set_write_timeout(t).expect("write timeout");
-    s
-}
-
-/// Both workers reach this point before either goes on.
-pub fn barrier(s: &mut UnixStream) {
-    s.write_all(b"B").expect("barrier: write");
-    let mut b = [0u8; 1];
-    s.read_exact(&mut b)
-        .expect("barrier: read (did the peer fail?)");
-    assert_eq!(&b, b"B");
-}
-
-/// Deterministic pseudo-random bytes (xorshift64).
-pub fn random_bytes(n: usize, mut seed: u64) -> Vec<u8> {
-    (0..n)
-        .map(|_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 24) as u8
-        })
-        .collect()
 }

@@ -5,25 +5,41 @@
 //! pid, and once all are attached rank 0 removes the name, so a crash leaves nothing behind.
 //! Every collective is enqueued on the device stream and returns at once; waits on peers spin
 //! briefly, then yield, then sleep on a futex, and fail by the deadline naming the rank.
+//!
+//! The files: `handles` (communicators by handle), `comm` (a communicator and the order its
+//! operations run in), `task` (an operation as queued on a stream), `group` (point-to-point
+//! calls and their grouping), `ctx` (what an algorithm runs with, and the agreement on each
+//! operation), `algo/` (one collective algorithm a file), `p2p` (the transfers over rings),
+//! `segment` (the shared-memory layout), `sync` (waits on peers) and `reduce` (element
+//! reductions).
 
+mod algo;
 mod comm;
+mod ctx;
+mod group;
+mod handles;
 mod p2p;
 pub(crate) mod reduce;
 mod segment;
 mod sync;
+mod task;
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferrocx_plugin_sdk::prelude::*;
 
-use crate::stream;
-use comm::{elem_size, HostComm, Kind};
+use algo::elem_size;
+use comm::HostComm;
+use ctx::Kind;
+use group::p2p;
+use handles::{get, take, COMMS};
 use p2p::Transfer;
 use segment::{Layout, Segment};
+use task::{enqueue, Coll};
+
+pub(crate) use task::CollTask;
 
 pub use reduce::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
@@ -37,76 +53,6 @@ const UID_MAGIC: &[u8; 4] = b"fxh1";
 const DEFAULT_SLOT: usize = 1 << 20;
 /// Default bytes per point-to-point ring.
 const DEFAULT_RING: usize = 256 << 10;
-
-fn comms() -> &'static Mutex<HashMap<u64, Arc<HostComm>>> {
-    static COMMS: OnceLock<Mutex<HashMap<u64, Arc<HostComm>>>> = OnceLock::new();
-    COMMS.get_or_init(Default::default)
-}
-
-static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// The communicator this thread used last: a stream of calls on one skips the map.
-    static LAST: RefCell<Option<(u64, Arc<HostComm>)>> = const { RefCell::new(None) };
-}
-
-fn get(c: Comm) -> Result<Arc<HostComm>> {
-    let id = c.0 as usize as u64;
-    let cached = LAST.with(|l| match &*l.borrow() {
-        Some((h, comm)) if *h == id && !comm.destroyed.load(Ordering::Acquire) => {
-            Some(comm.clone())
-        }
-        _ => None,
-    });
-    if let Some(comm) = cached {
-        return Ok(comm);
-    }
-    let comm = lookup(c)?;
-    LAST.with(|l| *l.borrow_mut() = Some((id, comm.clone())));
-    Ok(comm)
-}
-
-fn lookup(c: Comm) -> Result<Arc<HostComm>> {
-    let id = c.0 as usize as u64;
-    comms()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&id)
-        .cloned()
-        .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))
-}
-
-fn take(c: Comm) -> Result<Arc<HostComm>> {
-    let id = c.0 as usize as u64;
-    let comm = comms()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&id)
-        .ok_or_else(|| Error::invalid_handle(format!("unknown communicator handle {id:#x}")))?;
-    comm.destroyed.store(true, Ordering::Release);
-    Ok(comm)
-}
-
-/// The job id used in segment names: `FERROCX_JOB_ID`, made safe for a file name.
-pub fn job_id() -> String {
-    let raw = std::env::var("FERROCX_JOB_ID").unwrap_or_else(|_| "local".to_string());
-    let s: String = raw
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(48)
-        .collect();
-    if s.is_empty() {
-        "local".to_string()
-    } else {
-        s
-    }
-}
 
 fn random_bytes<const N: usize>() -> Result<[u8; N]> {
     use std::io::Read;
@@ -126,145 +72,6 @@ fn opt_usize(o: &Options, key: &str, default: usize) -> Result<usize> {
     }
 }
 
-/// One collective (or group of transfers) as queued on a stream: stored inline in the stream's
-/// queue, so issuing a call allocates nothing.
-pub(crate) struct CollTask {
-    comm: Arc<HostComm>,
-    ticket: u64,
-    op: Coll,
-}
-
-/// Buffers are addresses (`usize`) so the task is `Send`; they stay valid until the operation
-/// completes on the stream (the ABI's contract).
-enum Coll {
-    Reduce {
-        send: usize,
-        recv: usize,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: Option<usize>,
-    },
-    Gather {
-        send: usize,
-        recv: usize,
-        count: usize,
-        dtype: DataType,
-        root: Option<usize>,
-    },
-    Broadcast {
-        send: usize,
-        recv: usize,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    },
-    Exchange {
-        kind: Kind,
-        send: usize,
-        recv: usize,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: Option<usize>,
-    },
-    AllToAllV {
-        send: usize,
-        recv: usize,
-        dtype: DataType,
-        counts: Box<[Vec<usize>; 4]>,
-    },
-    Transfers(Vec<Transfer>),
-}
-
-impl CollTask {
-    /// Runs the operation in its turn on the communicator.
-    pub(crate) fn run(self) -> Result<()> {
-        let CollTask { comm, ticket, op } = self;
-        // SAFETY: (every arm) the buffers hold what the ABI requires for the operation and stay
-        // valid until it completes on the stream.
-        comm.run(ticket, |ctx| unsafe {
-            match op {
-                Coll::Reduce {
-                    send,
-                    recv,
-                    count,
-                    dtype,
-                    op,
-                    root,
-                } => comm::all_reduce(
-                    ctx,
-                    send as *const u8,
-                    recv as *mut u8,
-                    count,
-                    dtype,
-                    op,
-                    root,
-                ),
-                Coll::Gather {
-                    send,
-                    recv,
-                    count,
-                    dtype,
-                    root,
-                } => comm::all_gather(ctx, send as *const u8, recv as *mut u8, count, dtype, root),
-                Coll::Broadcast {
-                    send,
-                    recv,
-                    count,
-                    dtype,
-                    root,
-                } => comm::broadcast(ctx, send as *const u8, recv as *mut u8, count, dtype, root),
-                Coll::Exchange {
-                    kind,
-                    send,
-                    recv,
-                    count,
-                    dtype,
-                    op,
-                    root,
-                } => comm::exchange(
-                    ctx,
-                    kind,
-                    send as *const u8,
-                    recv as *mut u8,
-                    count,
-                    dtype,
-                    op,
-                    root,
-                ),
-                Coll::AllToAllV {
-                    send,
-                    recv,
-                    dtype,
-                    counts,
-                } => {
-                    let [sc, sd, rc, rd] = &*counts;
-                    comm::all_to_allv(
-                        ctx,
-                        send as *const u8,
-                        sc,
-                        sd,
-                        recv as *mut u8,
-                        rc,
-                        rd,
-                        dtype,
-                    )
-                }
-                Coll::Transfers(t) => p2p::run(ctx.comm, t),
-            }
-        })
-    }
-}
-
-/// Enqueues an operation on `stream`: it takes a ticket now and runs on the stream's worker.
-fn enqueue(c: Comm, s: Stream, op: Coll) -> Result<()> {
-    let comm = get(c)?;
-    let st = stream::get(s)?;
-    let ticket = comm.ticket();
-    st.enqueue_coll(CollTask { comm, ticket, op })
-}
-
 fn ptr(p: DevicePtr) -> usize {
     p.0 as usize
 }
@@ -279,68 +86,6 @@ fn root_of(comm: &HostComm, root: i32) -> Result<usize> {
                 comm.nranks
             ))
         })
-}
-
-struct Pending {
-    comm: Arc<HostComm>,
-    stream: Stream,
-    transfer: Transfer,
-}
-
-thread_local! {
-    static GROUP: RefCell<(u32, Vec<Pending>)> = const { RefCell::new((0, Vec::new())) };
-}
-
-/// Issues transfers grouped by communicator: one ticket and one task per communicator.
-fn issue(pending: Vec<Pending>) -> Result<()> {
-    let mut by_comm: Vec<(Arc<HostComm>, Stream, Vec<Transfer>)> = Vec::new();
-    for p in pending {
-        match by_comm.iter_mut().find(|(c, _, _)| Arc::ptr_eq(c, &p.comm)) {
-            Some((_, s, ts)) => {
-                if *s != p.stream {
-                    return Err(Error::unsupported(
-                        "the host CCL runs a group's transfers of one communicator on one stream; \
-                         this group used two",
-                    ));
-                }
-                ts.push(p.transfer);
-            }
-            None => by_comm.push((p.comm, p.stream, vec![p.transfer])),
-        }
-    }
-    for (comm, s, transfers) in by_comm {
-        let st = stream::get(s)?;
-        let ticket = comm.ticket();
-        st.enqueue_coll(CollTask {
-            comm,
-            ticket,
-            op: Coll::Transfers(transfers),
-        })?;
-    }
-    Ok(())
-}
-
-fn p2p(c: Comm, s: Stream, transfer: Transfer) -> Result<()> {
-    let comm = get(c)?;
-    stream::get(s)?;
-    let p = Pending {
-        comm,
-        stream: s,
-        transfer,
-    };
-    let grouped = GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.0 > 0 {
-            g.1.push(p);
-            None
-        } else {
-            Some(p)
-        }
-    });
-    match grouped {
-        None => Ok(()),
-        Some(p) => issue(vec![p]),
-    }
 }
 
 fn peer_of(comm: &HostComm, peer: i32) -> Result<usize> {
@@ -405,7 +150,7 @@ impl CclAdaptor for HostCcl {
         };
         let pid0 = u32::from_le_bytes([uid[4], uid[5], uid[6], uid[7]]);
         let hex: String = uid[8..].iter().map(|b| format!("{b:02x}")).collect();
-        let name = format!("/ferrocx-{}-{pid0}-c{hex}", job_id());
+        let name = format!("/ferrocx-{}-{pid0}-c{hex}", crate::shm::job_id());
         let deadline = Instant::now() + timeout;
         let mut seg = if rank == 0 {
             Segment::create(&name, layout)?
@@ -424,11 +169,7 @@ impl CclAdaptor for HostCcl {
         attached?;
         let comm = Arc::new(HostComm::new(rank, nranks, seg, timeout));
         comm.set_generation(1);
-        let id = NEXT_COMM.fetch_add(1, Ordering::Relaxed);
-        comms()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, comm);
+        let id = COMMS.insert(comm);
         Ok(Comm(id as usize as *mut std::ffi::c_void))
     }
     fn comm_finalize(&self, c: Comm) -> Result<()> {
@@ -731,23 +472,11 @@ impl CclAdaptor for HostCcl {
         )
     }
     fn group_start(&self) -> Result<()> {
-        GROUP.with(|g| g.borrow_mut().0 += 1);
+        group::start();
         Ok(())
     }
     fn group_end(&self) -> Result<()> {
-        let pending = GROUP.with(|g| {
-            let mut g = g.borrow_mut();
-            if g.0 == 0 {
-                return Err(Error::invalid_argument("group_end without group_start"));
-            }
-            g.0 -= 1;
-            Ok(if g.0 == 0 {
-                std::mem::take(&mut g.1)
-            } else {
-                Vec::new()
-            })
-        })?;
-        issue(pending)
+        group::end()
     }
     fn mem_alloc(&self, _bytes: usize) -> Result<DevicePtr> {
         Err(Error::unsupported(

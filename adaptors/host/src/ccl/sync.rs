@@ -1,33 +1,14 @@
 //! Waiting on peers: spin briefly, then yield, then sleep on a futex in the shared segment;
 //! every wait has a deadline, notices an abort, and names a peer that died.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use ferrocx::futex;
 use ferrocx_plugin_sdk::abi::Status;
 use ferrocx_plugin_sdk::{Error, Result};
 
 use super::segment::Segment;
-
-/// Sleeps while `*word == expected`, at most `timeout`. Works across processes (the word is in
-/// a `MAP_SHARED` mapping, so the futex is not process-private).
-pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `word` is a valid, aligned u32 for the duration of the call; the kernel only reads
-    // it. A spurious or early return is handled by the callers' loops.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-        );
-    }
-}
 
 /// Tells sleeping ranks of `seg` that something they may wait for changed. Call it after the
 /// publishing store (made `SeqCst`); it costs one load when nobody sleeps, which is the common
@@ -36,15 +17,7 @@ pub fn notify(seg: &Segment) {
     let h = seg.header();
     if h.sleepers.load(Ordering::SeqCst) > 0 {
         h.wake.fetch_add(1, Ordering::SeqCst);
-        futex_wake(&h.wake);
-    }
-}
-
-/// Wakes every sleeper on `word`.
-pub fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a valid, aligned u32.
-    unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+        futex::wake(&h.wake);
     }
 }
 
@@ -141,7 +114,7 @@ pub fn wait_until(
                 h.sleepers.fetch_sub(1, Ordering::SeqCst);
                 return r.map(|_| ());
             }
-            futex_wait(&h.wake, word, Duration::from_millis(5));
+            futex::wait(&h.wake, word, Duration::from_millis(5));
             h.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
         if let Err(e) = w.check(&pending) {

@@ -11,13 +11,25 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 
+use ferrocx_plugin_sdk::handles::HandleTable;
 use ferrocx_plugin_sdk::prelude::*;
 
 /// The device: one device, memory from the host heap.
-#[derive(Default)]
 pub struct TestDevice {
     allocs: Mutex<HashMap<u64, Vec<u8>>>,
     graphs: Mutex<Graphs>,
+    /// The graphs made, by handle value.
+    made: HandleTable<Vec<Recorded>>,
+}
+
+impl Default for TestDevice {
+    fn default() -> Self {
+        TestDevice {
+            allocs: Mutex::default(),
+            graphs: Mutex::default(),
+            made: HandleTable::new("graph"),
+        }
+    }
 }
 
 /// Work a graph replays.
@@ -35,12 +47,10 @@ enum Recorded {
     },
 }
 
-/// The graph group's state: the stream being captured and what it recorded, and the graphs.
+/// The graph group's capture: the stream being captured and what it recorded.
 #[derive(Default)]
 struct Graphs {
     capturing: Option<(Stream, Vec<Recorded>)>,
-    made: HashMap<usize, Vec<Recorded>>,
-    next: usize,
 }
 
 /// The device number whose selection panics.
@@ -285,10 +295,8 @@ impl DeviceGraph for TestDevice {
         let mut g = self.graphs()?;
         match g.capturing.take() {
             Some((c, recorded)) if c == s => {
-                g.next += 1;
-                let id = g.next;
-                g.made.insert(id, recorded);
-                Ok(GraphHandle(id as *mut c_void))
+                let id = self.made.insert(recorded);
+                Ok(GraphHandle(id as usize as *mut c_void))
             }
             other => {
                 g.capturing = other;
@@ -297,21 +305,12 @@ impl DeviceGraph for TestDevice {
         }
     }
     fn graph_launch(&self, graph: GraphHandle, _s: Stream) -> Result<()> {
-        let work = self
-            .graphs()?
-            .made
-            .get(&(graph.0 as usize))
-            .cloned()
-            .ok_or_else(|| Error::invalid_handle("not a graph of this device"))?;
+        let work = self.made.get(graph.0 as usize as u64)?;
         // Streams complete synchronously here: the replay runs now, in order.
         work.into_iter().try_for_each(|w| self.run(w))
     }
     fn graph_destroy(&self, graph: GraphHandle) -> Result<()> {
-        self.graphs()?
-            .made
-            .remove(&(graph.0 as usize))
-            .map(drop)
-            .ok_or_else(|| Error::invalid_handle("not a graph of this device"))
+        self.made.remove(graph.0 as usize as u64).map(drop)
     }
 }
 

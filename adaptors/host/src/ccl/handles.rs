@@ -1,0 +1,45 @@
+//! The live communicators of this process by handle, with a per-thread cache of the one used
+//! last.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ferrocx_plugin_sdk::handles::HandleTable;
+use ferrocx_plugin_sdk::prelude::*;
+
+use super::comm::HostComm;
+
+/// The live communicators of this process.
+pub(super) static COMMS: HandleTable<Arc<HostComm>> = HandleTable::new("communicator");
+
+thread_local! {
+    /// The communicator this thread used last: a stream of calls on one skips the map.
+    static LAST: RefCell<Option<(u64, Arc<HostComm>)>> = const { RefCell::new(None) };
+}
+
+pub(super) fn get(c: Comm) -> Result<Arc<HostComm>> {
+    let id = c.0 as usize as u64;
+    let cached = LAST.with(|l| match &*l.borrow() {
+        Some((h, comm)) if *h == id && !comm.destroyed.load(Ordering::Acquire) => {
+            Some(comm.clone())
+        }
+        _ => None,
+    });
+    if let Some(comm) = cached {
+        return Ok(comm);
+    }
+    let comm = lookup(c)?;
+    LAST.with(|l| *l.borrow_mut() = Some((id, comm.clone())));
+    Ok(comm)
+}
+
+fn lookup(c: Comm) -> Result<Arc<HostComm>> {
+    COMMS.get(c.0 as usize as u64)
+}
+
+pub(super) fn take(c: Comm) -> Result<Arc<HostComm>> {
+    let comm = COMMS.remove(c.0 as usize as u64)?;
+    comm.destroyed.store(true, Ordering::Release);
+    Ok(comm)
+}
