@@ -14,6 +14,12 @@ pub const C_VARIANTS: &[&str] = &[
     "badmagic",
     "nosymbols",
     "undefined",
+    "oddsize",
+    "hugesize",
+    "oddgroup",
+    "initcrash",
+    "initexit",
+    "initloop",
 ];
 
 /// The file name of adaptor `name`'s plugin.

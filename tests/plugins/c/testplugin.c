@@ -7,8 +7,15 @@
  *   FX_BAD_MAGIC        the header's magic is wrong
  *   FX_NO_SYMBOLS       an ELF with no ferrocx symbol at all
  *   FX_UNDEFINED        references a symbol no library defines (dlopen with RTLD_NOW fails)
+ *   FX_DEVICE_SIZE_BYTES=N  the device table declares struct_size N
+ *   FX_GROUP_SIZE_BYTES=N   the flat-map group declares struct_size N
+ *   FX_INIT_CRASH       the device's `init` dies with SIGSEGV
+ *   FX_INIT_EXIT        the device's `init` calls exit(3)
+ *   FX_INIT_LOOP        the device's `init` never returns
  */
+#include <signal.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ferrocx_plugin.h"
@@ -90,15 +97,38 @@ static FerrocxStatus stream_query(FerrocxStream stream) {
 #define FX_CCL_SYMBOL ferrocx_ccl_adaptor_v1
 #endif
 
-#ifdef FX_OLD_MINOR
+#if defined(FX_DEVICE_SIZE_BYTES)
+#define FX_DEVICE_SIZE FX_DEVICE_SIZE_BYTES
+#elif defined(FX_OLD_MINOR)
 #define FX_DEVICE_SIZE offsetof(FerrocxDeviceAdaptorV1, stream_create)
 #else
 #define FX_DEVICE_SIZE sizeof(FerrocxDeviceAdaptorV1)
 #endif
 
+#if defined(FX_INIT_CRASH) || defined(FX_INIT_EXIT) || defined(FX_INIT_LOOP)
+#define FX_HAS_INIT
+static FerrocxStatus init(const FerrocxKeyValue *options, size_t n_options) {
+    (void)options; (void)n_options;
+#if defined(FX_INIT_CRASH)
+    raise(SIGSEGV);
+#elif defined(FX_INIT_EXIT)
+    exit(3);
+#else
+    {
+        volatile int spin = 1;
+        while (spin) {}
+    }
+#endif
+    return FerrocxStatus_SUCCESS;
+}
+#endif
+
 const FerrocxDeviceAdaptorV1 FX_DEVICE_SYMBOL = {
     .header = { FX_MAGIC, FX_MAJOR, Ferrocx_ABI_MINOR, (uint32_t)FX_DEVICE_SIZE, 0, FX_NAME },
     .get_last_error = get_last_error,
+#ifdef FX_HAS_INIT
+    .init = init,
+#endif
     .device_count = device_count,
     .set_device = set_device,
     .get_device = get_device,
@@ -117,7 +147,11 @@ static FerrocxStatus flat_reserve(size_t bytes, FerrocxDevicePtr *base) {
 
 #ifndef FX_ONLY_V2
 const FerrocxDeviceFlatMapV1 ferrocx_device_flatmap_v1 = {
+#ifdef FX_GROUP_SIZE_BYTES
+    .header = { FX_MAGIC, FX_MAJOR, Ferrocx_ABI_MINOR, FX_GROUP_SIZE_BYTES, 0, FX_NAME },
+#else
     .header = { FX_MAGIC, FX_MAJOR, Ferrocx_ABI_MINOR, sizeof(FerrocxDeviceFlatMapV1), 0, FX_NAME },
+#endif
     .flat_reserve = flat_reserve,
 };
 #endif
