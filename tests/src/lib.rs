@@ -17,6 +17,7 @@ pub const C_VARIANTS: &[&str] = &[
     "oddsize",
     "hugesize",
     "oddgroup",
+    "negcount",
     "initcrash",
     "initexit",
     "initloop",

@@ -53,3 +53,86 @@ fn a_group_whose_size_is_not_whole_entries_is_dropped_with_the_rule() {
     assert!(note.contains("struct_size 36"), "{note}");
     assert!(note.contains("whole 8-byte entries"), "{note}");
 }
+
+// ---- 6. Config ----
+
+fn load_error(path: &std::path::Path) -> String {
+    match ferrocx::config::Config::load(path) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => {
+            assert_eq!(e.kind(), ferrocx::config::ConfigErrorKind::Io, "{e}");
+            e.to_string()
+        }
+    }
+}
+
+#[test]
+fn a_device_file_is_refused_without_reading_it() {
+    // /dev/zero never ends: reading it ran until memory did.
+    let e = load_error(std::path::Path::new("/dev/zero"));
+    assert!(e.contains("it is a character device; a config is a regular file"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let e = load_error(dir.path());
+    assert!(e.contains("it is a directory"), "{e}");
+}
+
+#[test]
+fn a_fifo_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("config.toml");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo touches no memory of this process.
+    assert_eq!(unsafe { libc_mkfifo(c.as_ptr(), 0o600) }, 0);
+    // With no writer, opening it for reading would block forever.
+    let e = load_error(&fifo);
+    assert!(e.contains("it is a FIFO"), "{e}");
+}
+
+extern "C" {
+    #[link_name = "mkfifo"]
+    fn libc_mkfifo(path: *const std::ffi::c_char, mode: u32) -> i32;
+}
+
+#[test]
+fn a_config_larger_than_the_limit_is_refused_before_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.toml");
+    // Sparse: no disk is used.
+    let f = std::fs::File::create(&big).unwrap();
+    f.set_len(ferrocx::config::MAX_CONFIG_BYTES + 1).unwrap();
+    let e = load_error(&big);
+    assert!(e.contains("over the limit of 16777216 bytes"), "{e}");
+}
+
+#[test]
+fn a_plugin_dir_of_a_config_that_does_not_exist_is_not_rejected_but_an_explicit_one_is() {
+    let text = "[runtime]\nplugin_dirs = [\"/nonexistent/ferrocx-build\"]\n\n[[cluster]]\nname = \"local\"\ndevice = \"host\"\nccl = \"host\"\n";
+    let config = ferrocx::config::Config::parse(text, std::path::Path::new("shipped.toml")).unwrap();
+    assert!(!config.runtime.plugin_dir_is_explicit(0));
+    let r = Registry::discover(&config.runtime);
+    assert!(r.rejected().is_empty(), "{:?}", r.rejected());
+
+    let mut config = config;
+    let lookup = |k: &str| (k == "FERROCX_PLUGIN_PATH").then(|| "/nonexistent/named".to_string());
+    config.apply_env(lookup).unwrap();
+    assert!(config.runtime.plugin_dir_is_explicit(0));
+    assert!(!config.runtime.plugin_dir_is_explicit(1));
+    let r = Registry::discover(&config.runtime);
+    let rejected: Vec<String> = r.rejected().iter().map(|e| e.to_string()).collect();
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert!(rejected[0].starts_with("/nonexistent/named: plugin directory cannot be read"), "{rejected:?}");
+}
+
+#[test]
+fn a_negative_device_count_is_an_error_and_a_huge_error_message_is_cut() {
+    let mut r = Registry::empty();
+    let entry = r.add_plugin(&c_plugin("negcount")).expect("loads");
+    let dev = entry.device().expect("a device");
+    let e = dev.device_count().unwrap_err();
+    assert_eq!(e.status(), ferrocx::abi::Status::INTERNAL_ERROR);
+    assert!(e.to_string().contains("returned success with -5, a negative number"), "{e}");
+    // The plugin's get_last_error is 1 MiB long.
+    let e = dev.set_device(7).unwrap_err().to_string();
+    assert!(e.len() < 5000, "{} bytes", e.len());
+    assert!(e.ends_with("[... cut at 4096 bytes]"), "{}", &e[e.len() - 40..]);
+}

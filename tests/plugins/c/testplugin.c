@@ -9,6 +9,7 @@
  *   FX_UNDEFINED        references a symbol no library defines (dlopen with RTLD_NOW fails)
  *   FX_DEVICE_SIZE_BYTES=N  the device table declares struct_size N
  *   FX_GROUP_SIZE_BYTES=N   the flat-map group declares struct_size N
+ *   FX_DEVICE_COUNT=N   `device_count` answers N (SUCCESS), and `get_last_error` is 1 MiB long
  *   FX_INIT_CRASH       the device's `init` dies with SIGSEGV
  *   FX_INIT_EXIT        the device's `init` calls exit(3)
  *   FX_INIT_LOOP        the device's `init` never returns
@@ -43,11 +44,24 @@ int fx_call_missing(void) { return fx_symbol_that_does_not_exist(); }
 
 static const char *last_error = "";
 
+#ifdef FX_DEVICE_COUNT
+static char huge_error[1 << 20];
+static const char *get_last_error(void) {
+    memset(huge_error, 'e', sizeof huge_error - 1);
+    huge_error[sizeof huge_error - 1] = 0;
+    return huge_error;
+}
+#else
 static const char *get_last_error(void) { return last_error; }
+#endif
 
 static FerrocxStatus device_count(int32_t *count) {
     if (!count) { last_error = "device_count: `count` is null"; return FerrocxStatus_INVALID_ARGUMENT; }
+#ifdef FX_DEVICE_COUNT
+    *count = FX_DEVICE_COUNT;
+#else
     *count = 2;
+#endif
     return FerrocxStatus_SUCCESS;
 }
 
