@@ -136,3 +136,96 @@ fn a_negative_device_count_is_an_error_and_a_huge_error_message_is_cut() {
     assert!(e.len() < 5000, "{} bytes", e.len());
     assert!(e.ends_with("[... cut at 4096 bytes]"), "{}", &e[e.len() - 40..]);
 }
+
+// ---- 3. Store ----
+
+mod store {
+    use std::io::{Read, Write};
+    use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use ferrocx::bootstrap::{Store, StoreLimits, StoreServer};
+
+    const TOKEN: &str = "hostile-token";
+
+    fn server(limits: StoreLimits) -> StoreServer {
+        StoreServer::bind_with(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), TOKEN.into(), limits)
+            .expect("bind the store")
+    }
+
+    /// Whether the server closed `c` (EOF, an error or a refusal frame) within `within`.
+    fn closed_by_server(c: &mut TcpStream, within: Duration) -> bool {
+        c.set_read_timeout(Some(within)).unwrap();
+        let mut buf = [0u8; 256];
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => return true,
+                // The refusal frame, then the close.
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    #[test]
+    fn a_client_dripping_its_hello_is_dropped_at_the_handshakes_deadline() {
+        let s = server(StoreLimits {
+            hello_timeout: Duration::from_millis(800),
+            ..StoreLimits::default()
+        });
+        let mut c = TcpStream::connect(s.local_addr()).unwrap();
+        let start = Instant::now();
+        // A hello that would be 64 bytes, one byte every 100 ms: each read is quick, the whole
+        // never comes. Before, the timeout applied to each read and this stayed forever.
+        c.write_all(&64u32.to_le_bytes()).unwrap();
+        let mut dropped = false;
+        while start.elapsed() < Duration::from_secs(20) {
+            if c.write_all(&[1]).is_err() {
+                dropped = true;
+                break;
+            }
+            if closed_by_server(&mut c, Duration::from_millis(100)) {
+                dropped = true;
+                break;
+            }
+        }
+        assert!(dropped, "still connected after {:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "dropped only after {:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn connections_beyond_the_cap_are_closed_and_a_rank_still_gets_in() {
+        let s = server(StoreLimits {
+            hello_timeout: Duration::from_secs(60),
+            max_unauthenticated: 4,
+        });
+        let mut idle: Vec<TcpStream> = (0..12)
+            .map(|_| TcpStream::connect(s.local_addr()).unwrap())
+            .collect();
+        // A real rank connects after the flood and works.
+        let store = Store::connect(s.local_addr(), TOKEN, Duration::from_secs(20))
+            .expect("a rank gets in past idle connections");
+        store.set("k", b"v").unwrap();
+        assert_eq!(store.get("k").unwrap(), b"v");
+        // The server holds at most 4 of the 12 idle ones: the others were closed.
+        let closed = idle
+            .iter_mut()
+            .map(|c| closed_by_server(c, Duration::from_millis(300)))
+            .filter(|&closed| closed)
+            .count();
+        assert!(closed >= 8, "only {closed} of 12 idle connections were closed");
+    }
+
+    #[test]
+    fn a_wrong_token_is_still_refused() {
+        let s = server(StoreLimits::default());
+        let e = Store::connect(s.local_addr(), "wrong", Duration::from_secs(5)).unwrap_err();
+        assert!(e.to_string().contains("refused this job's token"), "{e}");
+    }
+}
