@@ -10,11 +10,10 @@
  *   FX_DEVICE_SIZE_BYTES=N  the device table declares struct_size N
  *   FX_GROUP_SIZE_BYTES=N   the flat-map group declares struct_size N
  *   FX_DEVICE_COUNT=N   `device_count` answers N (SUCCESS), and `get_last_error` is 1 MiB long
- *   FX_INIT_CRASH       the device's `init` dies with SIGSEGV
+ *   FX_INIT_CRASH       the device's `init` writes through a null pointer (SIGSEGV)
  *   FX_INIT_EXIT        the device's `init` calls exit(3)
  *   FX_INIT_LOOP        the device's `init` never returns
  */
-#include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,7 +123,11 @@ static FerrocxStatus stream_query(FerrocxStream stream) {
 static FerrocxStatus init(const FerrocxKeyValue *options, size_t n_options) {
     (void)options; (void)n_options;
 #if defined(FX_INIT_CRASH)
-    raise(SIGSEGV);
+    {
+        /* A real fault (raise() would meet the host program's own SIGSEGV handler). */
+        volatile int *volatile null = NULL;
+        *null = 1;
+    }
 #elif defined(FX_INIT_EXIT)
     exit(3);
 #else
