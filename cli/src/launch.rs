@@ -630,7 +630,13 @@ unsafe fn guard_main(rfd: libc::c_int, wfd: libc::c_int, groups: &mut Vec<libc::
         libc::close(wfd);
         // Its own group: the terminal's Ctrl-C goes to the launcher, which handles it.
         libc::setpgid(0, 0);
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE, libc::SIGQUIT] {
+        for sig in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGPIPE,
+            libc::SIGQUIT,
+        ] {
             libc::signal(sig, libc::SIG_IGN);
         }
         // Hold no descriptor but the pipe: not the store's socket, not the launcher's stdout
@@ -689,7 +695,9 @@ mod tests {
         let mut s = Splitter::new(max);
         let mut out = Vec::new();
         for r in reads {
-            s.feed(r, &mut |p| out.push(String::from_utf8_lossy(p).into_owned()));
+            s.feed(r, &mut |p| {
+                out.push(String::from_utf8_lossy(p).into_owned())
+            });
         }
         s.finish(&mut |p| out.push(String::from_utf8_lossy(p).into_owned()));
         out
@@ -698,7 +706,10 @@ mod tests {
     #[test]
     fn lines_end_at_newline_and_carriage_return() {
         assert_eq!(pieces(100, &[b"a\nbc\n"]), ["a\n", "bc\n"]);
-        assert_eq!(pieces(100, &[b"10%\r20%\r30%\rdone\n"]), ["10%\r", "20%\r", "30%\r", "done\n"]);
+        assert_eq!(
+            pieces(100, &[b"10%\r20%\r30%\rdone\n"]),
+            ["10%\r", "20%\r", "30%\r", "done\n"]
+        );
         // \r\n is one end, even split across reads.
         assert_eq!(pieces(100, &[b"x\r\ny\r", b"\nz"]), ["x\r\n", "y\r\n", "z"]);
         assert_eq!(pieces(100, &[b"p\r", b"q\n"]), ["p\r", "q\n"]);

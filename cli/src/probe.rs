@@ -151,7 +151,11 @@ fn last_line(stderr: &[u8]) -> String {
     let text = String::from_utf8_lossy(stderr);
     match text.lines().rev().find(|l| !l.trim().is_empty()) {
         Some(l) => {
-            let l: String = l.chars().filter(|c| !c.is_control()).take(MAX_QUOTE).collect();
+            let l: String = l
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(MAX_QUOTE)
+                .collect();
             format!("; it said: {l}")
         }
         None => String::new(),

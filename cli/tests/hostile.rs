@@ -36,9 +36,8 @@ fn text(b: &[u8]) -> String {
 /// Runs `ferrocx ARGS` with a tmpfs of `size` as its /dev/shm, in a mount namespace of its own;
 /// `None` (the reason printed) where one cannot be made here (not root, no unshare).
 fn with_small_shm(size: &str, args: &[&str]) -> Option<Output> {
-    let script = format!(
-        "mount -t tmpfs -o size={size} ferrocx-test /dev/shm && exec \"$0\" \"$@\""
-    );
+    let script =
+        format!("mount -t tmpfs -o size={size} ferrocx-test /dev/shm && exec \"$0\" \"$@\"");
     let out = Command::new("unshare")
         .args(["-m", "--propagation", "private", "sh", "-c", &script, BIN])
         .args(args)
@@ -71,7 +70,10 @@ fn bench_buffers_larger_than_shm_are_refused_with_the_amounts() {
     };
     let err = text(&out.stderr);
     assert!(!out.status.success(), "{err}");
-    assert!(err.contains("the buffers need 2147483680 bytes (2.0 GiB) per rank"), "{err}");
+    assert!(
+        err.contains("the buffers need 2147483680 bytes (2.0 GiB) per rank"),
+        "{err}"
+    );
     assert!(err.contains("but the device has"), "{err}");
     assert!(err.contains("free of 8388608 bytes (8.0 MiB)"), "{err}");
 }
@@ -95,8 +97,8 @@ fn a_bench_with_a_tiny_stream_queue_still_runs_and_checks() {
     // Each host stream holds at most 4 operations: every enqueue past it waits for room.
     let out = ferrocx(
         &[
-            "bench", "-n", "2", "-b", "8", "-e", "256", "--op", "all", "--iters", "50",
-            "--warmup", "2",
+            "bench", "-n", "2", "-b", "8", "-e", "256", "--op", "all", "--iters", "50", "--warmup",
+            "2",
         ],
         &[("FERROCX_HOST_STREAM_DEPTH", "4")],
     );
@@ -124,12 +126,19 @@ fn info_names_a_plugin_whose_init_crashes_exits_or_hangs() {
             ],
         );
         let stdout = text(&out.stdout);
-        assert!(out.status.success(), "{variant}: {stdout}\n{}", text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{variant}: {stdout}\n{}",
+            text(&out.stderr)
+        );
         let expected = format!(
             "    device: unavailable: the probe of adaptor \"{variant}\" ({}) {what}",
             path.display()
         );
-        assert!(stdout.contains(&expected), "{variant}: no {expected:?} in\n{stdout}");
+        assert!(
+            stdout.contains(&expected),
+            "{variant}: no {expected:?} in\n{stdout}"
+        );
         // The other adaptors are still described.
         assert!(stdout.contains("  host  [built-in]"), "{stdout}");
         assert!(start.elapsed() < Duration::from_secs(60));
@@ -143,7 +152,12 @@ fn a_long_line_is_forwarded_in_bounded_pieces_and_carriage_returns_end_lines() {
     // 3 MiB without a newline, then progress with \r.
     let out = ferrocx(
         &[
-            "launch", "-n", "1", "--", "sh", "-c",
+            "launch",
+            "-n",
+            "1",
+            "--",
+            "sh",
+            "-c",
             "head -c 3145728 /dev/zero | tr '\\000' x; printf '10%%\\r20%%\\rdone\\n'",
         ],
         &[],
@@ -153,7 +167,9 @@ fn a_long_line_is_forwarded_in_bounded_pieces_and_carriage_returns_end_lines() {
     let pieces: Vec<&[u8]> = stdout.split(|&b| b == b'\n' || b == b'\r').collect();
     let xs: Vec<&&[u8]> = pieces.iter().filter(|p| p.ends_with(b"x")).collect();
     assert_eq!(xs.len(), 3, "3 MiB in pieces of 1 MiB");
-    assert!(xs.iter().all(|p| p.len() == 4 + (1 << 20) && p.starts_with(b"[0] ")));
+    assert!(xs
+        .iter()
+        .all(|p| p.len() == 4 + (1 << 20) && p.starts_with(b"[0] ")));
     let tail = text(&stdout[stdout.len() - 40..]);
     assert!(tail.ends_with("[0] 10%\r[0] 20%\r[0] done\n"), "{tail:?}");
 }
@@ -211,7 +227,10 @@ fn a_launcher_killed_with_sigkill_takes_the_ranks_children_with_it() {
         // SAFETY: our own test's leftovers, by pid; kill has no memory effects.
         unsafe { libc::kill(p, libc::SIGKILL) };
     }
-    assert!(left.is_empty(), "still running after the launcher's SIGKILL: {left:?}");
+    assert!(
+        left.is_empty(),
+        "still running after the launcher's SIGKILL: {left:?}"
+    );
 }
 
 // ---- 6. Config through the command ----
@@ -220,7 +239,11 @@ fn a_launcher_killed_with_sigkill_takes_the_ranks_children_with_it() {
 fn config_check_refuses_dev_zero_and_a_fifo_at_once() {
     let out = ferrocx(&["config", "check", "/dev/zero"], &[]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("it is a character device"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("it is a character device"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("c.toml");
@@ -248,7 +271,12 @@ fn config_check_refuses_dev_zero_and_a_fifo_at_once() {
     };
     let status = status.expect("config check blocked on a FIFO");
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert!(!status.success());
     assert!(err.contains("it is a FIFO"), "{err}");
 }
@@ -256,7 +284,10 @@ fn config_check_refuses_dev_zero_and_a_fifo_at_once() {
 #[test]
 fn info_of_a_plugin_answering_a_negative_device_count_says_so() {
     let path = c_plugin("negcount");
-    let out = ferrocx(&["info"], &[("FERROCX_PLUGIN_PATH", path.to_str().unwrap())]);
+    let out = ferrocx(
+        &["info"],
+        &[("FERROCX_PLUGIN_PATH", path.to_str().unwrap())],
+    );
     let stdout = text(&out.stdout);
     assert!(!stdout.contains("-5 device(s)"), "{stdout}");
     assert!(
@@ -269,11 +300,16 @@ fn info_of_a_plugin_answering_a_negative_device_count_says_so() {
 
 #[test]
 fn a_bench_size_that_holds_no_element_is_refused_not_reported_correct() {
-    let out = ferrocx(&["bench", "-n", "2", "-b", "7", "-e", "7", "--op", "all"], &[]);
+    let out = ferrocx(
+        &["bench", "-n", "2", "-b", "7", "-e", "7", "--op", "all"],
+        &[],
+    );
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{}\n{err}", text(&out.stdout));
     assert!(
-        err.contains("no size from -b 7 to -e 7 holds an element of all_gather over 2 rank(s) of f32"),
+        err.contains(
+            "no size from -b 7 to -e 7 holds an element of all_gather over 2 rank(s) of f32"
+        ),
         "{err}"
     );
     assert!(!text(&out.stdout).contains("#wrong"), "it ran anyway");
@@ -282,7 +318,10 @@ fn a_bench_size_that_holds_no_element_is_refused_not_reported_correct() {
 #[test]
 fn bench_sizes_too_small_for_some_op_are_skipped_with_a_note() {
     let out = ferrocx(
-        &["bench", "-n", "2", "-b", "4", "-e", "8", "--op", "all", "--iters", "2", "--warmup", "0"],
+        &[
+            "bench", "-n", "2", "-b", "4", "-e", "8", "--op", "all", "--iters", "2", "--warmup",
+            "0",
+        ],
         &[],
     );
     let (stdout, err) = (text(&out.stdout), text(&out.stderr));
@@ -314,7 +353,11 @@ fn a_shipped_configs_missing_build_directory_is_not_warned_about() {
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("cannot be read"), "{err}");
-    assert!(text(&out.stdout).contains("rejected (0):"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("rejected (0):"),
+        "{}",
+        text(&out.stdout)
+    );
 
     // One the user names is still worth a warning.
     let out = ferrocx(

@@ -42,7 +42,9 @@ fn an_absurd_table_size_of_a_known_minor_is_refused() {
 #[test]
 fn a_group_whose_size_is_not_whole_entries_is_dropped_with_the_rule() {
     let mut r = Registry::empty();
-    let entry = r.add_plugin(&c_plugin("oddgroup")).expect("the plugin loads");
+    let entry = r
+        .add_plugin(&c_plugin("oddgroup"))
+        .expect("the plugin loads");
     let device = entry.device.as_ref().expect("a device");
     assert!(device.flatmap.is_none(), "the broken group was kept");
     let note = entry
@@ -70,7 +72,10 @@ fn load_error(path: &std::path::Path) -> String {
 fn a_device_file_is_refused_without_reading_it() {
     // /dev/zero never ends: reading it ran until memory did.
     let e = load_error(std::path::Path::new("/dev/zero"));
-    assert!(e.contains("it is a character device; a config is a regular file"), "{e}");
+    assert!(
+        e.contains("it is a character device; a config is a regular file"),
+        "{e}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let e = load_error(dir.path());
     assert!(e.contains("it is a directory"), "{e}");
@@ -107,7 +112,8 @@ fn a_config_larger_than_the_limit_is_refused_before_reading() {
 #[test]
 fn a_plugin_dir_of_a_config_that_does_not_exist_is_not_rejected_but_an_explicit_one_is() {
     let text = "[runtime]\nplugin_dirs = [\"/nonexistent/ferrocx-build\"]\n\n[[cluster]]\nname = \"local\"\ndevice = \"host\"\nccl = \"host\"\n";
-    let config = ferrocx::config::Config::parse(text, std::path::Path::new("shipped.toml")).unwrap();
+    let config =
+        ferrocx::config::Config::parse(text, std::path::Path::new("shipped.toml")).unwrap();
     assert!(!config.runtime.plugin_dir_is_explicit(0));
     let r = Registry::discover(&config.runtime);
     assert!(r.rejected().is_empty(), "{:?}", r.rejected());
@@ -120,7 +126,10 @@ fn a_plugin_dir_of_a_config_that_does_not_exist_is_not_rejected_but_an_explicit_
     let r = Registry::discover(&config.runtime);
     let rejected: Vec<String> = r.rejected().iter().map(|e| e.to_string()).collect();
     assert_eq!(rejected.len(), 1, "{rejected:?}");
-    assert!(rejected[0].starts_with("/nonexistent/named: plugin directory cannot be read"), "{rejected:?}");
+    assert!(
+        rejected[0].starts_with("/nonexistent/named: plugin directory cannot be read"),
+        "{rejected:?}"
+    );
 }
 
 #[test]
@@ -130,11 +139,19 @@ fn a_negative_device_count_is_an_error_and_a_huge_error_message_is_cut() {
     let dev = entry.device().expect("a device");
     let e = dev.device_count().unwrap_err();
     assert_eq!(e.status(), ferrocx::abi::Status::INTERNAL_ERROR);
-    assert!(e.to_string().contains("returned success with -5, a negative number"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("returned success with -5, a negative number"),
+        "{e}"
+    );
     // The plugin's get_last_error is 1 MiB long.
     let e = dev.set_device(7).unwrap_err().to_string();
     assert!(e.len() < 5000, "{} bytes", e.len());
-    assert!(e.ends_with("[... cut at 4096 bytes]"), "{}", &e[e.len() - 40..]);
+    assert!(
+        e.ends_with("[... cut at 4096 bytes]"),
+        "{}",
+        &e[e.len() - 40..]
+    );
 }
 
 // ---- 3. Store ----
@@ -149,8 +166,12 @@ mod store {
     const TOKEN: &str = "hostile-token";
 
     fn server(limits: StoreLimits) -> StoreServer {
-        StoreServer::bind_with(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), TOKEN.into(), limits)
-            .expect("bind the store")
+        StoreServer::bind_with(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            TOKEN.into(),
+            limits,
+        )
+        .expect("bind the store")
     }
 
     /// Whether the server closed `c` (EOF, an error or a refusal frame) within `within`.
@@ -219,7 +240,10 @@ mod store {
             .map(|c| closed_by_server(c, Duration::from_millis(300)))
             .filter(|&closed| closed)
             .count();
-        assert!(closed >= 8, "only {closed} of 12 idle connections were closed");
+        assert!(
+            closed >= 8,
+            "only {closed} of 12 idle connections were closed"
+        );
     }
 
     #[test]

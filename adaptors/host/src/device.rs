@@ -171,8 +171,7 @@ impl DeviceAdaptor for HostDevice {
     /// free or the system has available (`MemAvailable`), whichever is less: what `mem_alloc`
     /// can still take.
     fn mem_get_info(&self) -> Result<MemInfo> {
-        let (free, total) =
-            shm::shm_space().map_err(|e| Error::system("statvfs(/dev/shm)", e))?;
+        let (free, total) = shm::shm_space().map_err(|e| Error::system("statvfs(/dev/shm)", e))?;
         let free = shm::mem_available().map_or(free, |a| free.min(a));
         let bytes = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
         Ok(MemInfo {

@@ -99,7 +99,10 @@ pub fn show_bytes(bytes: u64) -> String {
     const UNITS: [(&str, u32); 3] = [("GiB", 30), ("MiB", 20), ("KiB", 10)];
     match UNITS.iter().find(|(_, shift)| bytes >= 1u64 << shift) {
         Some((unit, shift)) => {
-            format!("{bytes} bytes ({:.1} {unit})", bytes as f64 / (1u64 << shift) as f64)
+            format!(
+                "{bytes} bytes ({:.1} {unit})",
+                bytes as f64 / (1u64 << shift) as f64
+            )
         }
         None => format!("{bytes} bytes"),
     }
@@ -125,7 +128,12 @@ pub fn check_room(bytes: usize, what: &str, shm: bool) -> Result<()> {
 }
 
 /// The error [`check_room`] returns for these amounts (`None`: unknown, not checked).
-fn room_error(bytes: u64, what: &str, shm_free: Option<u64>, available: Option<u64>) -> Option<Error> {
+fn room_error(
+    bytes: u64,
+    what: &str,
+    shm_free: Option<u64>,
+    available: Option<u64>,
+) -> Option<Error> {
     let short_shm = shm_free.is_some_and(|f| bytes > f);
     let short_mem = available.is_some_and(|a| bytes > a);
     if !short_shm && !short_mem {
@@ -136,7 +144,10 @@ fn room_error(bytes: u64, what: &str, shm_free: Option<u64>, available: Option<u
         have.push(format!("{SHM_DIR} has {} free", show_bytes(f)));
     }
     if let Some(a) = available {
-        have.push(format!("the system has {} available (MemAvailable)", show_bytes(a)));
+        have.push(format!(
+            "the system has {} available (MemAvailable)",
+            show_bytes(a)
+        ));
     }
     Some(Error::out_of_memory(format!(
         "{what}: {} requested, but {}",
@@ -555,7 +566,11 @@ mod tests {
         );
         // /dev/shm sized to RAM, but the memory is not there: the case that woke the OOM killer.
         let e = room_error(16 * gib, "y", Some(32 * gib), Some(8 * gib)).unwrap();
-        assert!(e.message().contains("8589934592 bytes (8.0 GiB) available"), "{}", e.message());
+        assert!(
+            e.message().contains("8589934592 bytes (8.0 GiB) available"),
+            "{}",
+            e.message()
+        );
         // Heap memory: only MemAvailable is known.
         let e = room_error(4096, "z", None, Some(1024)).unwrap();
         assert_eq!(
@@ -569,7 +584,11 @@ mod tests {
         // Larger than any machine's memory and /dev/shm: refused by the check, nothing reserved.
         let e = Segment::create(1 << 62).unwrap_err();
         assert_eq!(e.status(), ferrocx::abi::Status::OUT_OF_MEMORY);
-        assert!(e.message().contains("requested, but /dev/shm has"), "{}", e.message());
+        assert!(
+            e.message().contains("requested, but /dev/shm has"),
+            "{}",
+            e.message()
+        );
     }
 
     #[test]

@@ -550,7 +550,8 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             }
             let es = args.dtype.data_type().size().unwrap_or(1);
             let sweep = sizes(args.min_bytes, args.max_bytes, args.step_factor);
-            if let Err(why) = plan_sizes(&args.op.ops(), &sweep, es, n as usize, args.dtype_name()) {
+            if let Err(why) = plan_sizes(&args.op.ops(), &sweep, es, n as usize, args.dtype_name())
+            {
                 return Ok(usage_error(&why));
             }
             front::run(&args, n)
@@ -590,11 +591,17 @@ mod tests {
              needs at least 8 bytes): raise -e to 8 or more"
         );
         let (plan, notes) = plan_sizes(&[Op::AllReduce], &[7], 4, 2, "f32").unwrap();
-        assert_eq!(plan, vec![OpSizes { op: Op::AllReduce, sizes: vec![7] }]);
+        assert_eq!(
+            plan,
+            vec![OpSizes {
+                op: Op::AllReduce,
+                sizes: vec![7]
+            }]
+        );
         assert!(notes.is_empty());
         // The default -b 8 on 4 ranks: all_to_all starts at 16 bytes, with a note.
-        let (plan, notes) = plan_sizes(&[Op::AllToAll, Op::Broadcast], &[8, 16, 32], 4, 4, "f32")
-            .unwrap();
+        let (plan, notes) =
+            plan_sizes(&[Op::AllToAll, Op::Broadcast], &[8, 16, 32], 4, 4, "f32").unwrap();
         assert_eq!(plan[0].sizes, vec![16, 32]);
         assert_eq!(plan[1].sizes, vec![8, 16, 32]);
         assert_eq!(
@@ -605,7 +612,10 @@ mod tests {
         for op in Op::ALL {
             for n in 1..9 {
                 if let Ok((plan, _)) = plan_sizes(&[op], &sizes(1, 1 << 10, 2), 8, n, "f64") {
-                    assert!(plan[0].sizes.iter().all(|&s| op.geometry(s, 8, n).count > 0));
+                    assert!(plan[0]
+                        .sizes
+                        .iter()
+                        .all(|&s| op.geometry(s, 8, n).count > 0));
                 }
             }
         }

@@ -740,7 +740,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
     let device = comm.device().clone();
     let devices = gather_devices(&comm)?;
     let stats_bytes = 8 * 2 * paths.len() * (repeats + 1);
-    if let Some(why) = memory_refusal(&device, &devices, rank, 2 * largest.max(8) + stats_bytes.max(8)) {
+    if let Some(why) = memory_refusal(
+        &device,
+        &devices,
+        rank,
+        2 * largest.max(8) + stats_bytes.max(8),
+    ) {
         return Err(why.into());
     }
     let mut bench = Bench {

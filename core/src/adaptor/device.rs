@@ -447,7 +447,11 @@ mod tests {
         let huge = vec![b'y'; 1 << 20];
         let cut = bounded_message(&huge);
         assert!(cut.starts_with(&"y".repeat(MAX_LAST_ERROR)));
-        assert!(cut.ends_with(" [... cut at 4096 bytes]"), "{}", &cut[MAX_LAST_ERROR..]);
+        assert!(
+            cut.ends_with(" [... cut at 4096 bytes]"),
+            "{}",
+            &cut[MAX_LAST_ERROR..]
+        );
         assert_eq!(cut.len(), MAX_LAST_ERROR + " [... cut at 4096 bytes]".len());
         // A character cut in two is dropped, not shown as a replacement character.
         let mut multi = vec![b'a'; MAX_LAST_ERROR - 1];

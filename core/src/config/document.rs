@@ -103,7 +103,8 @@ impl<'de> Deserialize<'de> for OptionValue {
 /// semantic rules are left to [`Config::validate`].
 pub(super) fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let file = || ErrorOrigin::File(origin.to_path_buf());
-    let deserializer = toml::Deserializer::parse(text).map_err(|e| syntax_error(&e, text, file()))?;
+    let deserializer =
+        toml::Deserializer::parse(text).map_err(|e| syntax_error(&e, text, file()))?;
     let raw: RawDocument = serde_path_to_error::deserialize(deserializer)
         .map_err(|e| schema_error(e, text, file()))?;
     Builder {
@@ -148,7 +149,9 @@ fn written_key(text: &str, span: std::ops::Range<usize>) -> Option<String> {
         let inner = trimmed.trim_start_matches('[');
         inner.find(']').map(|end| inner[..end].trim())
     } else {
-        line.find('=').filter(|&eq| at < eq).map(|eq| line[..eq].trim())
+        line.find('=')
+            .filter(|&eq| at < eq)
+            .map(|eq| line[..eq].trim())
     };
     let key = whole.filter(|k| !k.is_empty()).unwrap_or(token);
     // A key is shown, not trusted: keep it short and printable.
@@ -551,7 +554,10 @@ mod tests {
         assert!(e.message().starts_with("duplicate key `name`"), "{e}");
         let e = parse_err("[[cluster]]\noptions.nccl.x = 1\noptions.nccl.x = 2\n");
         assert_eq!(e.line(), Some(3));
-        assert!(e.message().starts_with("duplicate key `options.nccl.x`"), "{e}");
+        assert!(
+            e.message().starts_with("duplicate key `options.nccl.x`"),
+            "{e}"
+        );
         let e = parse_err("[runtime]\ntimeout_ms = 1\n[runtime]\nlog = \"info\"\n");
         assert_eq!(e.line(), Some(3));
         assert!(e.message().starts_with("duplicate key `runtime`"), "{e}");

@@ -371,7 +371,10 @@ fn read_config_file(path: &Path) -> Result<String, String> {
         return Err(too_big(bytes.len() as u64));
     }
     String::from_utf8(bytes).map_err(|e| {
-        format!("it is not UTF-8 text (invalid byte at offset {})", e.utf8_error().valid_up_to())
+        format!(
+            "it is not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
     })
 }
 

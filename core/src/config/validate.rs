@@ -304,7 +304,11 @@ ccl = "host"
         let e = Config::parse(&text, Path::new("nul.toml")).unwrap_err();
         assert_eq!(
             (e.kind(), e.line(), e.key()),
-            (ConfigErrorKind::InvalidValue, Some(9), Some("cluster[1].name"))
+            (
+                ConfigErrorKind::InvalidValue,
+                Some(9),
+                Some("cluster[1].name")
+            )
         );
         assert_eq!(
             e.message(),
@@ -315,7 +319,10 @@ ccl = "host"
         assert!(e.message().contains("U+001B at character 2"), "{e}");
         let text = format!("{TWO}\n[cluster.options.host]\nkey = \"a\\u0000b\"\n");
         let e = Config::parse(&text, Path::new("opt.toml")).unwrap_err();
-        assert!(e.message().starts_with("option value must not contain"), "{e}");
+        assert!(
+            e.message().starts_with("option value must not contain"),
+            "{e}"
+        );
         let mut c = two();
         c.runtime.plugin_dirs = vec!["/a\nb".into()];
         let e = c.validate().unwrap_err();

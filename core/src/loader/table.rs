@@ -136,7 +136,12 @@ impl<T: AbiTable> Table<T> {
             });
         }
         let declared = header.struct_size as usize;
-        check_size(header.struct_size, header.abi_minor, size_of::<T>(), ABI_MINOR)?;
+        check_size(
+            header.struct_size,
+            header.abi_minor,
+            size_of::<T>(),
+            ABI_MINOR,
+        )?;
         // SAFETY: the caller guarantees `name` is null or a NUL-terminated static string.
         let name = unsafe { read_name(&header) }?;
         let mut copy = MaybeUninit::<T>::zeroed();
@@ -264,7 +269,8 @@ mod tests {
         for odd in [25, 28, 52, KNOWN as u32 - 4, KNOWN as u32 + 1] {
             let e = check_size(odd, 1, KNOWN, 1).unwrap_err();
             assert!(
-                e.to_string().ends_with("the 24-byte header plus whole 8-byte entries"),
+                e.to_string()
+                    .ends_with("the 24-byte header plus whole 8-byte entries"),
                 "{odd}: {e}"
             );
         }
@@ -289,7 +295,10 @@ mod tests {
         assert_eq!(check_size(KNOWN as u32 + 8, 2, KNOWN, 1), Ok(()));
         assert_eq!(check_size(cap as u32, 7, KNOWN, 1), Ok(()));
         let e = check_size(cap as u32 + 8, 7, KNOWN, 1).unwrap_err();
-        assert!(e.to_string().contains(&format!("so at most {cap} bytes")), "{e}");
+        assert!(
+            e.to_string().contains(&format!("so at most {cap} bytes")),
+            "{e}"
+        );
         assert!(check_size(u32::MAX - 7, 7, KNOWN, 1).is_err());
     }
 }
