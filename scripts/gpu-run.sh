@@ -14,8 +14,9 @@ export NCCL_NVLS_ENABLE=0 FERROCX_MULTICAST=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(info tests kit windows bench wbench torch)
-# Rank counts the bench and PyTorch run: 2 and every GPU.
-counts=$(printf '%s\n' 2 "$ngpu" | sort -un)
+# Rank counts the bench and PyTorch run: 2 and every GPU, one rank per GPU (NCCL refuses two
+# ranks on one GPU: "Duplicate GPU detected"), so none on a machine with one GPU.
+counts=$(printf '%s\n' 2 "$ngpu" | sort -un | awk -v n="$ngpu" '$1 >= 2 && $1 <= n')
 bench_args=(--op all_reduce -b 8 -e 256M -f 4)
 log_dir=${OUT:-}
 status=0
@@ -34,6 +35,13 @@ step() {
     echo "!! failed (exit $rc): $*"
     status=1
   fi
+}
+
+# Says (and logs) that the multi-rank steps of the stage are left out: too few GPUs.
+skip() {
+  local line="SKIP: $stage: $* (needs 2 GPUs; this machine has $ngpu)"
+  echo "$line"
+  if [ -n "$log_dir" ]; then echo "$line" >>"$log_dir/$stage.log"; fi
 }
 
 for stage in "${stages[@]}"; do
@@ -55,6 +63,8 @@ for stage in "${stages[@]}"; do
       step ./ferrocx conformance --adaptor cuda --ranks 1
       if [ "$ngpu" -ge 2 ]; then
         step ./ferrocx conformance --adaptor nccl --device cuda --ranks "$ngpu"
+      else
+        skip "the NCCL conformance run"
       fi
       ;;
     windows)
@@ -70,6 +80,8 @@ for stage in "${stages[@]}"; do
         # Ordinary device memory (no VMM export): the window goes through CUDA IPC handles.
         step env FERROCX_CONFIG=configs/window-symheap.toml FERROCX_PLUGIN_PATH="$PWD/plugins" \
           ./ferrocx launch -n "$ngpu" -- ./window --plain
+      else
+        skip "the window example on every GPU"
       fi
       ;;
     bench)
@@ -78,8 +90,8 @@ for stage in "${stages[@]}"; do
       for b in benches/*; do
         [ -x "$b" ] && step "$b"
       done
+      [ -n "$counts" ] || skip "the multi-rank benchmarks"
       for n in $counts; do
-        [ "$n" -ge 2 ] || continue
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 9 "${bench_args[@]}"
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 9 --graph "${bench_args[@]}"
         # The watchdog's share of the small-message cost: the same run without it.
@@ -88,8 +100,8 @@ for stage in "${stages[@]}"; do
       ;;
     wbench)
       # The window all-reduce (one-shot / two-shot / ring by size) against NCCL called directly.
+      [ -n "$counts" ] || skip "the window all-reduce benchmarks"
       for n in $counts; do
-        [ "$n" -ge 2 ] || continue
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --op all_reduce -b 8 -e 64M -f 2
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --graph --op all_reduce -b 8 -e 64M -f 2
         # The ring at 4 to 64 MiB both ways (push is the default; FERROCX_WINDOW_RING=pull reads
@@ -106,8 +118,8 @@ for stage in "${stages[@]}"; do
       ;;
     torch)
       if python3 -c 'import torch' 2>/dev/null; then
+        [ -n "$counts" ] || skip "the PyTorch all-reduce runs"
         for n in $counts; do
-          [ "$n" -ge 2 ] || continue
           step python3 -m torch.distributed.run --standalone --nproc-per-node "$n" torch-allreduce.py -b 8 -e 256M -f 4
           step python3 -m torch.distributed.run --standalone --nproc-per-node "$n" torch-allreduce.py -b 8 -e 256M -f 4 --graph
         done

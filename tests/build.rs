@@ -13,6 +13,27 @@ const VARIANTS: &[(&str, &[&str])] = &[
     ("badmagic", &["-DFX_BAD_MAGIC", "-DFX_NAME=\"badmagic\""]),
     ("nosymbols", &["-DFX_NO_SYMBOLS"]),
     ("undefined", &["-DFX_UNDEFINED", "-DFX_NAME=\"undefined\""]),
+    // Hostile inputs: table sizes that are not whole entries or absurdly large, and `init`s
+    // that crash, exit or never return.
+    (
+        "oddsize",
+        &["-DFX_DEVICE_SIZE_BYTES=52", "-DFX_NAME=\"oddsize\""],
+    ),
+    (
+        "hugesize",
+        &["-DFX_DEVICE_SIZE_BYTES=1048576", "-DFX_NAME=\"hugesize\""],
+    ),
+    (
+        "oddgroup",
+        &["-DFX_GROUP_SIZE_BYTES=36", "-DFX_NAME=\"oddgroup\""],
+    ),
+    (
+        "negcount",
+        &["-DFX_DEVICE_COUNT=-5", "-DFX_NAME=\"negcount\""],
+    ),
+    ("initcrash", &["-DFX_INIT_CRASH", "-DFX_NAME=\"initcrash\""]),
+    ("initexit", &["-DFX_INIT_EXIT", "-DFX_NAME=\"initexit\""]),
+    ("initloop", &["-DFX_INIT_LOOP", "-DFX_NAME=\"initloop\""]),
 ];
 
 /// Variants of `plugins/c/abiplugin.c`: one table per ABI version.

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use ferrocx::registry::Registry;
 use serde_json::{json, Value};
 
-use crate::report::{abi_version, adaptor_text, describe, probe};
+use crate::report::{abi_version, adaptor_text, describe};
 
 /// Clusters of `config` with their selection (or the reason there is none), and for each
 /// adaptor the clusters that selected it.
@@ -84,13 +84,12 @@ pub fn run(
         .iter()
         .map(|e| {
             let mut v = describe(e);
-            if let (Value::Object(m), Value::Object(p)) = (&mut v, probe(e)) {
+            // In a child with a deadline: an adaptor's init that crashes, exits or hangs is
+            // that adaptor's entry, not the end of `info`.
+            if let (Value::Object(m), Value::Object(p)) =
+                (&mut v, crate::probe::isolated(e, config_path))
+            {
                 m.extend(p);
-            }
-            if v["ccl_probe"]["available"] == true {
-                if let Some(r) = ccl_runtime(e) {
-                    v["ccl_runtime"] = r;
-                }
             }
             v["selected_by"] = json!(uses
                 .iter()
@@ -174,7 +173,7 @@ fn multicast_status(
 /// depends on it (NCCL's window registration needs `ncclCommWindowRegister`, 2.27), from its
 /// capabilities (the adaptor's `query_support`, ABI 1.2; an older table supports what it
 /// exports). `None` when it has none.
-fn ccl_runtime(e: &ferrocx::registry::AdaptorEntry) -> Option<Value> {
+pub(crate) fn ccl_runtime(e: &ferrocx::registry::AdaptorEntry) -> Option<Value> {
     use ferrocx::adaptor::RuntimeSupport;
     let ccl = e.ccl()?;
     let mut out = serde_json::Map::new();

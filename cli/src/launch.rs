@@ -2,12 +2,19 @@
 //! N ranks of CMD on this host, with torchrun's environment and a store hosted by the launcher.
 //!
 //! Each rank runs in its own process group, so that stopping a rank stops whatever it started.
-//! Ranks' output comes back line by line with a `[rank] ` prefix. The first rank to fail stops
-//! the job (SIGTERM, SIGKILL after a grace period) and gives the launcher its exit code.
+//! Ranks' output comes back line by line with a `[rank] ` prefix; `\r` ends a line too (progress
+//! bars), and a line longer than [`MAX_PIECE`] comes in pieces, so a rank's output never grows
+//! the launcher. The first rank to fail stops the job (SIGTERM, SIGKILL after a grace period)
+//! and gives the launcher its exit code.
+//!
+//! The ranks die with the launcher, however it ends: each has `PR_SET_PDEATHSIG`, every exit
+//! path SIGKILLs the ranks' groups, and a guard process (forked first, in its own group, deaf
+//! to the terminal's signals) learns each group and kills them all if the launcher vanishes
+//! without saying it is done (SIGKILL), which also takes what the ranks started.
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
@@ -30,6 +37,9 @@ const POLL: Duration = Duration::from_millis(10);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Exit code of a job stopped by `--timeout-s`, as timeout(1).
 const TIMEOUT_EXIT: u8 = 124;
+/// Longest piece of a rank's output forwarded as one line: a longer line is cut into pieces of
+/// this size, each with its prefix.
+pub const MAX_PIECE: usize = 1 << 20;
 
 /// Arguments of `ferrocx launch`.
 #[derive(clap::Args, Debug)]
@@ -170,6 +180,7 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     tracing::debug!(store = %store_addr, job = %job_id, ranks = n, "launching");
     install_signal_handlers()?;
+    let guard = Guard::start(n).map_err(|e| format!("cannot start the launcher's guard: {e}"))?;
 
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut ranks: Vec<Rank> = Vec::with_capacity(n);
@@ -222,6 +233,7 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         if let Some(err) = child.stderr.take() {
             spawn_forwarder(r, err, true, done_tx.clone());
         }
+        guard.watch(child.id());
         ranks.push(Rank {
             pgid: child.id(),
             child,
@@ -240,6 +252,11 @@ pub fn run(args: LaunchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             Err(_) => break,
         }
     }
+    // Whatever the ranks left running goes with the job (their groups; every rank is reaped).
+    for rank in &ranks {
+        signal_group(rank.pgid, libc::SIGKILL);
+    }
+    guard.done();
     drop(server);
     remove_job_segments(&job_id);
     Ok(ExitCode::from(code))
@@ -393,11 +410,71 @@ fn stop_all(ranks: &mut [Rank]) {
     }
 }
 
-/// Copies `src` to the launcher's stdout (or stderr) a line at a time, each line prefixed with
-/// `[rank] ` and written whole under the stream's lock, so lines never interleave.
+/// Cuts a rank's output into the pieces forwarded: a line ends at `\n`, at `\r` (a progress
+/// bar redrawing its line; `\r\n` is one end), or after `max` bytes without an end; what is
+/// held between reads is at most `max` bytes.
+pub(crate) struct Splitter {
+    max: usize,
+    held: Vec<u8>,
+    /// The held piece ended with `\r` at the end of a read: a `\n` may follow.
+    after_cr: bool,
+}
+
+impl Splitter {
+    pub(crate) fn new(max: usize) -> Splitter {
+        Splitter {
+            max: max.max(1),
+            held: Vec::new(),
+            after_cr: false,
+        }
+    }
+
+    /// Takes `data`; calls `emit` with each complete piece (its end included, if it had one).
+    pub(crate) fn feed(&mut self, mut data: &[u8], emit: &mut dyn FnMut(&[u8])) {
+        if self.after_cr {
+            self.after_cr = false;
+            if let Some(b'\n') = data.first() {
+                self.held.push(b'\n');
+                data = &data[1..];
+            }
+            emit(&self.held);
+            self.held.clear();
+        }
+        for (i, &b) in data.iter().enumerate() {
+            self.held.push(b);
+            match b {
+                b'\n' => {}
+                b'\r' => match data.get(i + 1) {
+                    Some(b'\n') => continue,
+                    Some(_) => {}
+                    None => {
+                        self.after_cr = true;
+                        continue;
+                    }
+                },
+                _ if self.held.len() >= self.max => {}
+                _ => continue,
+            }
+            emit(&self.held);
+            self.held.clear();
+        }
+    }
+
+    /// The end of the output: what is held, if anything.
+    pub(crate) fn finish(&mut self, emit: &mut dyn FnMut(&[u8])) {
+        if !self.held.is_empty() {
+            emit(&self.held);
+            self.held.clear();
+        }
+        self.after_cr = false;
+    }
+}
+
+/// Copies `src` to the launcher's stdout (or stderr) piece by piece (see [`Splitter`]), each
+/// prefixed with `[rank] ` and written whole under the stream's lock, so lines never interleave.
 fn spawn_forwarder(
     rank: usize,
-    src: impl Read + Send + 'static,
+    mut src: impl Read + Send + 'static,
     to_stderr: bool,
     done: mpsc::Sender<()>,
 ) {
@@ -405,27 +482,20 @@ fn spawn_forwarder(
         .name(format!("ferrocx-launch-out-{rank}"))
         .spawn(move || {
             let prefix = format!("[{rank}] ");
-            let mut reader = BufReader::new(src);
-            let mut line = Vec::new();
+            let mut splitter = Splitter::new(MAX_PIECE);
+            let mut buf = vec![0u8; 64 << 10];
             let mut out = Vec::new();
             // After a write error (e.g. a closed pipe) the output is read and dropped, so that
             // the rank never blocks on a full pipe.
             let mut broken = false;
-            loop {
-                line.clear();
-                match reader.read_until(b'\n', &mut line) {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
-                }
+            let mut write = |piece: &[u8]| {
                 if broken {
-                    continue;
+                    return;
                 }
                 out.clear();
                 out.extend_from_slice(prefix.as_bytes());
-                out.extend_from_slice(&line);
-                if !line.ends_with(b"\n") {
+                out.extend_from_slice(piece);
+                if !piece.ends_with(b"\n") && !piece.ends_with(b"\r") {
                     out.push(b'\n');
                 }
                 let written = match to_stderr {
@@ -439,11 +509,173 @@ fn spawn_forwarder(
                     }
                 };
                 broken = written.is_err();
+            };
+            loop {
+                match src.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => splitter.feed(&buf[..n], &mut write),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                }
             }
+            splitter.finish(&mut write);
             let _ = done.send(());
         });
     if let Err(e) = spawned {
         tracing::warn!("rank {rank}: no thread to forward its output: {e}");
+    }
+}
+
+/// A process that outlives a launcher killed without warning (SIGKILL) and kills the ranks'
+/// groups then. The launcher writes each rank's group to a pipe; the guard reads them until a 0
+/// (the launcher is done and has stopped every group itself) or the end of the pipe (the
+/// launcher is gone: every group is killed).
+struct Guard {
+    /// The pipe's write end (close-on-exec, so no rank holds it), and the guard's pid.
+    pipe: Option<(std::os::fd::OwnedFd, libc::pid_t)>,
+}
+
+impl Guard {
+    /// Forks the guard, ready for `ranks` groups.
+    fn start(ranks: usize) -> io::Result<Guard> {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both are new descriptors nothing else owns.
+        let (read_end, write_end) = unsafe {
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        // Allocated before the fork: the child may not allocate (other threads may hold the
+        // allocator's lock at the fork).
+        let mut groups: Vec<libc::pid_t> = Vec::with_capacity(ranks);
+        let rfd = fds[0];
+        let wfd = fds[1];
+        // SAFETY: fork has no memory-safety preconditions; the child below only makes
+        // async-signal-safe calls (setpgid, sigaction, close, read, kill, _exit) and writes into
+        // memory allocated before the fork, never beyond its capacity.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: see above; this never returns.
+            unsafe { guard_main(rfd, wfd, &mut groups) }
+        }
+        drop(read_end);
+        Ok(Guard {
+            pipe: Some((write_end, pid)),
+        })
+    }
+
+    /// Tells the guard about a rank's group.
+    fn watch(&self, pgid: u32) {
+        if let Some((fd, _)) = &self.pipe {
+            let bytes = (pgid as libc::pid_t).to_ne_bytes();
+            // A 4-byte write to a pipe is atomic; a guard that is gone cannot be helped.
+            let _ = write_fd(fd, &bytes);
+        }
+    }
+
+    /// Tells the guard the launcher is done (the groups are stopped) and waits for it.
+    fn done(mut self) {
+        if let Some((fd, pid)) = self.pipe.take() {
+            let _ = write_fd(&fd, &0i32.to_ne_bytes());
+            drop(fd);
+            // SAFETY: waits for our own child; a null status pointer is allowed.
+            unsafe {
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+impl Drop for Guard {
+    /// An early return of the launcher (an error after some ranks started): the guard kills
+    /// what was started, as it would for a crash.
+    fn drop(&mut self) {
+        if let Some((fd, pid)) = self.pipe.take() {
+            drop(fd);
+            // SAFETY: as in `done`.
+            unsafe {
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+fn write_fd(fd: &std::os::fd::OwnedFd, bytes: &[u8]) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `bytes` is readable for its length; the descriptor is open (owned by the caller).
+    let n = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+    if n == bytes.len() as isize {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The guard process's whole life (see [`Guard`]).
+///
+/// # Safety
+/// Only in the child of a fork: async-signal-safe calls only, and `groups` has the capacity of
+/// every group it may be told about (more are ignored).
+unsafe fn guard_main(rfd: libc::c_int, wfd: libc::c_int, groups: &mut Vec<libc::pid_t>) -> ! {
+    // SAFETY: (the whole body) async-signal-safe calls on this process's own descriptors and
+    // signal dispositions, and writes within `groups`' capacity (checked before each push).
+    unsafe {
+        libc::close(wfd);
+        // Its own group: the terminal's Ctrl-C goes to the launcher, which handles it.
+        libc::setpgid(0, 0);
+        for sig in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGPIPE,
+            libc::SIGQUIT,
+        ] {
+            libc::signal(sig, libc::SIG_IGN);
+        }
+        // Hold no descriptor but the pipe: not the store's socket, not the launcher's stdout
+        // (a reader of it would wait for the guard too).
+        for fd in 0..1024 {
+            if fd != rfd {
+                libc::close(fd);
+            }
+        }
+        let mut word = [0u8; 4];
+        loop {
+            let mut got = 0;
+            while got < 4 {
+                let n = libc::read(rfd, word[got..].as_mut_ptr().cast(), 4 - got);
+                if n > 0 {
+                    got += n as usize;
+                } else if n < 0 && *libc::__errno_location() == libc::EINTR {
+                    continue;
+                } else {
+                    break;
+                }
+            }
+            if got < 4 {
+                // The launcher is gone without saying it was done.
+                for &g in groups.iter() {
+                    libc::kill(-g, libc::SIGKILL);
+                }
+                libc::_exit(0);
+            }
+            let pgid = libc::pid_t::from_ne_bytes(word);
+            if pgid == 0 {
+                libc::_exit(0);
+            }
+            if groups.len() < groups.capacity() {
+                groups.push(pgid);
+            }
+        }
     }
 }
 
@@ -454,4 +686,52 @@ fn random_hex(bytes: usize) -> Result<String, String> {
         .and_then(|mut f| f.read_exact(&mut buf))
         .map_err(|e| format!("cannot read /dev/urandom for the job's token: {e}"))?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Splitter;
+
+    /// The pieces `Splitter` makes of `reads` (one `feed` per read), with bound `max`.
+    fn pieces(max: usize, reads: &[&[u8]]) -> Vec<String> {
+        let mut s = Splitter::new(max);
+        let mut out = Vec::new();
+        for r in reads {
+            s.feed(r, &mut |p| {
+                out.push(String::from_utf8_lossy(p).into_owned())
+            });
+        }
+        s.finish(&mut |p| out.push(String::from_utf8_lossy(p).into_owned()));
+        out
+    }
+
+    #[test]
+    fn lines_end_at_newline_and_carriage_return() {
+        assert_eq!(pieces(100, &[b"a\nbc\n"]), ["a\n", "bc\n"]);
+        assert_eq!(
+            pieces(100, &[b"10%\r20%\r30%\rdone\n"]),
+            ["10%\r", "20%\r", "30%\r", "done\n"]
+        );
+        // \r\n is one end, even split across reads.
+        assert_eq!(pieces(100, &[b"x\r\ny\r", b"\nz"]), ["x\r\n", "y\r\n", "z"]);
+        assert_eq!(pieces(100, &[b"p\r", b"q\n"]), ["p\r", "q\n"]);
+        assert_eq!(pieces(100, &[b"tail"]), ["tail"]);
+        assert_eq!(pieces(100, &[b"ab", b"c\n", b""]), ["abc\n"]);
+    }
+
+    #[test]
+    fn a_line_longer_than_the_bound_comes_in_pieces_and_nothing_more_is_held() {
+        let line = vec![b'x'; 10_000];
+        let reads: Vec<&[u8]> = line.chunks(333).collect();
+        let out = pieces(1024, &reads);
+        assert_eq!(out.len(), 10);
+        assert!(out[..9].iter().all(|p| p.len() == 1024));
+        assert_eq!(out[9].len(), 10_000 - 9 * 1024);
+        // Held bytes never exceed the bound, whatever the reads.
+        let mut s = Splitter::new(1024);
+        for r in &reads {
+            s.feed(r, &mut |_| {});
+            assert!(s.held.len() < 1024);
+        }
+    }
 }

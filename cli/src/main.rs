@@ -15,6 +15,7 @@ mod check;
 mod conformance;
 mod info;
 mod launch;
+mod probe;
 mod report;
 
 use std::path::PathBuf;
@@ -45,6 +46,10 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Probe only this adaptor and print its JSON (the child process `info` runs per
+        /// adaptor).
+        #[arg(long, hide = true, value_name = "NAME")]
+        probe: Option<String>,
     },
     /// Work with configuration files.
     Config {
@@ -123,7 +128,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     let result = match cli.command {
-        Command::Info { config, json } => info::run(config.as_ref(), json),
+        Command::Info {
+            config,
+            probe: Some(name),
+            ..
+        } => probe::child(config.as_ref(), &name),
+        Command::Info { config, json, .. } => info::run(config.as_ref(), json),
         Command::Config {
             command: ConfigCommand::Check { file, json },
         } => check::run(&file, json),

@@ -177,8 +177,11 @@ impl Registry {
             // Errors are recorded in `rejected`.
             let _ = r.add_plugin(p);
         }
-        for d in &runtime.plugin_dirs {
-            r.add_plugin_dir(d);
+        for (i, d) in runtime.plugin_dirs.iter().enumerate() {
+            match runtime.plugin_dir_is_explicit(i) {
+                true => r.add_plugin_dir(d),
+                false => r.search_plugin_dir(d),
+            }
         }
         r
     }
@@ -219,6 +222,19 @@ impl Registry {
                 Err(e)
             }
         }
+    }
+
+    /// [`add_plugin_dir`](Self::add_plugin_dir) for a directory of a search path (a config
+    /// file's `plugin_dirs`): one that does not exist is skipped quietly (a DEBUG line), as a
+    /// missing entry of `PATH` is; one that exists but cannot be read is still rejected.
+    pub fn search_plugin_dir(&mut self, dir: &Path) {
+        if let Err(e) = std::fs::metadata(dir) {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                tracing::debug!(dir = %dir.display(), "plugin directory does not exist; skipped");
+                return;
+            }
+        }
+        self.add_plugin_dir(dir);
     }
 
     /// Loads every `libferrocx_adaptor_*.so` in `dir`, in name order. A missing or unreadable

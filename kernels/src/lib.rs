@@ -21,14 +21,18 @@
 //! `fallback`), and `Communicator::all_reduce_window` runs a window algorithm on demand:
 //!
 //! ```no_run
-//! use ferrocx::abi::{DataType, ReduceOp};
+//! use ferrocx::abi::{DataType, MemKind, ReduceOp};
+//! use ferrocx::adaptor::DeviceBuffer;
 //! use ferrocx::comm::Communicator;
 //! use ferrocx::window::collectives::WindowAlgo;
 //!
 //! ferrocx_kernels::link();
 //! let comm = Communicator::from_env()?;
-//! let buf = comm.device().mem_alloc(1024 * 4, ferrocx::abi::MemKind::DEVICE)?;
-//! comm.all_reduce_window(buf, buf, 1024, DataType::F32, ReduceOp::SUM, Some(WindowAlgo::OneShot))?;
+//! let buf = DeviceBuffer::new(comm.device(), 1024 * 4, MemKind::DEVICE)?;
+//! // SAFETY: `buf` holds 1024 f32 and drops after the synchronize.
+//! unsafe {
+//!     comm.all_reduce_window(buf.ptr(), buf.ptr(), 1024, DataType::F32, ReduceOp::SUM, Some(WindowAlgo::OneShot))?
+//! };
 //! comm.synchronize()?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

@@ -14,6 +14,13 @@ pub const C_VARIANTS: &[&str] = &[
     "badmagic",
     "nosymbols",
     "undefined",
+    "oddsize",
+    "hugesize",
+    "oddgroup",
+    "negcount",
+    "initcrash",
+    "initexit",
+    "initloop",
 ];
 
 /// The file name of adaptor `name`'s plugin.

@@ -152,6 +152,15 @@ fn against_nccl(comm: &Communicator) {
     }
 }
 
+/// GPUs of this machine, as `nvidia-smi -L` lists them (0 without it).
+fn gpu_count() -> usize {
+    std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0)
+}
+
 fn gpu_job(test: &str, world: usize) {
     let Some(plugins) = plugin_dir() else {
         println!("skipped: no directory holds libferrocx_adaptor_cuda.so and libferrocx_adaptor_nccl.so (set FERROCX_PLUGIN_PATH)");
@@ -159,6 +168,13 @@ fn gpu_job(test: &str, world: usize) {
     };
     if !ferrocx_kernels::cuda::available() {
         println!("skipped: libcuda.so.1 or NVRTC cannot be opened here");
+        return;
+    }
+    // One rank per GPU: NCCL refuses two ranks on one GPU ("Duplicate GPU detected") before a
+    // rank could see the count itself.
+    let gpus = gpu_count();
+    if gpus < world {
+        println!("skipped: {gpus} GPU(s) here, the test needs {world}");
         return;
     }
     let out = Job::new(test, world)
@@ -192,11 +208,7 @@ fn window_all_reduce_on_every_gpu() {
     if rank_of(T).is_some() {
         return gpu_rank(T);
     }
-    let n = std::process::Command::new("nvidia-smi")
-        .arg("-L")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
-        .unwrap_or(0);
+    let n = gpu_count();
     if n <= 2 {
         println!("skipped: {n} GPUs (the 2-GPU test covers them)");
         return;

@@ -166,28 +166,17 @@ impl DeviceAdaptor for HostDevice {
     fn ipc_close(&self, ptr: DevicePtr) -> Result<()> {
         ipc::close(ptr)
     }
-    /// The host device's memory is POSIX shared memory, so its free and total bytes are those
-    /// of the filesystem behind `/dev/shm` (`statvfs`): what `mem_alloc` can still take.
-    // The statvfs fields are u64 here but narrower on some targets.
-    #[allow(clippy::unnecessary_cast)]
+    /// The host device's memory is POSIX shared memory, so its total bytes are those of the
+    /// filesystem behind `/dev/shm` (`statvfs`), and its free bytes what that filesystem has
+    /// free or the system has available (`MemAvailable`), whichever is less: what `mem_alloc`
+    /// can still take.
     fn mem_get_info(&self) -> Result<MemInfo> {
-        let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
-        // SAFETY: a NUL-terminated path and a writable statvfs buffer.
-        let rc = unsafe { libc::statvfs(c"/dev/shm".as_ptr(), st.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(Error::system(
-                "statvfs(/dev/shm)",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: statvfs succeeded and filled the buffer.
-        let st = unsafe { st.assume_init() };
-        let block = st.f_frsize as u64;
-        let bytes =
-            |blocks: u64| usize::try_from(blocks.saturating_mul(block)).unwrap_or(usize::MAX);
+        let (free, total) = shm::shm_space().map_err(|e| Error::system("statvfs(/dev/shm)", e))?;
+        let free = shm::mem_available().map_or(free, |a| free.min(a));
+        let bytes = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
         Ok(MemInfo {
-            free: bytes(st.f_bavail as u64),
-            total: bytes(st.f_blocks as u64),
+            free: bytes(free),
+            total: bytes(total),
         })
     }
 }

@@ -100,6 +100,7 @@ pub fn alloc(bytes: usize, kind: MemKind) -> Result<DevicePtr> {
 }
 
 fn heap_alloc(bytes: usize) -> Result<HeapBlock> {
+    shm::check_room(bytes, "allocating host memory", false)?;
     let mut p = std::ptr::null_mut();
     // SAFETY: `p` is writable; HOST_ALIGN is a power of two and a multiple of the pointer size.
     let rc = unsafe { libc::posix_memalign(&mut p, HOST_ALIGN, bytes) };

@@ -56,6 +56,104 @@ pub fn last_os_error(what: impl Into<String>) -> Error {
     os_error(what, io::Error::last_os_error())
 }
 
+/// Free and total bytes of the file system behind `/dev/shm` (`statvfs`).
+// The statvfs fields are u64 here but narrower on some targets.
+#[allow(clippy::unnecessary_cast)]
+pub fn shm_space() -> io::Result<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: a NUL-terminated path and a writable statvfs buffer.
+    if unsafe { libc::statvfs(c"/dev/shm".as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statvfs succeeded and filled the buffer.
+    let st = unsafe { st.assume_init() };
+    let block = st.f_frsize as u64;
+    Ok((
+        (st.f_bavail as u64).saturating_mul(block),
+        (st.f_blocks as u64).saturating_mul(block),
+    ))
+}
+
+/// Memory the kernel can still hand out without swapping: `MemAvailable` of `/proc/meminfo`,
+/// in bytes; `None` where the kernel does not say.
+pub fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&text)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut words = line["MemAvailable:".len()..].split_whitespace();
+    let n: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => n.checked_mul(1024),
+        None => Some(n),
+        Some(_) => None,
+    }
+}
+
+/// `bytes` as `N bytes (X.Y GiB)`, for errors about sizes.
+pub fn show_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 3] = [("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    match UNITS.iter().find(|(_, shift)| bytes >= 1u64 << shift) {
+        Some((unit, shift)) => {
+            format!(
+                "{bytes} bytes ({:.1} {unit})",
+                bytes as f64 / (1u64 << shift) as f64
+            )
+        }
+        None => format!("{bytes} bytes"),
+    }
+}
+
+/// Refuses to allocate `bytes` for `what` when more than what is free: in `/dev/shm` when the
+/// memory is a shared-memory segment (`shm`), and in the system (`MemAvailable`) always. Pages of
+/// a segment belong to no process, so the kernel's OOM killer would end unrelated processes
+/// instead of this one: failing first, with both amounts, is the only safe answer.
+pub fn check_room(bytes: usize, what: &str, shm: bool) -> Result<()> {
+    let space = if shm {
+        match shm_space() {
+            Ok((free, _)) => Some(free),
+            Err(e) => return Err(os_error("statvfs(/dev/shm)", e)),
+        }
+    } else {
+        None
+    };
+    match room_error(bytes as u64, what, space, mem_available()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The error [`check_room`] returns for these amounts (`None`: unknown, not checked).
+fn room_error(
+    bytes: u64,
+    what: &str,
+    shm_free: Option<u64>,
+    available: Option<u64>,
+) -> Option<Error> {
+    let short_shm = shm_free.is_some_and(|f| bytes > f);
+    let short_mem = available.is_some_and(|a| bytes > a);
+    if !short_shm && !short_mem {
+        return None;
+    }
+    let mut have = Vec::new();
+    if let Some(f) = shm_free {
+        have.push(format!("{SHM_DIR} has {} free", show_bytes(f)));
+    }
+    if let Some(a) = available {
+        have.push(format!(
+            "the system has {} available (MemAvailable)",
+            show_bytes(a)
+        ));
+    }
+    Some(Error::out_of_memory(format!(
+        "{what}: {} requested, but {}",
+        show_bytes(bytes),
+        have.join(" and ")
+    )))
+}
+
 /// A mapping of this process's address space, unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
@@ -192,6 +290,7 @@ pub unsafe fn unmap_fixed(addr: u64, len: usize) -> Result<()> {
 /// Sets the size of the file behind `fd` to `len` bytes and allocates them, so that touching
 /// the memory later cannot fail with `SIGBUS` when the file system is full.
 pub fn allocate(fd: BorrowedFd<'_>, len: usize, what: &str) -> Result<()> {
+    check_room(len, &format!("allocating {what}"), true)?;
     let off = libc::off_t::try_from(len)
         .map_err(|_| Error::invalid_argument(format!("{len} bytes is too large a size")))?;
     // SAFETY: `fd` is an open descriptor; ftruncate touches no memory of this process.
@@ -425,6 +524,57 @@ fn remove_stale_in(dir: &Path, job: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mem_available_is_read_in_bytes() {
+        let meminfo = "MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    2048 kB\n";
+        assert_eq!(parse_mem_available(meminfo), Some(2 << 20));
+        assert_eq!(parse_mem_available("MemTotal: 1 kB\n"), None);
+        assert_eq!(parse_mem_available("MemAvailable: x kB\n"), None);
+        // This machine's own file parses.
+        assert!(mem_available().is_some_and(|a| a > 0));
+    }
+
+    #[test]
+    fn a_request_larger_than_what_is_free_is_refused_with_both_amounts() {
+        let gib = 1u64 << 30;
+        assert!(room_error(gib, "x", Some(2 * gib), Some(2 * gib)).is_none());
+        assert!(room_error(gib, "x", None, None).is_none());
+        // More than /dev/shm has free.
+        let e = room_error(16 * gib, "allocating a segment", Some(gib), Some(32 * gib)).unwrap();
+        assert_eq!(e.status(), ferrocx::abi::Status::OUT_OF_MEMORY);
+        assert_eq!(
+            e.message(),
+            "allocating a segment: 17179869184 bytes (16.0 GiB) requested, but /dev/shm has \
+             1073741824 bytes (1.0 GiB) free and the system has 34359738368 bytes (32.0 GiB) \
+             available (MemAvailable)"
+        );
+        // /dev/shm sized to RAM, but the memory is not there: the case that woke the OOM killer.
+        let e = room_error(16 * gib, "y", Some(32 * gib), Some(8 * gib)).unwrap();
+        assert!(
+            e.message().contains("8589934592 bytes (8.0 GiB) available"),
+            "{}",
+            e.message()
+        );
+        // Heap memory: only MemAvailable is known.
+        let e = room_error(4096, "z", None, Some(1024)).unwrap();
+        assert_eq!(
+            e.message(),
+            "z: 4096 bytes (4.0 KiB) requested, but the system has 1024 bytes (1.0 KiB) available (MemAvailable)"
+        );
+    }
+
+    #[test]
+    fn an_allocation_larger_than_memory_fails_before_touching_shm() {
+        // Larger than any machine's memory and /dev/shm: refused by the check, nothing reserved.
+        let e = Segment::create(1 << 62).unwrap_err();
+        assert_eq!(e.status(), ferrocx::abi::Status::OUT_OF_MEMORY);
+        assert!(
+            e.message().contains("requested, but /dev/shm has"),
+            "{}",
+            e.message()
+        );
+    }
 
     #[test]
     fn job_ids_are_sanitized() {

@@ -3,6 +3,12 @@
 //! Enqueueing returns at once; the worker runs tasks in order. A task that fails leaves its
 //! error on the stream (sticky, as CUDA's are) until `synchronize` reports it; later tasks still
 //! run, so events recorded after a failure still complete and nothing waits forever.
+//!
+//! A stream holds at most [`depth`] operations not yet completed (as a device's launch queue
+//! is bounded): an enqueue beyond it waits until the worker has made room, except on a stream's
+//! own worker thread (a host function enqueueing), which cannot wait for itself and fails with
+//! `OUT_OF_MEMORY` instead. An enqueue that has room takes no lock or system call more than it
+//! did before the bound.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -18,6 +24,33 @@ use crate::ccl::CollTask;
 
 /// Polls of an idle worker for new work before it sleeps.
 const IDLE_SPINS: u32 = 512;
+
+/// Operations a stream holds (queued or running) by default.
+pub const DEFAULT_DEPTH: u64 = 65536;
+
+/// Environment variable that sets the operations a stream holds (at least 1).
+pub const DEPTH_ENV: &str = "FERROCX_HOST_STREAM_DEPTH";
+
+/// The operations a stream holds: [`DEPTH_ENV`] if set to a positive number, else
+/// [`DEFAULT_DEPTH`]. Read once per process.
+pub fn depth() -> u64 {
+    static DEPTH: OnceLock<u64> = OnceLock::new();
+    *DEPTH.get_or_init(|| match std::env::var(DEPTH_ENV) {
+        Err(_) => DEFAULT_DEPTH,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                tracing::warn!("{DEPTH_ENV}={v:?} is not a positive count; using {DEFAULT_DEPTH}");
+                DEFAULT_DEPTH
+            }
+        },
+    })
+}
+
+thread_local! {
+    /// Set on a stream's worker thread: an enqueue from it must never wait for room.
+    static ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 /// Work enqueued on a stream.
 pub type Task = Box<dyn FnOnce() -> Result<()> + Send>;
@@ -49,6 +82,8 @@ struct State {
 /// One stream: its queue and the worker's progress.
 pub struct StreamInner {
     id: u64,
+    /// Operations it holds at most (see [`depth`]).
+    depth: u64,
     state: Mutex<State>,
     /// Tasks enqueued so far (changed under the lock, read without it).
     enqueued: AtomicU64,
@@ -79,6 +114,13 @@ impl StreamInner {
                 self.id
             )));
         }
+        // `enqueued` only changes under the lock: exact here. Room is the common case and costs
+        // one more atomic load.
+        if self.enqueued.load(Ordering::Relaxed) - self.completed.load(Ordering::Acquire)
+            >= self.depth
+        {
+            s = self.wait_for_room(s)?;
+        }
         s.queue.push_back(w);
         self.enqueued.fetch_add(1, Ordering::Release);
         let wake = s.worker_asleep;
@@ -90,12 +132,51 @@ impl StreamInner {
         Ok(())
     }
 
-    /// Enqueues `task`; returns at once.
+    /// Waits (with the lock released) until the stream holds fewer than `depth` operations;
+    /// fails at once on a stream's worker thread, and if the stream is destroyed meanwhile.
+    fn wait_for_room<'a>(
+        &'a self,
+        mut s: std::sync::MutexGuard<'a, State>,
+    ) -> Result<std::sync::MutexGuard<'a, State>> {
+        if ON_WORKER.with(|w| w.get()) {
+            return Err(Error::out_of_memory(format!(
+                "stream {} already holds {} operations (its limit, {DEPTH_ENV}), and this \
+                 enqueue comes from a stream's worker (a host function), which cannot wait for \
+                 room: enqueue less from host functions, or raise {DEPTH_ENV}",
+                self.id, self.depth
+            )));
+        }
+        loop {
+            // Room once `completed` reaches this: the same wake-up as `synchronize`'s.
+            let target = self.enqueued.load(Ordering::Relaxed) - self.depth + 1;
+            self.wake_at.fetch_min(target, Ordering::SeqCst);
+            if self.completed.load(Ordering::SeqCst) >= target {
+                break;
+            }
+            s = self.done.wait(s).unwrap_or_else(|p| p.into_inner());
+            if s.closing {
+                return Err(Error::invalid_handle(format!(
+                    "stream {} was destroyed while an enqueue waited for room",
+                    self.id
+                )));
+            }
+        }
+        Ok(s)
+    }
+
+    /// The operations this stream holds at most.
+    #[cfg(test)]
+    fn depth(&self) -> u64 {
+        self.depth
+    }
+
+    /// Enqueues `task`; returns at once unless the stream already holds [`depth`] operations,
+    /// then it waits for room (fails on a stream's worker thread).
     pub fn enqueue(&self, task: Task) -> Result<()> {
         self.push(Work::Fn(task))
     }
 
-    /// Enqueues a collective; returns at once.
+    /// Enqueues a collective; returns as [`enqueue`](Self::enqueue) does.
     pub fn enqueue_coll(&self, task: CollTask) -> Result<()> {
         self.push(Work::Coll(task))
     }
@@ -129,6 +210,7 @@ impl StreamInner {
     }
 
     fn run(self: Arc<Self>) {
+        ON_WORKER.with(|w| w.set(true));
         let mut batch: VecDeque<Work> = VecDeque::new();
         loop {
             // Back-to-back work usually arrives within microseconds: look for it briefly before
@@ -185,8 +267,14 @@ static DEFAULT: OnceLock<Arc<StreamInner>> = OnceLock::new();
 
 /// Starts the worker of stream `id` (its handle value; 0 for the default stream).
 fn spawn(id: u64) -> Result<Arc<StreamInner>> {
+    spawn_with_depth(id, depth())
+}
+
+/// As [`spawn`], holding at most `depth` operations.
+fn spawn_with_depth(id: u64, depth: u64) -> Result<Arc<StreamInner>> {
     let inner = Arc::new(StreamInner {
         id,
+        depth: depth.max(1),
         state: Mutex::new(State::default()),
         enqueued: AtomicU64::new(0),
         completed: AtomicU64::new(0),
@@ -206,6 +294,13 @@ fn spawn(id: u64) -> Result<Arc<StreamInner>> {
 /// Creates a stream and returns its handle.
 pub fn create() -> Result<Stream> {
     let id = STREAMS.insert_with(spawn)?;
+    Ok(Stream(id as usize as *mut std::ffi::c_void))
+}
+
+/// Creates a stream that holds at most `depth` operations (tests of the bound).
+#[cfg(test)]
+fn create_with_depth(depth: u64) -> Result<Stream> {
+    let id = STREAMS.insert_with(|id| spawn_with_depth(id, depth))?;
     Ok(Stream(id as usize as *mut std::ffi::c_void))
 }
 
@@ -315,6 +410,109 @@ mod tests {
         destroy(h).unwrap();
         assert!(get(h).is_err());
         assert!(destroy(h).is_err());
+    }
+
+    /// A task that waits until the returned gate opens.
+    fn gated() -> (Task, Arc<(Mutex<bool>, Condvar)>) {
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let g = gate.clone();
+        let task: Task = Box::new(move || {
+            let (m, c) = &*g;
+            let mut open = m.lock().unwrap();
+            while !*open {
+                open = c.wait(open).unwrap();
+            }
+            Ok(())
+        });
+        (task, gate)
+    }
+
+    fn open(gate: &(Mutex<bool>, Condvar)) {
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+    }
+
+    #[test]
+    fn a_full_stream_makes_the_enqueuer_wait_for_room() {
+        let h = create_with_depth(4).unwrap();
+        let s = get(h).unwrap();
+        assert_eq!(s.depth(), 4);
+        let (task, gate) = gated();
+        s.enqueue(task).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        for _ in 0..3 {
+            let r = ran.clone();
+            s.enqueue(Box::new(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap();
+        }
+        // Four held (one running behind the gate): the fifth enqueue waits.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s2 = s.clone();
+        let r = ran.clone();
+        let waiter = thread::spawn(move || {
+            let out = s2.enqueue(Box::new(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }));
+            tx.send(out.is_ok()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "an enqueue on a full stream returned"
+        );
+        open(&gate);
+        assert!(rx.recv_timeout(Duration::from_secs(30)).unwrap());
+        waiter.join().unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 4);
+        destroy(h).unwrap();
+    }
+
+    #[test]
+    fn a_host_function_enqueueing_on_its_full_stream_fails_instead_of_deadlocking() {
+        let h = create_with_depth(2).unwrap();
+        let s = get(h).unwrap();
+        let (task, gate) = gated();
+        s.enqueue(task).unwrap();
+        let outcome = Arc::new(Mutex::new(None));
+        let (s2, o) = (s.clone(), outcome.clone());
+        // Runs on the worker once the gate opens; the stream then holds itself and nothing
+        // else, so fill it first from here.
+        s.enqueue(Box::new(move || {
+            let filler = s2.enqueue(Box::new(|| Ok(())));
+            let over = s2.enqueue(Box::new(|| Ok(())));
+            *o.lock().unwrap() = Some((filler.is_ok(), over.map_err(|e| e.status())));
+            Ok(())
+        }))
+        .unwrap();
+        open(&gate);
+        s.synchronize().unwrap();
+        let (filler, over) = outcome.lock().unwrap().take().unwrap();
+        assert!(filler);
+        assert_eq!(over, Err(ferrocx::abi::Status::OUT_OF_MEMORY));
+        destroy(h).unwrap();
+    }
+
+    #[test]
+    fn many_more_operations_than_the_depth_run_in_order() {
+        let h = create_with_depth(3).unwrap();
+        let s = get(h).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..2000 {
+            let l = log.clone();
+            s.enqueue(Box::new(move || {
+                l.lock().unwrap().push(i);
+                Ok(())
+            }))
+            .unwrap();
+            assert!(s.enqueued.load(Ordering::SeqCst) - s.completed.load(Ordering::SeqCst) <= 3);
+        }
+        s.synchronize().unwrap();
+        assert_eq!(*log.lock().unwrap(), (0..2000).collect::<Vec<_>>());
+        destroy(h).unwrap();
     }
 
     #[test]

@@ -340,6 +340,60 @@ pub fn sizes(min: u64, max: u64, factor: u64) -> Vec<u64> {
     out
 }
 
+/// The sizes of one op, and the notes about the ones left out.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OpSizes {
+    /// The op.
+    pub op: Op,
+    /// Its sizes: those of the sweep that hold at least one element (per rank, for the ops
+    /// that split a buffer among ranks).
+    pub sizes: Vec<u64>,
+}
+
+/// The sizes each op of `ops` runs at over `n` ranks with elements of `es` bytes: a size that
+/// holds no element of the op (`-b 7` for all_gather of f32 on 2 ranks: 3 elements, none per
+/// rank) would run on nothing and check nothing, so it is left out with a note; an op left
+/// with no size at all is an error naming the smallest size that works.
+pub fn plan_sizes(
+    ops: &[Op],
+    sweep: &[u64],
+    es: usize,
+    n: usize,
+    dtype: &str,
+) -> Result<(Vec<OpSizes>, Vec<String>), String> {
+    let mut plan = Vec::new();
+    let mut notes = Vec::new();
+    for &op in ops {
+        let (kept, dropped): (Vec<u64>, Vec<u64>) = sweep
+            .iter()
+            .partition(|&&s| op.geometry(s, es, n).count > 0);
+        // The smallest size with one element (per rank where the op splits the buffer).
+        let least = (1..=n as u64 * es as u64)
+            .find(|&s| op.geometry(s, es, n).count > 0)
+            .unwrap_or(es as u64);
+        if kept.is_empty() {
+            return Err(format!(
+                "no size from -b {} to -e {} holds an element of {} over {n} rank(s) of {dtype} \
+                 (it needs at least {least} bytes): raise -e to {least} or more",
+                sweep.first().map_or("?".into(), |&s| show_size(s)),
+                sweep.last().map_or("?".into(), |&s| show_size(s)),
+                op.name()
+            ));
+        }
+        if !dropped.is_empty() {
+            let shown: Vec<String> = dropped.iter().map(|&s| show_size(s)).collect();
+            notes.push(format!(
+                "{} skips size(s) {}: below {least} bytes they hold no element over {n} \
+                 rank(s) of {dtype}",
+                op.name(),
+                shown.join(", ")
+            ));
+        }
+        plan.push(OpSizes { op, sizes: kept });
+    }
+    Ok((plan, notes))
+}
+
 impl BenchArgs {
     /// Errors the arguments have whatever the job (checked before anything is launched).
     fn validate(&self) -> Result<(), String> {
@@ -494,6 +548,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             if let Some(why) = check_modes(&args, &config, n) {
                 return Ok(usage_error(&why));
             }
+            let es = args.dtype.data_type().size().unwrap_or(1);
+            let sweep = sizes(args.min_bytes, args.max_bytes, args.step_factor);
+            if let Err(why) = plan_sizes(&args.op.ops(), &sweep, es, n as usize, args.dtype_name())
+            {
+                return Ok(usage_error(&why));
+            }
             front::run(&args, n)
         }
         _ => worker::run(&args),
@@ -518,6 +578,47 @@ mod tests {
             assert!(e.contains(&format!("{bad:?}")), "{e}");
         }
         assert!(parse_size("99999999999G").is_err());
+    }
+
+    #[test]
+    fn a_size_that_holds_no_element_is_skipped_and_an_op_with_none_is_refused() {
+        // -b 7 -e 7 --op all on 2 ranks of f32: all_gather, reduce_scatter and all_to_all get
+        // 3 elements, none per rank.
+        let e = plan_sizes(&Op::ALL, &[7], 4, 2, "f32").unwrap_err();
+        assert_eq!(
+            e,
+            "no size from -b 7 to -e 7 holds an element of all_gather over 2 rank(s) of f32 (it \
+             needs at least 8 bytes): raise -e to 8 or more"
+        );
+        let (plan, notes) = plan_sizes(&[Op::AllReduce], &[7], 4, 2, "f32").unwrap();
+        assert_eq!(
+            plan,
+            vec![OpSizes {
+                op: Op::AllReduce,
+                sizes: vec![7]
+            }]
+        );
+        assert!(notes.is_empty());
+        // The default -b 8 on 4 ranks: all_to_all starts at 16 bytes, with a note.
+        let (plan, notes) =
+            plan_sizes(&[Op::AllToAll, Op::Broadcast], &[8, 16, 32], 4, 4, "f32").unwrap();
+        assert_eq!(plan[0].sizes, vec![16, 32]);
+        assert_eq!(plan[1].sizes, vec![8, 16, 32]);
+        assert_eq!(
+            notes,
+            vec!["all_to_all skips size(s) 8: below 16 bytes they hold no element over 4 rank(s) of f32"]
+        );
+        // Every kept size has elements for every op.
+        for op in Op::ALL {
+            for n in 1..9 {
+                if let Ok((plan, _)) = plan_sizes(&[op], &sizes(1, 1 << 10, 2), 8, n, "f64") {
+                    assert!(plan[0]
+                        .sizes
+                        .iter()
+                        .all(|&s| op.geometry(s, 8, n).count > 0));
+                }
+            }
+        }
     }
 
     #[test]

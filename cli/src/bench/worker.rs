@@ -32,7 +32,7 @@ use super::direct::Direct;
 use super::ops::{Geometry, Op};
 use super::progress::Progress;
 use super::table::{self, Group, OpResult, RankDevice, Row, Setup};
-use super::{redop_name, sizes, usage_error, AlgoArg, BenchArgs};
+use super::{plan_sizes, redop_name, sizes, usage_error, AlgoArg, BenchArgs, OpSizes};
 
 /// Byte that fills an output before a checked run: all-ones is NaN in every float type and -1
 /// or the maximum in integer ones, which no reference here produces.
@@ -616,6 +616,52 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
+/// Why this rank's buffers (`need` bytes) cannot be allocated on its device, checked before any
+/// is: the device's free memory (`mem_get_info`, where the adaptor has it) against what every
+/// rank of this host on the same device needs, since they allocate at the same time (the host
+/// device's ranks all share /dev/shm). `None` when they fit, or when the device cannot say.
+fn memory_refusal(
+    device: &Device,
+    devices: &[RankDevice],
+    rank: usize,
+    need: usize,
+) -> Option<String> {
+    let (free, total) = device.mem_get_info().ok()?;
+    let me = devices.get(rank)?;
+    let sharing = devices
+        .iter()
+        .filter(|d| d.host == me.host && d.device == me.device && d.name == me.name)
+        .count()
+        .max(1);
+    let all = need.saturating_mul(sharing);
+    (all > free).then(|| {
+        format!(
+            "the buffers need {} per rank ({sharing} rank(s) on device {} of {}: {} in all), \
+             but the device has {} free of {}: lower -e",
+            show_bytes(need as u64),
+            me.device,
+            me.host,
+            show_bytes(all as u64),
+            show_bytes(free as u64),
+            show_bytes(total as u64)
+        )
+    })
+}
+
+/// `N bytes (X.Y GiB)`.
+fn show_bytes(bytes: u64) -> String {
+    match [("GiB", 30), ("MiB", 20), ("KiB", 10)]
+        .iter()
+        .find(|(_, shift)| bytes >= 1u64 << shift)
+    {
+        Some((unit, shift)) => format!(
+            "{bytes} bytes ({:.1} {unit})",
+            bytes as f64 / (1u64 << shift) as f64
+        ),
+        None => format!("{bytes} bytes"),
+    }
+}
+
 /// Every rank's process and device, through the job's store.
 fn gather_devices(comm: &Communicator) -> Result<Vec<RankDevice>, Box<dyn Error>> {
     let dev = comm.device();
@@ -687,13 +733,37 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
     let dtype = args.dtype.data_type();
     let es = dtype.size().ok_or("unknown data type")?;
     let redop = args.redop.reduce_op();
-    let sizes = sizes(args.min_bytes, args.max_bytes, args.step_factor);
-    let largest = sizes
+    let sweep = sizes(args.min_bytes, args.max_bytes, args.step_factor);
+    let (plan, notes) = match plan_sizes(&ops, &sweep, es, n, dtype.name().unwrap_or("?")) {
+        Ok(p) => p,
+        Err(why) => {
+            return Ok(match rank {
+                0 => usage_error(&why),
+                _ => ExitCode::from(super::USAGE_EXIT),
+            })
+        }
+    };
+    if rank == 0 {
+        for note in &notes {
+            let _ = writeln!(std::io::stderr(), "ferrocx bench: note: {note}");
+        }
+    }
+    let largest = plan
         .iter()
-        .flat_map(|&s| ops.iter().map(move |op| op.geometry(s, es, n).size))
+        .flat_map(|p| p.sizes.iter().map(move |&s| p.op.geometry(s, es, n).size))
         .max()
         .unwrap_or(0);
     let device = comm.device().clone();
+    let devices = gather_devices(&comm)?;
+    let stats_bytes = 8 * 2 * paths.len() * (repeats + 1);
+    if let Some(why) = memory_refusal(
+        &device,
+        &devices,
+        rank,
+        2 * largest.max(8) + stats_bytes.max(8),
+    ) {
+        return Err(why.into());
+    }
     let mut bench = Bench {
         comm: &comm,
         args,
@@ -704,7 +774,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         a: Buffer::new(&device, largest)?,
         b: Buffer::new(&device, largest)?,
         // Per placement and path: each run's time and the wrong count.
-        stats: Buffer::new(&device, 8 * 2 * paths.len() * (repeats + 1))?,
+        stats: Buffer::new(&device, stats_bytes)?,
         host: vec![0u8; largest.max(8)],
         fault: std::env::var(ENV_INJECT_FAULT).is_ok_and(|v| v.trim() == rank.to_string()),
         graphs: if args.graph { device.graph() } else { None },
@@ -714,7 +784,6 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         refusal_shown: false,
     };
 
-    let devices = gather_devices(&comm)?;
     let config = match &args.config {
         Some(p) => p.display().to_string(),
         None => std::env::var(ferrocx::config::ENV_CONFIG)
@@ -752,7 +821,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
 
     let mut progress = Progress::for_rank(rank);
     let mut results = Vec::new();
-    for &op in &ops {
+    for OpSizes { op, sizes } in plan {
         let pats = bench.patterns(op);
         let mut result = OpResult {
             op,

@@ -1,6 +1,6 @@
 //! Safe calls through a device adaptor's table.
 
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;
 
 use crate::abi::{
@@ -97,10 +97,24 @@ impl Device {
     }
 
     /// Number of devices.
+    /// A count below 0 is the adaptor's bug, refused as `INTERNAL_ERROR`.
     pub fn device_count(&self) -> Result<i32, AdaptorError> {
         let mut n = 0;
         call!(self, self.tables.root.get(), device_count(&mut n))?;
-        Ok(n)
+        self.not_negative("device_count", n)
+    }
+
+    /// `value`, the result of a successful `op`, unless negative: then the adaptor's bug.
+    fn not_negative(&self, op: &'static str, value: i32) -> Result<i32, AdaptorError> {
+        if value >= 0 {
+            return Ok(value);
+        }
+        Err(AdaptorError::Failed {
+            adaptor: self.name().to_string(),
+            op,
+            status: Status::INTERNAL_ERROR,
+            message: format!("returned success with {value}, a negative number"),
+        })
     }
 
     /// Selects the calling thread's device.
@@ -112,7 +126,7 @@ impl Device {
     pub fn get_device(&self) -> Result<i32, AdaptorError> {
         let mut d = 0;
         call!(self, self.tables.root.get(), get_device(&mut d))?;
-        Ok(d)
+        self.not_negative("get_device", d)
     }
 
     /// Vendor, name and capabilities of a device.
@@ -647,7 +661,12 @@ impl Function {
     }
 }
 
-/// Reads a plugin's `get_last_error`, tolerating its absence or a null return.
+/// Longest message kept from a plugin's `get_last_error`; a longer one is cut (at a character
+/// boundary) and marked, so a runaway message cannot flood a log or a terminal.
+pub const MAX_LAST_ERROR: usize = 4096;
+
+/// Reads a plugin's `get_last_error`, tolerating its absence or a null return; at most
+/// [`MAX_LAST_ERROR`] bytes of it are read.
 pub(crate) fn last_error(f: Option<unsafe extern "C" fn() -> *const c_char>) -> String {
     let Some(f) = f else {
         return "(the adaptor has no get_last_error)".to_string();
@@ -658,8 +677,26 @@ pub(crate) fn last_error(f: Option<unsafe extern "C" fn() -> *const c_char>) -> 
     if p.is_null() {
         return String::new();
     }
-    // SAFETY: non-null, NUL-terminated by the ABI's contract.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    // SAFETY: non-null and NUL-terminated by the ABI's contract; strnlen reads no further than
+    // the terminator or the bound.
+    let len = unsafe { libc::strnlen(p, MAX_LAST_ERROR + 1) };
+    // SAFETY: `len` bytes from `p` were just found readable and free of NUL.
+    let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len) };
+    bounded_message(bytes)
+}
+
+/// `bytes` as text, cut to [`MAX_LAST_ERROR`] bytes with a mark when longer.
+fn bounded_message(bytes: &[u8]) -> String {
+    if bytes.len() <= MAX_LAST_ERROR {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    let mut text = String::from_utf8_lossy(&bytes[..MAX_LAST_ERROR]).into_owned();
+    // A multi-byte character cut in two became U+FFFD: drop it.
+    if text.ends_with('\u{FFFD}') {
+        text.pop();
+    }
+    text.push_str(&format!(" [... cut at {MAX_LAST_ERROR} bytes]"));
+    text
 }
 
 fn fixed_str(chars: &[c_char]) -> String {
@@ -669,4 +706,45 @@ fn fixed_str(chars: &[c_char]) -> String {
         .map(|&c| c as u8)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runaway_error_message_is_cut_with_a_mark() {
+        assert_eq!(bounded_message(b"short"), "short");
+        let exact = vec![b'x'; MAX_LAST_ERROR];
+        assert_eq!(bounded_message(&exact).len(), MAX_LAST_ERROR);
+        let huge = vec![b'y'; 1 << 20];
+        let cut = bounded_message(&huge);
+        assert!(cut.starts_with(&"y".repeat(MAX_LAST_ERROR)));
+        assert!(
+            cut.ends_with(" [... cut at 4096 bytes]"),
+            "{}",
+            &cut[MAX_LAST_ERROR..]
+        );
+        assert_eq!(cut.len(), MAX_LAST_ERROR + " [... cut at 4096 bytes]".len());
+        // A character cut in two is dropped, not shown as a replacement character.
+        let mut multi = vec![b'a'; MAX_LAST_ERROR - 1];
+        multi.extend_from_slice("é and more".as_bytes());
+        let cut = bounded_message(&multi);
+        assert!(cut.starts_with(&"a".repeat(MAX_LAST_ERROR - 1)));
+        assert!(!cut.contains('\u{FFFD}'), "{cut}");
+    }
+
+    static HUGE: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+
+    unsafe extern "C" fn huge_error() -> *const c_char {
+        HUGE.get_or_init(|| std::ffi::CString::new(vec![b'z'; 1 << 20]).unwrap())
+            .as_ptr()
+    }
+
+    #[test]
+    fn a_plugins_megabyte_error_message_is_read_only_to_the_bound() {
+        let m = last_error(Some(huge_error));
+        assert!(m.len() < MAX_LAST_ERROR + 64, "{} bytes", m.len());
+        assert!(m.ends_with("[... cut at 4096 bytes]"));
+    }
 }

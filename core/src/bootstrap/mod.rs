@@ -33,7 +33,7 @@ mod wire;
 pub use error::BootstrapError;
 pub use job::JobInfo;
 pub use rank::{RankInfo, RankSource};
-pub use server::StoreServer;
+pub use server::{StoreLimits, StoreServer};
 pub use store::{resolve, Store};
 
 /// The job's id (see [`JobInfo::from_env`]).

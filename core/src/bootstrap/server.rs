@@ -1,7 +1,15 @@
-//! The store's server: a key-value map behind a TCP listener, one thread per client connection.
+//! The store's server: a key-value map behind a TCP listener.
+//!
+//! A new connection is not trusted until it has shown the job's token: the accept thread reads
+//! every hello itself, without blocking (poll(2) over the listener and the connections still in
+//! their handshake), so an idle or slow client costs one descriptor and a small buffer, never a
+//! thread. The whole hello must arrive within [`StoreLimits::hello_timeout`] of the accept, and
+//! at most [`StoreLimits::max_unauthenticated`] connections wait for theirs: a new one beyond it
+//! closes the oldest, so a flood of idle connections cannot keep a real rank out (a rank
+//! completes its hello within milliseconds). Only an authenticated connection gets a thread.
 
-use std::collections::HashMap;
-use std::io;
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,10 +19,29 @@ use std::time::{Duration, Instant};
 
 use super::wire::{self, Request, Response};
 
-/// How long a new connection may take to present its token.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the accept loop looks at the stop flag.
 const ACCEPT_POLL_MS: i32 = 100;
+/// Connections accepted per wake-up at most, so that the handshakes in progress are served too.
+const ACCEPT_BURST: usize = 64;
+
+/// What a store server allows connections that have not shown the token yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Time from the accept to a complete hello (the whole frame, however it is split).
+    pub hello_timeout: Duration,
+    /// Connections in their handshake at once; a new one beyond it closes the oldest.
+    pub max_unauthenticated: usize,
+}
+
+impl Default for StoreLimits {
+    /// 10 s for the hello, 128 connections in their handshake.
+    fn default() -> Self {
+        StoreLimits {
+            hello_timeout: Duration::from_secs(10),
+            max_unauthenticated: 128,
+        }
+    }
+}
 
 /// A running store: listens on its address and serves clients on background threads until it
 /// is shut down or dropped.
@@ -38,12 +65,22 @@ struct Shared {
     conns: Mutex<HashMap<u64, TcpStream>>,
     next_conn: AtomicU64,
     local_addr: SocketAddr,
+    limits: StoreLimits,
 }
 
 impl StoreServer {
     /// Listens on `addr` (port 0: any free port; [`local_addr`](Self::local_addr) tells which)
     /// and starts serving clients that present `token`.
     pub fn bind(addr: SocketAddr, token: String) -> io::Result<StoreServer> {
+        Self::bind_with(addr, token, StoreLimits::default())
+    }
+
+    /// [`bind`](Self::bind) with explicit limits on unauthenticated connections.
+    pub fn bind_with(
+        addr: SocketAddr,
+        token: String,
+        limits: StoreLimits,
+    ) -> io::Result<StoreServer> {
         let listener = TcpListener::bind(addr)?;
         // Non-blocking so that the accept loop, woken by poll(2), never blocks past a stop.
         listener.set_nonblocking(true)?;
@@ -56,6 +93,10 @@ impl StoreServer {
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
             local_addr,
+            limits: StoreLimits {
+                max_unauthenticated: limits.max_unauthenticated.max(1),
+                ..limits
+            },
         });
         let s = Arc::clone(&shared);
         let acceptor = thread::Builder::new()
@@ -120,60 +161,245 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A connection in its handshake: non-blocking, with what it sent so far.
+struct Pending {
+    stream: TcpStream,
+    peer: SocketAddr,
+    deadline: Instant,
+    buf: Vec<u8>,
+}
+
+/// What a handshake came to after a read.
+enum Hello {
+    /// More bytes are needed.
+    Partial,
+    /// The peer closed before a whole hello.
+    Closed,
+    /// Refused, with the reason (sent to the peer).
+    Refused(String),
+    /// The token matched.
+    Admitted,
+}
+
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) -> Vec<JoinHandle<()>> {
     let mut handlers: Vec<JoinHandle<()>> = Vec::new();
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let mut evicted: u64 = 0;
+    let mut fds: Vec<libc::pollfd> = Vec::new();
     while !shared.stop.load(Ordering::SeqCst) {
-        let mut pfd = libc::pollfd {
+        let now = Instant::now();
+        let wait = pending
+            .iter()
+            .map(|p| p.deadline.saturating_duration_since(now))
+            .min()
+            .map_or(ACCEPT_POLL_MS, |d| {
+                (d.as_millis().min(ACCEPT_POLL_MS as u128) as i32).max(1)
+            });
+        fds.clear();
+        fds.push(libc::pollfd {
             fd: listener.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
-        };
-        // SAFETY: `pfd` is one valid pollfd that lives across the call; the listener's fd is
-        // open for as long as `listener` is.
-        let ready = unsafe { libc::poll(&mut pfd, 1, ACCEPT_POLL_MS) };
-        if ready <= 0 {
+        });
+        fds.extend(pending.iter().map(|p| libc::pollfd {
+            fd: p.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        // SAFETY: `fds` holds `fds.len()` valid pollfds that live across the call; every fd in
+        // it is open for as long as the listener and the pending streams are (not dropped
+        // before the results are read below).
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
+        if ready < 0 {
             continue;
         }
-        let (stream, peer) = match listener.accept() {
-            Ok(c) => c,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                // E.g. out of file descriptors: back off instead of spinning.
-                tracing::warn!(addr = %shared.local_addr, "store: accept failed: {e}");
-                thread::sleep(Duration::from_millis(ACCEPT_POLL_MS as u64));
-                continue;
-            }
-        };
-        handlers.retain(|h| !h.is_finished());
-        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-        match stream.try_clone() {
-            Ok(clone) => {
-                lock(&shared.conns).insert(id, clone);
-            }
-            Err(e) => {
-                tracing::warn!(%peer, "store: dropping a connection: {e}");
-                continue;
+        // The handshakes first (their indices are those of `pending` before any accept).
+        let mut keep: VecDeque<Pending> = VecDeque::with_capacity(pending.len());
+        let now = Instant::now();
+        for (mut p, fd) in pending.drain(..).zip(fds[1..].iter()) {
+            let outcome = if fd.revents != 0 {
+                read_hello(&mut p, &shared)
+            } else {
+                Hello::Partial
+            };
+            match outcome {
+                Hello::Partial if now >= p.deadline => {
+                    let why = format!(
+                        "no complete hello within {} ms of connecting",
+                        shared.limits.hello_timeout.as_millis()
+                    );
+                    refuse(&mut p.stream, p.peer, &shared, &why);
+                }
+                Hello::Partial => keep.push_back(p),
+                Hello::Closed => {}
+                Hello::Refused(why) => refuse(&mut p.stream, p.peer, &shared, &why),
+                Hello::Admitted => admit(p, &shared, &mut handlers),
             }
         }
-        let s = Arc::clone(&shared);
-        let spawned = thread::Builder::new()
-            .name("ferrocx-store-conn".into())
-            .spawn(move || {
-                serve(stream, peer, &s);
-                lock(&s.conns).remove(&id);
-            });
-        match spawned {
-            Ok(h) => handlers.push(h),
-            Err(e) => {
-                tracing::warn!(%peer, "store: no thread for a connection: {e}");
-                if let Some(c) = lock(&shared.conns).remove(&id) {
-                    let _ = c.shutdown(Shutdown::Both);
+        pending = keep;
+        if fds[0].revents == 0 {
+            continue;
+        }
+        for _ in 0..ACCEPT_BURST {
+            let (stream, peer) = match listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!(addr = %shared.local_addr, "store: accept failed: {e}");
+                    thread::sleep(Duration::from_millis(ACCEPT_POLL_MS as u64));
+                    break;
+                }
+            };
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            if pending.len() >= shared.limits.max_unauthenticated {
+                // The oldest has had the longest to say hello: it goes.
+                if let Some(mut old) = pending.pop_front() {
+                    if evicted == 0 {
+                        tracing::warn!(
+                            store = %shared.local_addr,
+                            "store: {} connections are waiting for their hello (the limit); \
+                             closing the oldest for each new one",
+                            shared.limits.max_unauthenticated
+                        );
+                    }
+                    evicted += 1;
+                    tracing::debug!(peer = %old.peer, "store: closed a connection still in its handshake");
+                    let _ = write_refusal(
+                        &mut old.stream,
+                        "too many connections are waiting for their hello",
+                    );
                 }
             }
+            pending.push_back(Pending {
+                stream,
+                peer,
+                deadline: Instant::now() + shared.limits.hello_timeout,
+                buf: Vec::new(),
+            });
         }
     }
     handlers
+}
+
+/// Reads what a pending connection has sent, without blocking, and judges a whole hello.
+fn read_hello(p: &mut Pending, shared: &Shared) -> Hello {
+    let mut chunk = [0u8; 4096];
+    loop {
+        // The length prefix, then exactly the frame: nothing past the hello is read here.
+        let want = match p.buf.len() {
+            n if n < 4 => 4 - n,
+            n => {
+                let len = u32::from_le_bytes([p.buf[0], p.buf[1], p.buf[2], p.buf[3]]);
+                if len > wire::MAX_HELLO {
+                    return Hello::Refused(format!(
+                        "bad hello: frame of {len} bytes is over the limit of {}",
+                        wire::MAX_HELLO
+                    ));
+                }
+                let total = 4 + len as usize;
+                if n >= total {
+                    return judge(&p.buf[4..total], shared);
+                }
+                total - n
+            }
+        };
+        match p.stream.read(&mut chunk[..want.min(4096)]) {
+            Ok(0) => return Hello::Closed,
+            Ok(n) => p.buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Hello::Partial,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Hello::Closed,
+        }
+    }
+}
+
+/// Whether a whole hello frame admits its sender.
+fn judge(body: &[u8], shared: &Shared) -> Hello {
+    match Request::decode(body) {
+        Ok(Request::Hello {
+            magic,
+            version,
+            token,
+        }) if magic == wire::MAGIC => {
+            if version != wire::VERSION {
+                Hello::Refused(format!(
+                    "protocol version {version}, this store speaks {}",
+                    wire::VERSION
+                ))
+            } else if !same_token(&token, shared.token.as_bytes()) {
+                Hello::Refused("wrong job token".into())
+            } else {
+                Hello::Admitted
+            }
+        }
+        Ok(_) => Hello::Refused("the first message is not a store hello".into()),
+        Err(e) => Hello::Refused(format!("bad hello: {e}")),
+    }
+}
+
+/// Best effort: the refusal is a few bytes, which a fresh socket's buffer takes at once.
+fn write_refusal(stream: &mut TcpStream, why: &str) -> io::Result<()> {
+    let body = Response::Refused(why.to_owned()).encode()?;
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame)
+}
+
+fn refuse(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared, why: &str) {
+    tracing::warn!(%peer, store = %shared.local_addr, "store: refused a connection: {why}");
+    let _ = write_refusal(stream, why);
+}
+
+/// Welcomes an authenticated connection and gives it a thread.
+fn admit(p: Pending, shared: &Arc<Shared>, handlers: &mut Vec<JoinHandle<()>>) {
+    let Pending {
+        mut stream, peer, ..
+    } = p;
+    if stream.set_nonblocking(false).is_err() {
+        return;
+    }
+    let _ = stream.set_nodelay(true);
+    // A rank reads its welcome at once; one that does not is not worth waiting for.
+    let _ = stream.set_write_timeout(Some(shared.limits.hello_timeout));
+    let welcome = match Response::Welcome.encode() {
+        Ok(b) => b,
+        Err(_) => return,
+    };
+    if wire::write_frame(&mut stream, &welcome).is_err() {
+        return;
+    }
+    let _ = stream.set_write_timeout(None);
+    handlers.retain(|h| !h.is_finished());
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    match stream.try_clone() {
+        Ok(clone) => {
+            lock(&shared.conns).insert(id, clone);
+        }
+        Err(e) => {
+            tracing::warn!(%peer, "store: dropping a connection: {e}");
+            return;
+        }
+    }
+    let s = Arc::clone(shared);
+    let spawned = thread::Builder::new()
+        .name("ferrocx-store-conn".into())
+        .spawn(move || {
+            serve(stream, peer, &s);
+            lock(&s.conns).remove(&id);
+        });
+    match spawned {
+        Ok(h) => handlers.push(h),
+        Err(e) => {
+            tracing::warn!(%peer, "store: no thread for a connection: {e}");
+            if let Some(c) = lock(&shared.conns).remove(&id) {
+                let _ = c.shutdown(Shutdown::Both);
+            }
+        }
+    }
 }
 
 /// Compares two secrets in time that depends on their lengths only, not on where they differ.
@@ -187,49 +413,8 @@ fn same_token(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// Serves an authenticated connection (welcomed already) until it closes or the store stops.
 fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) {
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
-    let refuse = |stream: &mut TcpStream, why: &str| {
-        tracing::warn!(%peer, store = %shared.local_addr, "store: refused a connection: {why}");
-        if let Ok(body) = Response::Refused(why.to_owned()).encode() {
-            let _ = wire::write_frame(stream, &body);
-        }
-    };
-    let hello = match wire::read_frame(&mut stream, wire::MAX_HELLO) {
-        Ok(Some(body)) => Request::decode(&body),
-        Ok(None) => return,
-        Err(e) => Err(e),
-    };
-    match hello {
-        Ok(Request::Hello {
-            magic,
-            version,
-            token,
-        }) if magic == wire::MAGIC => {
-            if version != wire::VERSION {
-                let why = format!(
-                    "protocol version {version}, this store speaks {}",
-                    wire::VERSION
-                );
-                return refuse(&mut stream, &why);
-            }
-            if !same_token(&token, shared.token.as_bytes()) {
-                return refuse(&mut stream, "wrong job token");
-            }
-        }
-        Ok(_) => return refuse(&mut stream, "the first message is not a store hello"),
-        Err(e) => return refuse(&mut stream, &format!("bad hello: {e}")),
-    }
-    let welcome = match Response::Welcome.encode() {
-        Ok(b) => b,
-        Err(_) => return,
-    };
-    if wire::write_frame(&mut stream, &welcome).is_err() {
-        return;
-    }
-    let _ = stream.set_read_timeout(None);
     loop {
         let body = match wire::read_frame(&mut stream, wire::MAX_FRAME) {
             Ok(Some(b)) => b,

@@ -11,7 +11,7 @@ use serde_path_to_error::Segment;
 use toml::Spanned;
 
 use super::error::{ConfigError, ConfigErrorKind, ErrorOrigin};
-use super::position::{KeyPositions, Pos};
+use super::position::{KeyPositions, LineIndex, Pos};
 use super::{
     BridgeCcl, BridgeConfig, ClusterConfig, Config, ConfigOrigin, Fallback, MulticastMode, RankSet,
     RuntimeConfig, SmallMessage, WindowMode,
@@ -114,18 +114,103 @@ impl<'de> Deserialize<'de> for OptionValue {
 /// semantic rules are left to [`Config::validate`].
 pub(super) fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let file = || ErrorOrigin::File(origin.to_path_buf());
-    let deserializer = toml::Deserializer::parse(text).map_err(|e| {
-        ConfigError::new(file(), ConfigErrorKind::Syntax, e.message())
-            .at(e.span().map(|s| Pos::at(text, s.start)))
-    })?;
+    let deserializer =
+        toml::Deserializer::parse(text).map_err(|e| syntax_error(&e, text, file()))?;
     let raw: RawDocument = serde_path_to_error::deserialize(deserializer)
         .map_err(|e| schema_error(e, text, file()))?;
     Builder {
-        text,
+        lines: LineIndex::new(text),
         origin: file(),
         base: origin.parent().unwrap_or(Path::new("")),
     }
     .build(raw, origin)
+}
+
+/// A TOML syntax error, located; a duplicate key is named, and an error without a place (too
+/// deep a nesting of table headers) is put at the most deeply nested line.
+fn syntax_error(e: &toml::de::Error, text: &str, origin: ErrorOrigin) -> ConfigError {
+    let mut message = e.message().to_owned();
+    let mut span = e.span();
+    if message == "duplicate key" {
+        if let Some(key) = span.clone().and_then(|s| written_key(text, s)) {
+            message = format!("duplicate key `{key}`: it is already set in the same table");
+        }
+    } else if span.is_none() && message.contains("recursion") {
+        if let Some(at) = deepest_line(text) {
+            message = format!("{message}: tables or keys are nested too deeply");
+            span = Some(at..at);
+        }
+    }
+    ConfigError::new(origin, ConfigErrorKind::Syntax, message)
+        .at(span.map(|s| Pos::at(text, s.start)))
+}
+
+/// The key a duplicate-key span points into, as written: the whole dotted key before the `=` of
+/// its line (or inside its `[header]`), else the span's own text (a key of an inline table).
+fn written_key(text: &str, span: std::ops::Range<usize>) -> Option<String> {
+    let token = text.get(span.clone())?.trim();
+    let line_start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[span.start..]
+        .find('\n')
+        .map_or(text.len(), |i| span.start + i);
+    let line = &text[line_start..line_end];
+    let at = span.start - line_start;
+    let trimmed = line.trim_start();
+    let whole = if trimmed.starts_with('[') {
+        let inner = trimmed.trim_start_matches('[');
+        inner.find(']').map(|end| inner[..end].trim())
+    } else {
+        line.find('=')
+            .filter(|&eq| at < eq)
+            .map(|eq| line[..eq].trim())
+    };
+    let key = whole.filter(|k| !k.is_empty()).unwrap_or(token);
+    // A key is shown, not trusted: keep it short and printable.
+    let shown: String = key.chars().filter(|c| !c.is_control()).take(120).collect();
+    (!shown.is_empty()).then_some(shown)
+}
+
+/// Byte offset of the start of the line nested most deeply: brackets and braces open across
+/// lines plus the dots of its keys, outside strings and comments (a close estimate: enough to
+/// point at the line that broke the parser's nesting limit).
+fn deepest_line(text: &str) -> Option<usize> {
+    let mut open = 0usize;
+    let mut best: Option<(usize, usize)> = None;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let mut depth = open;
+        let mut quote: Option<char> = None;
+        let mut escaped = false;
+        for c in line.chars() {
+            match quote {
+                Some(q) => {
+                    if escaped {
+                        escaped = false;
+                    } else if c == '\\' && q == '"' {
+                        escaped = true;
+                    } else if c == q {
+                        quote = None;
+                    }
+                }
+                None => match c {
+                    '"' | '\'' => quote = Some(c),
+                    '#' => break,
+                    '[' | '{' => {
+                        open += 1;
+                        depth = depth.max(open);
+                    }
+                    ']' | '}' => open = open.saturating_sub(1),
+                    '.' => depth += 1,
+                    _ => {}
+                },
+            }
+        }
+        if best.is_none_or(|(d, _)| depth > d) {
+            best = Some((depth, offset));
+        }
+        offset += line.len();
+    }
+    best.map(|(_, at)| at)
 }
 
 /// Converts a serde error into a located [`ConfigError`] with the key's dotted path.
@@ -240,7 +325,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 /// Turns the raw document into a [`Config`], locating every key.
 struct Builder<'a> {
-    text: &'a str,
+    /// The file's line starts: every key's position from one pass over the text.
+    lines: LineIndex<'a>,
     origin: ErrorOrigin,
     /// The config file's directory, against which relative plugin paths are resolved.
     base: &'a Path,
@@ -248,7 +334,7 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn pos<T>(&self, spanned: &Spanned<T>) -> Pos {
-        Pos::at(self.text, spanned.span().start)
+        self.lines.at(spanned.span().start)
     }
 
     fn error(
@@ -466,6 +552,58 @@ mod tests {
             Ok(_) => panic!("should not parse:\n{text}"),
             Err(e) => e,
         }
+    }
+
+    #[test]
+    fn positions_of_every_key_come_from_one_pass_over_the_file() {
+        // 8000 clusters: rescanning the file per key took seconds and grew with its square.
+        let mut text = String::new();
+        for i in 0..8000 {
+            text.push_str(&format!(
+                "[[cluster]]\nname = \"c{i}\"\nranks = \"{i}\"\ndevice = \"host\"\nccl = \"host\"\n\n"
+            ));
+        }
+        super::super::position::SCANNED.with(|s| s.set(0));
+        let c = parse(&text, Path::new("big.toml")).expect("parses");
+        assert_eq!(c.clusters.len(), 8000);
+        assert_eq!(c.clusters[7999].line_of("ccl"), Some(8000 * 6 - 1));
+        let scanned = super::super::position::SCANNED.with(|s| s.get());
+        // One pass to index the lines, then each key's own line only.
+        assert!(
+            scanned <= 2 * text.len(),
+            "{scanned} bytes examined for a {}-byte file",
+            text.len()
+        );
+    }
+
+    #[test]
+    fn a_duplicate_key_is_named() {
+        let e = parse_err("[[cluster]]\nname = \"a\"\nname = \"b\"\n");
+        assert_eq!(e.line(), Some(3));
+        assert!(e.message().starts_with("duplicate key `name`"), "{e}");
+        let e = parse_err("[[cluster]]\noptions.nccl.x = 1\noptions.nccl.x = 2\n");
+        assert_eq!(e.line(), Some(3));
+        assert!(
+            e.message().starts_with("duplicate key `options.nccl.x`"),
+            "{e}"
+        );
+        let e = parse_err("[runtime]\ntimeout_ms = 1\n[runtime]\nlog = \"info\"\n");
+        assert_eq!(e.line(), Some(3));
+        assert!(e.message().starts_with("duplicate key `runtime`"), "{e}");
+        let e = parse_err("a = { b = 1, b = 2 }\n");
+        assert!(e.message().starts_with("duplicate key `b`"), "{e}");
+    }
+
+    #[test]
+    fn a_too_deep_table_header_has_a_line() {
+        let text = format!(
+            "[runtime]\ntimeout_ms = 5\n\n[{}b]\nx = 1\n",
+            "a.".repeat(300)
+        );
+        let e = parse_err(&text);
+        assert_eq!(e.kind(), ConfigErrorKind::Syntax);
+        assert_eq!(e.line(), Some(4), "{e}");
+        assert!(e.message().contains("nested too deeply"), "{e}");
     }
 
     #[test]

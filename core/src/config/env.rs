@@ -73,6 +73,7 @@ impl Config {
         let runtime = &mut self.runtime;
         if let Some((dirs, plugins)) = plugin_path {
             tracing::debug!(?dirs, ?plugins, "plugin paths from {ENV_PLUGIN_PATH}");
+            runtime.env_plugin_dirs += dirs.len();
             runtime.plugin_dirs.splice(0..0, dirs);
             runtime.plugins.splice(0..0, plugins);
             // Indices into the lists moved; their file positions no longer apply.

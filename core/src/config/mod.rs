@@ -129,6 +129,8 @@ pub struct RuntimeConfig {
     /// Log level, one of [`LOG_LEVELS`]; `None` leaves the choice to the program.
     pub log: Option<String>,
     positions: KeyPositions,
+    /// How many of the first `plugin_dirs` came from `FERROCX_PLUGIN_PATH`.
+    env_plugin_dirs: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -139,11 +141,19 @@ impl Default for RuntimeConfig {
             timeout_ms: DEFAULT_TIMEOUT_MS,
             log: None,
             positions: KeyPositions::default(),
+            env_plugin_dirs: 0,
         }
     }
 }
 
 impl RuntimeConfig {
+    /// Whether `plugin_dirs[index]` was named explicitly (`FERROCX_PLUGIN_PATH`), so that its
+    /// absence is worth a warning; the others are search paths of a config file (the shipped
+    /// ones name the workspace's build directories, which need not exist).
+    pub fn plugin_dir_is_explicit(&self, index: usize) -> bool {
+        index < self.env_plugin_dirs
+    }
+
     /// The line where `key` of `[runtime]` was written (`timeout_ms`, `plugin_dirs[1]`), if it
     /// came from a file and was not overridden since.
     pub fn line_of(&self, key: &str) -> Option<usize> {
@@ -321,14 +331,68 @@ impl ClusterConfig {
     }
 }
 
+/// Largest config file read: far more than any real one (8000 clusters take about 1 MiB).
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The text of config file `path`, or why it cannot be read. Opened without blocking (a FIFO
+/// would wait for a writer), then refused unless a regular file no larger than
+/// [`MAX_CONFIG_BYTES`]; read through a bound too, in case it grows meanwhile.
+fn read_config_file(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(format!("it is {what}; a config is a regular file"));
+    }
+    let too_big = |n: u64| {
+        format!("it has {n} bytes or more, over the limit of {MAX_CONFIG_BYTES} bytes for a config")
+    };
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "it is not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
 impl Config {
-    /// Reads and validates the config file at `path`.
+    /// Reads and validates the config file at `path`: a regular file (not a FIFO or a device,
+    /// which could block or never end) of at most [`MAX_CONFIG_BYTES`].
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        let text = read_config_file(path).map_err(|why| {
             ConfigError::new(
                 ErrorOrigin::File(path.to_path_buf()),
                 ConfigErrorKind::Io,
-                format!("cannot read config file: {e}"),
+                format!("cannot read config file: {why}"),
             )
         })?;
         let config = Self::parse(&text, path)?;

@@ -11,18 +11,58 @@ pub(crate) struct Pos {
 }
 
 impl Pos {
-    /// The position of byte `offset` in `text`: the one place offsets become lines.
+    /// The position of byte `offset` in `text`, for a single position (an error): scans the
+    /// text before it. Many positions in one text go through a [`LineIndex`].
     pub(crate) fn at(text: &str, offset: usize) -> Pos {
-        let mut end = offset.min(text.len());
+        LineIndex::new(text).at(offset)
+    }
+}
+
+/// Where each line of a text starts, found in one pass, so that each position after it costs a
+/// binary search and its own line, not a scan of everything before it (positions of every key
+/// of a large file would otherwise take time quadratic in its size).
+pub(crate) struct LineIndex<'a> {
+    text: &'a str,
+    /// Byte offset of each line's first byte.
+    starts: Vec<usize>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Bytes of text examined by [`LineIndex`] on this thread (the tests' measure of work).
+    pub(crate) static SCANNED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn scanned(_bytes: usize) {
+    #[cfg(test)]
+    SCANNED.with(|s| s.set(s.get() + _bytes));
+}
+
+impl<'a> LineIndex<'a> {
+    /// Indexes `text` (one pass).
+    pub(crate) fn new(text: &'a str) -> Self {
+        scanned(text.len());
+        let starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        LineIndex { text, starts }
+    }
+
+    /// The 1-based line and column of byte `offset` (clamped to the text, stepped back to a
+    /// character boundary).
+    pub(crate) fn at(&self, offset: usize) -> Pos {
+        let mut end = offset.min(self.text.len());
         // A span always starts on a char boundary; step back rather than panic if one did not.
-        while !text.is_char_boundary(end) {
+        while !self.text.is_char_boundary(end) {
             end -= 1;
         }
-        let before = &text[..end];
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        // The last line starting at or before `end`.
+        let line = self.starts.partition_point(|&s| s <= end);
+        let start = self.starts[line - 1];
+        scanned(end - start);
         Pos {
-            line: before.matches('\n').count() + 1,
-            column: before[line_start..].chars().count() + 1,
+            line,
+            column: self.text[start..end].chars().count() + 1,
         }
     }
 }
@@ -95,6 +135,26 @@ mod tests {
         // Past the end clamps; inside a char steps back to its start.
         assert_eq!(Pos::at(text, 999), Pos { line: 4, column: 2 });
         assert_eq!(Pos::at(text, 13), Pos { line: 2, column: 7 });
+    }
+
+    #[test]
+    fn an_index_gives_the_same_positions_in_one_pass() {
+        let text = "a = 1\nbb = \"é\"\n\nc";
+        let index = LineIndex::new(text);
+        for offset in 0..=text.len() + 2 {
+            let mut end = offset.min(text.len());
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let before = &text[..end];
+            let start = before.rfind('\n').map_or(0, |i| i + 1);
+            let slow = Pos {
+                line: before.matches('\n').count() + 1,
+                column: before[start..].chars().count() + 1,
+            };
+            assert_eq!(index.at(offset), slow, "offset {offset}");
+        }
+        assert_eq!(LineIndex::new("").at(0), Pos { line: 1, column: 1 });
     }
 
     #[test]

@@ -42,6 +42,15 @@ impl Config {
             if let Some(i) = paths.iter().position(|p| p.as_os_str().is_empty()) {
                 return Err(self.runtime_error(&format!("{key}[{i}]"), InvalidValue, "empty path"));
             }
+            for (i, p) in paths.iter().enumerate() {
+                if let Some(why) = control_problem(&p.to_string_lossy()) {
+                    return Err(self.runtime_error(
+                        &format!("{key}[{i}]"),
+                        InvalidValue,
+                        format!("path {why}"),
+                    ));
+                }
+            }
         }
 
         if let Some(why) = self.bridge.chunk_problem() {
@@ -68,6 +77,30 @@ impl Config {
                 InvalidValue,
                 "cluster name must not be empty",
             ));
+        }
+        if let Some(why) = control_problem(name) {
+            return Err(self.cluster_error(
+                index,
+                "name",
+                InvalidValue,
+                format!("cluster name {why}"),
+            ));
+        }
+        for (adaptor, options) in &cluster.options {
+            for (key, value) in options {
+                // Passed to the adaptor as C strings: a NUL would cut them short.
+                let problem = control_problem(key)
+                    .map(|why| format!("option name {why}"))
+                    .or_else(|| control_problem(value).map(|why| format!("option value {why}")));
+                if let Some(why) = problem {
+                    return Err(self.cluster_error(
+                        index,
+                        &format!("options.{adaptor}"),
+                        InvalidValue,
+                        why,
+                    ));
+                }
+            }
         }
         for (key, adaptor) in [("device", &cluster.device), ("ccl", &cluster.ccl)] {
             if let Some(why) = adaptor_name_problem(adaptor) {
@@ -218,6 +251,17 @@ impl Config {
     }
 }
 
+/// Why `text` (a name, a path, an option) is refused: a control character (NUL, escape, line
+/// break, ...) would be cut at by C or rewrite the terminal when printed.
+fn control_problem(text: &str) -> Option<String> {
+    let (at, c) = text.chars().enumerate().find(|(_, c)| c.is_control())?;
+    Some(format!(
+        "must not contain control characters (U+{:04X} at character {})",
+        c as u32,
+        at + 1
+    ))
+}
+
 /// Why `name` cannot name an adaptor (it becomes part of `libferrocx_adaptor_<name>.so`).
 fn adaptor_name_problem(name: &str) -> Option<&'static str> {
     if name.is_empty() {
@@ -258,6 +302,38 @@ ccl = "host"
             Ok(c) => c,
             Err(e) => panic!("{e}"),
         }
+    }
+
+    #[test]
+    fn control_characters_in_names_options_and_paths_are_refused() {
+        let text = TWO.replace("name = \"cpu\"", "name = \"c\\u0000pu\"");
+        let e = Config::parse(&text, Path::new("nul.toml")).unwrap_err();
+        assert_eq!(
+            (e.kind(), e.line(), e.key()),
+            (
+                ConfigErrorKind::InvalidValue,
+                Some(9),
+                Some("cluster[1].name")
+            )
+        );
+        assert_eq!(
+            e.message(),
+            "cluster name must not contain control characters (U+0000 at character 2)"
+        );
+        let text = TWO.replace("name = \"gpu\"", "name = \"g\\u001b[2Jpu\"");
+        let e = Config::parse(&text, Path::new("esc.toml")).unwrap_err();
+        assert!(e.message().contains("U+001B at character 2"), "{e}");
+        let text = format!("{TWO}\n[cluster.options.host]\nkey = \"a\\u0000b\"\n");
+        let e = Config::parse(&text, Path::new("opt.toml")).unwrap_err();
+        assert!(
+            e.message().starts_with("option value must not contain"),
+            "{e}"
+        );
+        let mut c = two();
+        c.runtime.plugin_dirs = vec!["/a\nb".into()];
+        let e = c.validate().unwrap_err();
+        assert_eq!(e.key(), Some("runtime.plugin_dirs[0]"));
+        assert!(e.message().contains("U+000A"), "{e}");
     }
 
     #[test]

@@ -11,4 +11,4 @@ mod table;
 
 pub use error::{LoadError, LoadErrorKind};
 pub use plugin::{load_plugin, CclTables, Checked, DeviceTables, LoadedPlugin};
-pub use table::{Table, TableError, MAX_NAME};
+pub use table::{check_size, Table, TableError, MAX_APPENDED_ENTRIES, MAX_NAME};

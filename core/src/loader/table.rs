@@ -23,6 +23,58 @@ pub enum TableError {
     TooSmall(u32),
     /// The name is null, not UTF-8, empty or too long.
     BadName(String),
+    /// `struct_size` breaks [the size rule](Table::read): not whole entries, or larger than a
+    /// table of its minor can be.
+    BadSize {
+        /// The declared `struct_size`.
+        size: u32,
+        /// The minor in the header.
+        minor: u16,
+        /// The rule it breaks.
+        rule: String,
+    },
+}
+
+/// Entries a table of a newer minor may have beyond this build's table: a minor appends a
+/// handful of entries, so this many is far more than any plausible table while it keeps an
+/// absurd `struct_size` (a garbage or hostile header) out.
+pub const MAX_APPENDED_ENTRIES: usize = 256;
+
+/// Checks a declared `struct_size` against the rule for a table whose header has minor
+/// `minor`, when this build's table (ABI minor `known_minor`) is `known` bytes:
+///
+/// - it is the 24-byte header plus whole pointer-sized entries;
+/// - a table of this build's minor or an older one is at most `known` bytes (an older minor has
+///   fewer entries, never more);
+/// - a table of a newer minor may append entries, at most [`MAX_APPENDED_ENTRIES`] of them.
+pub fn check_size(size: u32, minor: u16, known: usize, known_minor: u16) -> Result<(), TableError> {
+    let hdr = size_of::<AbiHeader>();
+    let word = size_of::<usize>();
+    let declared = size as usize;
+    let bad = |rule: String| TableError::BadSize { size, minor, rule };
+    if declared < hdr {
+        return Err(TableError::TooSmall(size));
+    }
+    if (declared - hdr) % word != 0 {
+        return Err(bad(format!(
+            "a table is the {hdr}-byte header plus whole {word}-byte entries"
+        )));
+    }
+    if minor <= known_minor && declared > known {
+        return Err(bad(format!(
+            "a table of ABI {}.{minor} is at most this build's {}.{known_minor} table ({known} bytes)",
+            ABI_MAJOR, ABI_MAJOR
+        )));
+    }
+    let cap = known + MAX_APPENDED_ENTRIES * word;
+    if declared > cap {
+        return Err(bad(format!(
+            "a newer minor appends at most {MAX_APPENDED_ENTRIES} entries to this build's \
+             {}.{known_minor} table ({known} bytes), so at most {cap} bytes",
+            ABI_MAJOR
+        )));
+    }
+    Ok(())
 }
 
 impl fmt::Display for TableError {
@@ -41,6 +93,10 @@ impl fmt::Display for TableError {
                 size_of::<AbiHeader>()
             ),
             TableError::BadName(why) => write!(f, "bad adaptor name: {why}"),
+            TableError::BadSize { size, minor, rule } => write!(
+                f,
+                "struct_size {size} (ABI {ABI_MAJOR}.{minor}) refused: {rule}"
+            ),
         }
     }
 }
@@ -58,7 +114,9 @@ pub const MAX_NAME: usize = 64;
 
 impl<T: AbiTable> Table<T> {
     /// Checks the header at `ptr` and copies `min(struct_size, size_of::<T>())` bytes of the
-    /// table; the rest of the copy is zero, i.e. `None`.
+    /// table; the rest of the copy is zero, i.e. `None`. `struct_size` must follow
+    /// [`check_size`]'s rule (whole entries, not larger than a table of its minor can be), so
+    /// no entry is ever copied in part.
     ///
     /// # Safety
     /// `ptr` must point to a readable [`AbiHeader`] followed by at least `struct_size - 24`
@@ -78,9 +136,12 @@ impl<T: AbiTable> Table<T> {
             });
         }
         let declared = header.struct_size as usize;
-        if declared < size_of::<AbiHeader>() {
-            return Err(TableError::TooSmall(header.struct_size));
-        }
+        check_size(
+            header.struct_size,
+            header.abi_minor,
+            size_of::<T>(),
+            ABI_MINOR,
+        )?;
         // SAFETY: the caller guarantees `name` is null or a NUL-terminated static string.
         let name = unsafe { read_name(&header) }?;
         let mut copy = MaybeUninit::<T>::zeroed();
@@ -192,4 +253,52 @@ unsafe fn read_name(header: &AbiHeader) -> Result<String, TableError> {
         )));
     }
     Ok(s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KNOWN: usize = 24 + 8 * 20;
+
+    #[test]
+    fn a_size_must_be_the_header_plus_whole_entries() {
+        assert_eq!(check_size(24, 1, KNOWN, 1), Ok(()));
+        assert_eq!(check_size(KNOWN as u32, 1, KNOWN, 1), Ok(()));
+        assert_eq!(check_size(23, 1, KNOWN, 1), Err(TableError::TooSmall(23)));
+        for odd in [25, 28, 52, KNOWN as u32 - 4, KNOWN as u32 + 1] {
+            let e = check_size(odd, 1, KNOWN, 1).unwrap_err();
+            assert!(
+                e.to_string()
+                    .ends_with("the 24-byte header plus whole 8-byte entries"),
+                "{odd}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_known_minor_is_no_larger_than_this_builds_table_and_a_newer_one_is_capped() {
+        // One entry more than this build's table, claimed by this build's minor or an older one.
+        for minor in [0, 1] {
+            let e = check_size(KNOWN as u32 + 8, minor, KNOWN, 1).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "struct_size {} (ABI 1.{minor}) refused: a table of ABI 1.{minor} is at most \
+                     this build's 1.1 table ({KNOWN} bytes)",
+                    KNOWN + 8
+                )
+            );
+        }
+        // A newer minor appends entries, up to the cap.
+        let cap = KNOWN + MAX_APPENDED_ENTRIES * 8;
+        assert_eq!(check_size(KNOWN as u32 + 8, 2, KNOWN, 1), Ok(()));
+        assert_eq!(check_size(cap as u32, 7, KNOWN, 1), Ok(()));
+        let e = check_size(cap as u32 + 8, 7, KNOWN, 1).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!("so at most {cap} bytes")),
+            "{e}"
+        );
+        assert!(check_size(u32::MAX - 7, 7, KNOWN, 1).is_err());
+    }
 }

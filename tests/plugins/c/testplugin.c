@@ -7,8 +7,15 @@
  *   FX_BAD_MAGIC        the header's magic is wrong
  *   FX_NO_SYMBOLS       an ELF with no ferrocx symbol at all
  *   FX_UNDEFINED        references a symbol no library defines (dlopen with RTLD_NOW fails)
+ *   FX_DEVICE_SIZE_BYTES=N  the device table declares struct_size N
+ *   FX_GROUP_SIZE_BYTES=N   the flat-map group declares struct_size N
+ *   FX_DEVICE_COUNT=N   `device_count` answers N (SUCCESS), and `get_last_error` is 1 MiB long
+ *   FX_INIT_CRASH       the device's `init` writes through a null pointer (SIGSEGV)
+ *   FX_INIT_EXIT        the device's `init` calls exit(3)
+ *   FX_INIT_LOOP        the device's `init` never returns
  */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ferrocx_plugin.h"
@@ -36,11 +43,24 @@ int fx_call_missing(void) { return fx_symbol_that_does_not_exist(); }
 
 static const char *last_error = "";
 
+#ifdef FX_DEVICE_COUNT
+static char huge_error[1 << 20];
+static const char *get_last_error(void) {
+    memset(huge_error, 'e', sizeof huge_error - 1);
+    huge_error[sizeof huge_error - 1] = 0;
+    return huge_error;
+}
+#else
 static const char *get_last_error(void) { return last_error; }
+#endif
 
 static FerrocxStatus device_count(int32_t *count) {
     if (!count) { last_error = "device_count: `count` is null"; return FerrocxStatus_INVALID_ARGUMENT; }
+#ifdef FX_DEVICE_COUNT
+    *count = FX_DEVICE_COUNT;
+#else
     *count = 2;
+#endif
     return FerrocxStatus_SUCCESS;
 }
 
@@ -90,15 +110,42 @@ static FerrocxStatus stream_query(FerrocxStream stream) {
 #define FX_CCL_SYMBOL ferrocx_ccl_adaptor_v1
 #endif
 
-#ifdef FX_OLD_MINOR
+#if defined(FX_DEVICE_SIZE_BYTES)
+#define FX_DEVICE_SIZE FX_DEVICE_SIZE_BYTES
+#elif defined(FX_OLD_MINOR)
 #define FX_DEVICE_SIZE offsetof(FerrocxDeviceAdaptorV1, stream_create)
 #else
 #define FX_DEVICE_SIZE sizeof(FerrocxDeviceAdaptorV1)
 #endif
 
+#if defined(FX_INIT_CRASH) || defined(FX_INIT_EXIT) || defined(FX_INIT_LOOP)
+#define FX_HAS_INIT
+static FerrocxStatus init(const FerrocxKeyValue *options, size_t n_options) {
+    (void)options; (void)n_options;
+#if defined(FX_INIT_CRASH)
+    {
+        /* A real fault (raise() would meet the host program's own SIGSEGV handler). */
+        volatile int *volatile null = NULL;
+        *null = 1;
+    }
+#elif defined(FX_INIT_EXIT)
+    exit(3);
+#else
+    {
+        volatile int spin = 1;
+        while (spin) {}
+    }
+#endif
+    return FerrocxStatus_SUCCESS;
+}
+#endif
+
 const FerrocxDeviceAdaptorV1 FX_DEVICE_SYMBOL = {
     .header = { FX_MAGIC, FX_MAJOR, Ferrocx_ABI_MINOR, (uint32_t)FX_DEVICE_SIZE, 0, FX_NAME },
     .get_last_error = get_last_error,
+#ifdef FX_HAS_INIT
+    .init = init,
+#endif
     .device_count = device_count,
     .set_device = set_device,
     .get_device = get_device,
@@ -117,7 +164,11 @@ static FerrocxStatus flat_reserve(size_t bytes, FerrocxDevicePtr *base) {
 
 #ifndef FX_ONLY_V2
 const FerrocxDeviceFlatMapV1 ferrocx_device_flatmap_v1 = {
+#ifdef FX_GROUP_SIZE_BYTES
+    .header = { FX_MAGIC, FX_MAJOR, Ferrocx_ABI_MINOR, FX_GROUP_SIZE_BYTES, 0, FX_NAME },
+#else
     .header = { FX_MAGIC, FX_MAJOR, Ferrocx_ABI_MINOR, sizeof(FerrocxDeviceFlatMapV1), 0, FX_NAME },
+#endif
     .flat_reserve = flat_reserve,
 };
 #endif
