@@ -29,7 +29,7 @@ pub fn run(file: &PathBuf, as_json: bool) -> Result<ExitCode, Box<dyn std::error
         }
     };
     let registry = Registry::discover(&config.runtime);
-    let (mut clusters, _) = clusters_json(&config, &registry);
+    let (mut clusters, _) = clusters_json(&config, &registry, &Default::default());
     for c in clusters.iter_mut() {
         let source = |name: &Value, device: bool| -> Value {
             let name = name.as_str().unwrap_or("");

@@ -14,6 +14,7 @@ use crate::report::{abi_version, adaptor_text, describe};
 pub(crate) fn clusters_json(
     config: &ferrocx::config::Config,
     registry: &Registry,
+    probes: &std::collections::HashMap<String, Value>,
 ) -> (Vec<Value>, Vec<(String, String)>) {
     let mut clusters = Vec::new();
     let mut uses = Vec::new();
@@ -31,8 +32,20 @@ pub(crate) fn clusters_json(
         match registry.select(config, i) {
             Ok(sel) => {
                 v["selected"] = json!(true);
+                // Whether the CCL's library registers windows, as its probe (in a child, after
+                // `init`) found; without a probe, the CCL is asked.
+                let known = probes
+                    .get(&c.ccl)
+                    .and_then(|p| p.get("ccl_runtime"))
+                    .and_then(|r| r.get("window_register"))
+                    .map(|w| match w["reason"].as_str() {
+                        Some(why) => Err(why.to_string()),
+                        None => Ok(()),
+                    });
                 let plan =
-                    ferrocx::window::plan(c, &sel.device, &sel.ccl, |k| std::env::var(k).ok());
+                    ferrocx::window::plan_with_support(c, &sel.device, &sel.ccl, known, |k| {
+                        std::env::var(k).ok()
+                    });
                 v["windows"] = json!({
                     "backing": plan.backing.to_string(),
                     "reason": plan.reason,
@@ -78,18 +91,21 @@ pub fn run(
     let switches = ferrocx::config::multicast_kill_switches(|k| std::env::var(k).ok())
         .unwrap_or_else(|e| vec![e.to_string()]);
     let registry = Registry::discover(&config.runtime);
-    let (clusters, uses) = clusters_json(&config, &registry);
+    // In a child with a deadline: an adaptor's init that crashes, exits or hangs is that
+    // adaptor's entry, not the end of `info`.
+    let probes: std::collections::HashMap<String, Value> = registry
+        .entries()
+        .iter()
+        .map(|e| (e.name.clone(), crate::probe::isolated(e, config_path)))
+        .collect();
+    let (clusters, uses) = clusters_json(&config, &registry, &probes);
     let adaptors: Vec<Value> = registry
         .entries()
         .iter()
         .map(|e| {
             let mut v = describe(e);
-            // In a child with a deadline: an adaptor's init that crashes, exits or hangs is
-            // that adaptor's entry, not the end of `info`.
-            if let (Value::Object(m), Value::Object(p)) =
-                (&mut v, crate::probe::isolated(e, config_path))
-            {
-                m.extend(p);
+            if let (Value::Object(m), Some(Value::Object(p))) = (&mut v, probes.get(&e.name)) {
+                m.extend(p.clone());
             }
             v["selected_by"] = json!(uses
                 .iter()

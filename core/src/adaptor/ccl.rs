@@ -548,7 +548,13 @@ impl Ccl {
                 let why = String::from_utf8_lossy(&bytes).into_owned();
                 (RuntimeSupport::Unsupported(why), true)
             }
-            Err(e) => (RuntimeSupport::Unsupported(e.to_string()), false),
+            // The adaptor cannot answer yet (before its `init`, NCCL has no library to ask): the
+            // table's presence stands, as for a table without the query, and the answer is not
+            // kept, so the probe after `init` asks again.
+            Err(e) => {
+                tracing::debug!(entry, "query_support: {e}; taking the entry as supported until asked again");
+                (RuntimeSupport::Supported, false)
+            }
         }
     }
 

@@ -76,7 +76,7 @@ use crate::adaptor::AdaptorError;
 use crate::bootstrap::BootstrapError;
 
 pub use heap::SymmetricBuffer;
-pub use policy::{plan, Backing, MulticastPlan, WindowPlan};
+pub use policy::{plan, plan_with_support, Backing, MulticastPlan, WindowPlan};
 
 pub(crate) use agree::Agreement;
 pub(crate) use heap::SymHeap;

@@ -88,7 +88,26 @@ pub fn plan(
     ccl: &Ccl,
     env: impl Fn(&str) -> Option<String>,
 ) -> WindowPlan {
-    let vendor = resources::has_vendor_windows(ccl);
+    plan_with_support(cluster, device, ccl, None, env)
+}
+
+/// As [`plan`], where whether the CCL's vendor library can register windows is already known
+/// (`Some(Err(why))`: it cannot): `ferrocx info` learns it from the adaptor initialised in a
+/// child process, while the CCL in its own process never runs `init`. `None` asks the CCL
+/// (after its `init`).
+pub fn plan_with_support(
+    cluster: &ClusterConfig,
+    device: &Device,
+    ccl: &Ccl,
+    window_register: Option<Result<(), String>>,
+    env: impl Fn(&str) -> Option<String>,
+) -> WindowPlan {
+    let vendor = match window_register {
+        None => resources::has_vendor_windows(ccl),
+        Some(known) => resources::has_window_group(ccl).and_then(|()| {
+            known.map_err(|why| format!("the CCL `{}` has a window group, but {why}", ccl.name()))
+        }),
+    };
     let (backing, reason) = match (cluster.window, vendor) {
         (WindowMode::Vendor, Ok(())) => (
             Backing::Vendor,

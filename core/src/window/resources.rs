@@ -82,15 +82,7 @@ pub(crate) fn has_multicast(dev: &Device) -> bool {
 /// `Ok` when the CCL has both entries of its window group and the vendor library its `init`
 /// loaded does not refuse them; else why not.
 pub(crate) fn has_vendor_windows(ccl: &Ccl) -> Result<(), String> {
-    let present = ccl
-        .tables()
-        .window
-        .as_ref()
-        .map(|t| t.get())
-        .is_some_and(|w| w.window_register.is_some() && w.window_deregister.is_some());
-    if !present {
-        return Err(format!("the CCL `{}` has no window group", ccl.name()));
-    }
+    has_window_group(ccl)?;
     // The group is static; whether the vendor library `init` loaded can register windows is
     // probed (e.g. libnccl < 2.27 lacks `ncclCommWindowRegister`).
     let refused = ccl
@@ -107,6 +99,20 @@ pub(crate) fn has_vendor_windows(ccl: &Ccl) -> Result<(), String> {
         )),
         None => Ok(()),
     }
+}
+
+/// `Ok` when the CCL's tables have the window group's register and deregister entries.
+pub(crate) fn has_window_group(ccl: &Ccl) -> Result<(), String> {
+    let present = ccl
+        .tables()
+        .window
+        .as_ref()
+        .map(|t| t.get())
+        .is_some_and(|w| w.window_register.is_some() && w.window_deregister.is_some());
+    if !present {
+        return Err(format!("the CCL `{}` has no window group", ccl.name()));
+    }
+    Ok(())
 }
 
 /// VMM allocation granularity of `device`.
