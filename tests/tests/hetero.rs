@@ -5,14 +5,18 @@
 //! clusters fails alike on every rank; a rank killed mid-collective is named with its cluster
 //! on every other rank within the timeout; nothing is left in /dev/shm.
 //!
-//! Every cluster runs the host device and the host CCL here (one adaptor pair built in); a
-//! second device adaptor with memory of its own is not part of these tests yet.
+//! Clusters run the host device and CCL, or the `offhost` test plugin (a `.so`): a device whose
+//! memory the host cannot address (its addresses are not the process's), with streams of its
+//! own and a CCL of one rank per communicator, so its clusters have one rank each and the
+//! bridge moves their buffers through staging on the copy stream. Its buffers are device
+//! allocations, uploaded and downloaded through the device table.
 
 mod window_ranks;
 
 use std::time::{Duration, Instant};
 
-use ferrocx::abi::{DataType, DevicePtr, ReduceOp};
+use ferrocx::abi::{Capabilities, DataType, DevicePtr, MemKind, ReduceOp};
+use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::{CommError, Communicator};
 use ferrocx::half::f32_to_bf16;
 use ferrocx::route::Route;
@@ -78,6 +82,49 @@ fn ptr(v: &[u8]) -> DevicePtr {
     DevicePtr(v.as_ptr() as u64)
 }
 
+/// A buffer of the communicator's device: host memory where the device addresses it, device
+/// memory (moved through staging by the bridge) otherwise.
+enum Buf {
+    Host(Vec<u8>),
+    Device(DeviceBuffer),
+}
+
+impl Buf {
+    /// `data` on `comm`'s device.
+    fn new(comm: &Communicator, data: Vec<u8>) -> Buf {
+        let host = comm
+            .device()
+            .properties(0)
+            .expect("properties")
+            .capabilities
+            .contains(Capabilities::HOST_ADDRESSABLE);
+        if host {
+            return Buf::Host(data);
+        }
+        Buf::Device(DeviceBuffer::from_host(comm.device(), &data, MemKind::DEVICE).expect("upload"))
+    }
+
+    /// `n` zero bytes.
+    fn zeros(comm: &Communicator, n: usize) -> Buf {
+        Buf::new(comm, vec![0u8; n])
+    }
+
+    fn ptr(&self) -> DevicePtr {
+        match self {
+            Buf::Host(v) => ptr(v),
+            Buf::Device(d) => d.ptr(),
+        }
+    }
+
+    /// The contents (after a synchronize).
+    fn get(&self) -> Vec<u8> {
+        match self {
+            Buf::Host(v) => v.clone(),
+            Buf::Device(d) => d.to_vec().expect("download"),
+        }
+    }
+}
+
 fn sync(comm: &Communicator, what: &str) {
     comm.synchronize()
         .unwrap_or_else(|e| panic!("rank {}: {what}: {e}", comm.rank()));
@@ -102,67 +149,70 @@ fn every_collective(comm: &Communicator, counts: &[usize]) {
             for op in OPS {
                 seed += 1;
                 let what = format!("all_reduce of {n} x {dtype:?} {op:?}");
-                let send = input(dtype, seed, me, n);
-                let recv = vec![0u8; n * es];
+                let send = Buf::new(comm, input(dtype, seed, me, n));
+                let recv = Buf::zeros(comm, n * es);
                 // SAFETY: host memory of n elements each, kept until the synchronize.
-                unsafe { comm.all_reduce(ptr(&send), ptr(&recv), n, dtype, op) }
+                unsafe { comm.all_reduce(send.ptr(), recv.ptr(), n, dtype, op) }
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 sync(comm, &what);
-                assert!(recv == reduced(dtype, op, seed, w, n), "rank {me}: {what}");
+                assert!(
+                    recv.get() == reduced(dtype, op, seed, w, n),
+                    "rank {me}: {what}"
+                );
                 // In place.
-                let buf = input(dtype, seed, me, n);
+                let buf = Buf::new(comm, input(dtype, seed, me, n));
                 // SAFETY: as above.
-                unsafe { comm.all_reduce(ptr(&buf), ptr(&buf), n, dtype, op) }
+                unsafe { comm.all_reduce(buf.ptr(), buf.ptr(), n, dtype, op) }
                     .unwrap_or_else(|e| panic!("{what} in place: {e}"));
                 sync(comm, &what);
                 assert!(
-                    buf == reduced(dtype, op, seed, w, n),
+                    buf.get() == reduced(dtype, op, seed, w, n),
                     "rank {me}: {what} in place"
                 );
             }
             seed += 1;
             // reduce to a root of each cluster, with sum.
             for root in [1, w - 1] {
-                let send = input(dtype, seed, me, n);
-                let recv = vec![0u8; n * es];
+                let send = Buf::new(comm, input(dtype, seed, me, n));
+                let recv = Buf::zeros(comm, n * es);
                 // SAFETY: as above.
-                unsafe { comm.reduce(ptr(&send), ptr(&recv), n, dtype, ReduceOp::SUM, root) }
+                unsafe { comm.reduce(send.ptr(), recv.ptr(), n, dtype, ReduceOp::SUM, root) }
                     .expect("reduce");
                 sync(comm, "reduce");
                 if me == root {
                     assert!(
-                        recv == reduced(dtype, ReduceOp::SUM, seed, w, n),
+                        recv.get() == reduced(dtype, ReduceOp::SUM, seed, w, n),
                         "rank {me}: reduce of {n} {dtype:?}"
                     );
                 }
             }
             // broadcast from a root of each cluster.
             for root in [0, w - 1] {
-                let send = input(dtype, seed, me, n);
-                let recv = vec![0u8; n * es];
+                let send = Buf::new(comm, input(dtype, seed, me, n));
+                let recv = Buf::zeros(comm, n * es);
                 // SAFETY: as above.
-                unsafe { comm.broadcast(ptr(&send), ptr(&recv), n, dtype, root) }
+                unsafe { comm.broadcast(send.ptr(), recv.ptr(), n, dtype, root) }
                     .expect("broadcast");
                 sync(comm, "broadcast");
                 assert!(
-                    recv == input(dtype, seed, root, n),
+                    recv.get() == input(dtype, seed, root, n),
                     "rank {me}: broadcast from {root}"
                 );
             }
             // all_gather and gather.
-            let send = input(dtype, seed, me, n);
+            let send = Buf::new(comm, input(dtype, seed, me, n));
             let all: Vec<u8> = (0..w).flat_map(|r| input(dtype, seed, r, n)).collect();
-            let recv = vec![0u8; w * n * es];
+            let recv = Buf::zeros(comm, w * n * es);
             // SAFETY: n and w * n elements.
-            unsafe { comm.all_gather(ptr(&send), ptr(&recv), n, dtype) }.expect("all_gather");
+            unsafe { comm.all_gather(send.ptr(), recv.ptr(), n, dtype) }.expect("all_gather");
             sync(comm, "all_gather");
-            assert!(recv == all, "rank {me}: all_gather of {n} {dtype:?}");
-            let recv = vec![0u8; w * n * es];
+            assert!(recv.get() == all, "rank {me}: all_gather of {n} {dtype:?}");
+            let recv = Buf::zeros(comm, w * n * es);
             // SAFETY: as above.
-            unsafe { comm.gather(ptr(&send), ptr(&recv), n, dtype, 2) }.expect("gather");
+            unsafe { comm.gather(send.ptr(), recv.ptr(), n, dtype, 2) }.expect("gather");
             sync(comm, "gather");
             if me == 2 {
-                assert!(recv == all, "rank {me}: gather of {n} {dtype:?}");
+                assert!(recv.get() == all, "rank {me}: gather of {n} {dtype:?}");
             }
             // reduce_scatter: block b of rank r's input is input(seed + b, r).
             let blocks = |r: usize| -> Vec<u8> {
@@ -170,33 +220,36 @@ fn every_collective(comm: &Communicator, counts: &[usize]) {
                     .flat_map(|b| input(dtype, seed * 31 + b as u64, r, n))
                     .collect()
             };
-            let send = blocks(me);
-            let recv = vec![0u8; n * es];
+            let send = Buf::new(comm, blocks(me));
+            let recv = Buf::zeros(comm, n * es);
             // SAFETY: w * n and n elements.
-            unsafe { comm.reduce_scatter(ptr(&send), ptr(&recv), n, dtype, ReduceOp::SUM) }
+            unsafe { comm.reduce_scatter(send.ptr(), recv.ptr(), n, dtype, ReduceOp::SUM) }
                 .expect("reduce_scatter");
             sync(comm, "reduce_scatter");
             assert!(
-                recv == reduced(dtype, ReduceOp::SUM, seed * 31 + me as u64, w, n),
+                recv.get() == reduced(dtype, ReduceOp::SUM, seed * 31 + me as u64, w, n),
                 "rank {me}: reduce_scatter of {n} {dtype:?}"
             );
             // all_to_all: my block b goes to rank b.
-            let recv = vec![0u8; w * n * es];
+            let recv = Buf::zeros(comm, w * n * es);
             // SAFETY: w * n elements each.
-            unsafe { comm.all_to_all(ptr(&send), ptr(&recv), n, dtype) }.expect("all_to_all");
+            unsafe { comm.all_to_all(send.ptr(), recv.ptr(), n, dtype) }.expect("all_to_all");
             sync(comm, "all_to_all");
             let expect: Vec<u8> = (0..w)
                 .flat_map(|r| input(dtype, seed * 31 + me as u64, r, n))
                 .collect();
-            assert!(recv == expect, "rank {me}: all_to_all of {n} {dtype:?}");
+            assert!(
+                recv.get() == expect,
+                "rank {me}: all_to_all of {n} {dtype:?}"
+            );
             // scatter from the last rank.
             let root = w - 1;
-            let recv = vec![0u8; n * es];
+            let recv = Buf::zeros(comm, n * es);
             // SAFETY: w * n (root) and n elements.
-            unsafe { comm.scatter(ptr(&send), ptr(&recv), n, dtype, root) }.expect("scatter");
+            unsafe { comm.scatter(send.ptr(), recv.ptr(), n, dtype, root) }.expect("scatter");
             sync(comm, "scatter");
             assert!(
-                recv == input(dtype, seed * 31 + me as u64, root, n),
+                recv.get() == input(dtype, seed * 31 + me as u64, root, n),
                 "rank {me}: scatter of {n} {dtype:?}"
             );
         }
@@ -231,17 +284,20 @@ fn all_to_allv(comm: &Communicator) {
             .collect()
     };
     let (sd, rd) = (displs(&send_counts), displs(&recv_counts));
-    let send: Vec<u8> = (0..w)
-        .flat_map(|d| input(dtype, 900 + d as u64, me, count(me, d)))
-        .collect();
-    let recv = vec![0u8; recv_counts.iter().sum::<usize>() * 4];
+    let send = Buf::new(
+        comm,
+        (0..w)
+            .flat_map(|d| input(dtype, 900 + d as u64, me, count(me, d)))
+            .collect(),
+    );
+    let recv = Buf::zeros(comm, recv_counts.iter().sum::<usize>() * 4);
     // SAFETY: the arrays describe both buffers.
     unsafe {
         comm.all_to_allv(
-            ptr(&send),
+            send.ptr(),
             &send_counts,
             &sd,
-            ptr(&recv),
+            recv.ptr(),
             &recv_counts,
             &rd,
             dtype,
@@ -252,7 +308,7 @@ fn all_to_allv(comm: &Communicator) {
     let expect: Vec<u8> = (0..w)
         .flat_map(|s| input(dtype, 900 + me as u64, s, count(s, me)))
         .collect();
-    assert!(recv == expect, "rank {me}: all_to_allv");
+    assert!(recv.get() == expect, "rank {me}: all_to_allv");
 }
 
 /// Each rank sends to the next and receives from the previous (across clusters and inside
@@ -262,20 +318,20 @@ fn point_to_point(comm: &Communicator) {
     let w = comm.world();
     let n = 3001;
     let dtype = DataType::F32;
-    let send = input(dtype, 77, me, n);
-    let recv = vec![0u8; n * 4];
+    let send = Buf::new(comm, input(dtype, 77, me, n));
+    let recv = Buf::zeros(comm, n * 4);
     let (next, prev) = ((me + 1) % w, (me + w - 1) % w);
     comm.group(|| {
         // SAFETY: n elements each, kept until the synchronize.
         unsafe {
-            comm.send(ptr(&send), n, dtype, next)?;
-            comm.recv(ptr(&recv), n, dtype, prev)
+            comm.send(send.ptr(), n, dtype, next)?;
+            comm.recv(recv.ptr(), n, dtype, prev)
         }
     })
     .expect("send/recv");
     sync(comm, "send/recv");
     assert!(
-        recv == input(dtype, 77, prev, n),
+        recv.get() == input(dtype, 77, prev, n),
         "rank {me}: recv from {prev}"
     );
 }
@@ -416,5 +472,65 @@ fn mpi_bridge_is_refused_at_init_with_the_key() {
     Job::new(TEST, 2)
         .clusters(&[("a", "0"), ("b", "1")])
         .bridge_key("ccl", "\"mpi\"")
+        .run();
+}
+
+/// The `offhost` plugin for every rank (a device the host cannot address: the bridge stages
+/// its buffers).
+fn with_offhost(job: Job) -> Job {
+    let path = ferrocx_tests::offhost_plugin();
+    job.env("FERROCX_PLUGIN_PATH", path.to_str().expect("a UTF-8 path"))
+}
+
+/// Asserts that `comm`'s device is `offhost` and stages through the bridge exactly there.
+fn assert_staged_on_offhost(comm: &Communicator) {
+    let offhost = comm.device().name() == "offhost";
+    let h = comm.hetero().expect("a job across clusters");
+    assert_eq!(h.staged(), offhost, "rank {}", comm.rank());
+    assert_eq!(h.streams_made(), if offhost { 5 } else { 4 });
+}
+
+#[test]
+fn offhost_clusters_beside_host_ones_every_collective() {
+    const TEST: &str = "offhost_clusters_beside_host_ones_every_collective";
+    if let Some(rank) = rank_of(TEST) {
+        let comm = communicator();
+        assert_eq!(
+            comm.device().name(),
+            if rank < 2 { "offhost" } else { "host" }
+        );
+        assert_staged_on_offhost(&comm);
+        every_collective(&comm, &[1, 13, 3333]);
+        println!("RANK OK");
+        return;
+    }
+    // Clusters of 1 + 1 + 2 ranks: two of one rank on the offhost device (its CCL runs one rank
+    // per communicator), one of two ranks on the host; 4 KiB chunks, so that the larger counts
+    // run several chunks through the pipeline and the staging slots are reused.
+    with_offhost(Job::new(TEST, 4))
+        .clusters(&[("a", "0"), ("b", "1"), ("c", "2,3")])
+        .cluster_adaptors("a", "offhost", "offhost")
+        .cluster_adaptors("b", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "2")
+        .run();
+}
+
+#[test]
+fn one_offhost_rank_beside_three_host_ranks() {
+    const TEST: &str = "one_offhost_rank_beside_three_host_ranks";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        assert_staged_on_offhost(&comm);
+        every_collective(&comm, &[5, 2049]);
+        println!("RANK OK");
+        return;
+    }
+    // The shape of configs/hetero-1gpu.toml: one rank on a device of its own, three CPU ranks.
+    with_offhost(Job::new(TEST, 4))
+        .clusters(&[("gpu", "0"), ("cpu", "1-3")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "3")
         .run();
 }

@@ -1301,12 +1301,9 @@ impl Hetero {
         let me = self.topo.me;
         let w = self.topo.world();
         let bytes = count * es;
-        // With staging, every rank's block of a round lands in one staging slot.
-        let per = if self.staging.is_some() {
-            self.sub_slot(es).max(es)
-        } else {
-            self.slot_bytes / es * es
-        };
+        // Every rank's block of a round fits one slot, so that a rank with staging receives a
+        // round in one staging slot (the cut is the same on every rank, staged or not).
+        let per = self.sub_slot(es).max(es);
         let rounds = bytes.div_ceil(per);
         let op = if root.is_some() {
             Collective::Gather
