@@ -19,6 +19,7 @@ use ferrocx::abi::{Capabilities, DataType, DevicePtr, MemKind, ReduceOp};
 use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::{CommError, Communicator};
 use ferrocx::half::f32_to_bf16;
+use ferrocx::hetero::Stage;
 use ferrocx::route::Route;
 use window_ranks::{communicator, rank_of, Job};
 
@@ -533,4 +534,150 @@ fn one_offhost_rank_beside_three_host_ranks() {
         .bridge_key("chunk_bytes", "4096")
         .bridge_key("depth", "3")
         .run();
+}
+
+/// Live streams, events and allocations of the `offhost` device in this process (its
+/// `ferrocx_offhost_live`, from the loaded `.so`); zeros where it is not loaded.
+fn offhost_live() -> [u64; 3] {
+    let path = std::ffi::CString::new(
+        ferrocx_tests::offhost_plugin()
+            .to_str()
+            .expect("a UTF-8 path"),
+    )
+    .expect("no NUL");
+    // SAFETY: a NUL-terminated path; RTLD_NOLOAD only looks the library up (a reference taken
+    // is given back below).
+    let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if lib.is_null() {
+        return [0; 3];
+    }
+    // SAFETY: a handle of dlopen and a NUL-terminated name.
+    let f = unsafe { libc::dlsym(lib, c"ferrocx_offhost_live".as_ptr()) };
+    assert!(
+        !f.is_null(),
+        "the offhost plugin exports ferrocx_offhost_live"
+    );
+    // SAFETY: the symbol is `unsafe extern "C" fn(*mut u64, *mut u64, *mut u64)`.
+    let f: unsafe extern "C" fn(*mut u64, *mut u64, *mut u64) = unsafe { std::mem::transmute(f) };
+    let mut v = [0u64; 3];
+    // SAFETY: three writable words.
+    unsafe { f(&mut v[0], &mut v[1], &mut v[2]) };
+    // SAFETY: the reference dlopen took above.
+    unsafe { libc::dlclose(lib) };
+    v
+}
+
+/// What a rank holds: descriptors, threads (the streams' workers), the offhost device's live
+/// streams, events and allocations, and the job's shared-memory segments.
+fn held() -> (usize, usize, [u64; 3], Vec<String>) {
+    let count = |d: &str| std::fs::read_dir(d).expect(d).count();
+    let job = std::env::var("FERROCX_JOB_ID").expect("a rank has a job id");
+    (
+        count("/proc/self/fd"),
+        count("/proc/self/task"),
+        offhost_live(),
+        // The bridge's segment is unlinked once every rank attached (a rank ahead may be
+        // making the next communicator's).
+        window_ranks::segments_of_job(&job)
+            .into_iter()
+            .filter(|n| !n.contains("-bridge-"))
+            .collect(),
+    )
+}
+
+#[test]
+fn a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing() {
+    const TEST: &str = "a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing";
+    if let Some(rank) = rank_of(TEST) {
+        let n = 3001;
+        let dtype = DataType::F32;
+        // (failing rank, its cluster, stage): every stage on the offhost rank (staged), the
+        // bridge step on a rank of the two-rank host cluster.
+        let cases: Vec<(usize, &str, Stage)> = Stage::ALL
+            .iter()
+            .map(|&s| (0, "a", s))
+            .chain([(2, "c", Stage::Bridge)])
+            .collect();
+        let mut baseline = None;
+        for (at, cluster, stage) in cases {
+            let comm = communicator();
+            let h = comm.hetero().expect("a job across clusters");
+            let send = Buf::new(&comm, input(dtype, 5, rank, n));
+            let recv = Buf::zeros(&comm, n * 4);
+            let call = || {
+                // SAFETY: n f32 each, kept until the synchronize.
+                unsafe { comm.all_reduce(send.ptr(), recv.ptr(), n, dtype, ReduceOp::SUM) }
+                    .and_then(|()| comm.synchronize())
+            };
+            call().expect("a call before the failure");
+            assert!(recv.get() == reduced(dtype, ReduceOp::SUM, 5, comm.world(), n));
+            comm.barrier().expect("barrier");
+            let before = held();
+            baseline.get_or_insert_with(|| before.clone());
+            let events = h.events_made();
+            if rank == at {
+                h.inject_failure(stage);
+            }
+            // A rank whose share was done before the failure may finish this call; its next
+            // one fails.
+            let e = call()
+                .and_then(|()| call())
+                .expect_err("the injected failure");
+            let text = e.to_string();
+            println!("ERROR {text}");
+            assert!(
+                text.contains(&format!(
+                    "rank {at} (cluster \"{cluster}\") failed at {}",
+                    stage.name()
+                )),
+                "rank {rank}: {text}"
+            );
+            for _ in 0..1000 {
+                let again = call().expect_err("a broken communicator");
+                assert_eq!(again.to_string(), text);
+            }
+            assert_eq!(h.events_made(), events, "no event taken by failed calls");
+            let after = held();
+            assert!(
+                after.0 <= before.0
+                    && after.1 <= before.1
+                    && after.2 == before.2
+                    && after.3 == before.3,
+                "rank {rank}: descriptors, threads, offhost objects or segments grew: \
+                 {before:?} -> {after:?}"
+            );
+            drop(comm);
+        }
+        // Every communicator gone: back to what the first one held.
+        let (fds, threads, live, _) = held();
+        let first = baseline.clone().expect("a case");
+        assert!(
+            fds <= first.0,
+            "rank {rank}: {fds} descriptors, {} before",
+            first.0
+        );
+        assert!(
+            threads <= first.1,
+            "rank {rank}: {threads} threads, {} before",
+            first.1
+        );
+        assert_eq!(live[1], 0, "rank {rank}: offhost events left");
+        println!("RANK OK");
+        return;
+    }
+    let done = with_offhost(Job::new(TEST, 3))
+        .clusters(&[("a", "0"), ("c", "1,2")])
+        .cluster_adaptors("a", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "4096")
+        .timeout_ms(3000)
+        .run();
+    // Per case, the same error on every rank.
+    for f in &done {
+        println!("rank {}: {:?}", f.rank, f.lines("ERROR "));
+    }
+    let errors: Vec<Vec<String>> = done.iter().map(|f| f.lines("ERROR ")).collect();
+    assert_eq!(errors[0].len(), 5, "{errors:?}");
+    for e in &errors {
+        assert_eq!(e, &errors[0], "every rank fails alike: {errors:?}");
+    }
 }

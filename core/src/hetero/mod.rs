@@ -941,7 +941,12 @@ impl Hetero {
         let faulty = plan.chunks / 2;
         let injected = |s: Stage, k: usize| -> Result<(), HeteroError> {
             if fault == Some(s) && k == faulty {
-                return Err(HeteroError::Bridge("an injected failure".into()));
+                return Err(HeteroError::Stage {
+                    rank: self.topo.me,
+                    cluster: self.topo.cluster_name_of(self.topo.me).to_string(),
+                    stage: s.name().to_string(),
+                    message: "an injected failure".into(),
+                });
             }
             Ok(())
         };
