@@ -576,11 +576,11 @@ fn held() -> (usize, usize, [u64; 3], Vec<String>) {
         count("/proc/self/fd"),
         count("/proc/self/task"),
         offhost_live(),
-        // The bridge's segment is unlinked once every rank attached (a rank ahead may be
-        // making the next communicator's).
+        // This process's own (the bridge's is unlinked once every rank attached; a rank
+        // ahead may be making the next communicator's).
         window_ranks::segments_of_job(&job)
             .into_iter()
-            .filter(|n| !n.contains("-bridge-"))
+            .filter(|n| n.starts_with(&format!("ferrocx-{job}-{}-", std::process::id())))
             .collect(),
     )
 }
@@ -612,9 +612,7 @@ fn a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing() {
             call().expect("a call before the failure");
             assert!(recv.get() == reduced(dtype, ReduceOp::SUM, 5, comm.world(), n));
             comm.barrier().expect("barrier");
-            let before = held();
-            baseline.get_or_insert_with(|| before.clone());
-            let events = h.events_made();
+            baseline.get_or_insert_with(held);
             if rank == at {
                 h.inject_failure(stage);
             }
@@ -632,6 +630,10 @@ fn a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing() {
                 )),
                 "rank {rank}: {text}"
             );
+            // What the failed call took is the communicator's (its pool's events); the calls
+            // after it take nothing.
+            let events = h.events_made();
+            let before = held();
             for _ in 0..1000 {
                 let again = call().expect_err("a broken communicator");
                 assert_eq!(again.to_string(), text);

@@ -32,7 +32,21 @@
 //! completed). A bridge step is a host function on the bridge stream (`launch_host_func`: the
 //! documented fallback of a device without stream memory operations); on a device whose
 //! memory the host addresses (`HOST_ADDRESSABLE`, the host device) it reads and writes the
-//! device buffers directly. Streams, events and staging are made once per communicator.
+//! device buffers directly. On any other device (CUDA) the step's sources are copied
+//! device → staging on the communicator's **copy stream** before it, and its results
+//! staging → device after it, each hand-over an event (`mem_copy_async`, `event_record`,
+//! `stream_wait_event`, `launch_host_func` of the device table, nothing else):
+//!
+//! ```text
+//!   cluster stream  RS(k) ─ev─┐                              ┌─► AG(k)
+//!   copy stream               D→H(k) ─ev─┐        ┌─► H→D(k) ─ev
+//!   bridge stream                        bridge(k) ─ev
+//! ```
+//!
+//! The staging is host memory (pinned where the device allocates `MemKind::PINNED`), one slot
+//! per pipeline slot plus the p2p and all_to_allv slots, made once per communicator; a slot is
+//! written again only after the copy stream has waited for the step that used it.
+//! Streams, events and staging are made once per communicator.
 //!
 //! **The other collectives** run over the bridge alone, every rank reading what it needs from
 //! the others' slots, chunk by chunk through the same epochs: broadcast (root in any cluster),
