@@ -9,7 +9,11 @@ use serde_json::{json, Value};
 
 use crate::info::{clusters_json, rejected_json};
 
-pub fn run(file: &PathBuf, as_json: bool) -> Result<ExitCode, Box<dyn std::error::Error>> {
+pub fn run(
+    file: &PathBuf,
+    as_json: bool,
+    world: Option<usize>,
+) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let config = match crate::load_config(Some(file)) {
         Ok(c) => c,
         Err(e) => {
@@ -50,7 +54,16 @@ pub fn run(file: &PathBuf, as_json: bool) -> Result<ExitCode, Box<dyn std::error
     let valid = clusters
         .iter()
         .all(|c| c["selected"].as_bool() == Some(true));
+    // The plan across clusters of a job of `world` ranks.
+    let plan = world.map(|w| ferrocx::hetero::plan::describe(&config, w));
+    let valid = valid && !matches!(plan, Some(Err(_)));
+    let plan_json = match &plan {
+        None | Some(Ok(None)) => Value::Null,
+        Some(Ok(Some(text))) => json!(text),
+        Some(Err(e)) => json!({ "error": e }),
+    };
     let report = json!({
+        "plan": plan_json,
         "valid": valid,
         "config": config.origin.to_string(),
         "timeout_ms": config.runtime.timeout_ms,
@@ -62,6 +75,14 @@ pub fn run(file: &PathBuf, as_json: bool) -> Result<ExitCode, Box<dyn std::error
     } else {
         let (text, errors) = render(&report);
         print!("{text}");
+        match &plan {
+            Some(Ok(Some(p))) => {
+                print!("plan across clusters ({} ranks):\n{p}", world.unwrap_or(0))
+            }
+            Some(Ok(None)) => println!("one cluster for {} ranks: no bridge", world.unwrap_or(0)),
+            Some(Err(e)) => eprintln!("{e}"),
+            None => {}
+        }
         eprint!("{errors}");
     }
     Ok(if valid {

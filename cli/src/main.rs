@@ -77,6 +77,9 @@ enum ConfigCommand {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Also print the clusters, the bridge and the all-reduce plan of a job of N ranks.
+        #[arg(long, value_name = "N")]
+        world: Option<usize>,
     },
 }
 
@@ -135,8 +138,8 @@ fn main() -> ExitCode {
         } => probe::child(config.as_ref(), &name),
         Command::Info { config, json, .. } => info::run(config.as_ref(), json),
         Command::Config {
-            command: ConfigCommand::Check { file, json },
-        } => check::run(&file, json),
+            command: ConfigCommand::Check { file, json, world },
+        } => check::run(&file, json, world),
         Command::Launch(args) => launch::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Conformance(args) => conformance::run_command(args),

@@ -200,3 +200,39 @@ fn config_check_json_carries_line_and_key() {
     assert_eq!(v["error"]["line"], 5);
     assert_eq!(v["error"]["key"], "cluster[0].multicast");
 }
+
+#[test]
+fn config_check_prints_the_plan_across_clusters_of_the_one_gpu_config() {
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/hetero-1gpu.toml");
+    let out = ferrocx(
+        &[
+            "config",
+            "check",
+            cfg.to_str().expect("utf-8 path"),
+            "--world",
+            "4",
+        ],
+        None,
+    );
+    let stdout = text(&out.stdout);
+    for line in [
+        "cluster gpu: ranks [0]",
+        "cluster cpu: ranks [1, 2, 3]",
+        "bridge: ccl host, chunk_bytes 1048576, depth 2",
+        "all_reduce of f32: chunks of 262143 elements",
+        "  rank 0 (gpu): share 0..262143: 0..87381 with [0,1]; 87381..174762 with [0,2]; \
+         174762..262143 with [0,3]",
+        "  rank 2 (cpu): share 87381..174762: 87381..174762 with [0,2]",
+    ] {
+        assert!(stdout.contains(line), "{line:?} not in:\n{stdout}");
+    }
+    // The file parses; without a CUDA build its only complaint is the cuda adaptor.
+    let stderr = text(&out.stderr);
+    if !out.status.success() {
+        assert!(
+            stderr.contains("cluster[0].device") && stderr.contains("\"cuda\""),
+            "{stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+}

@@ -42,6 +42,12 @@ pub fn rust_plugin() -> PathBuf {
     beside_exe("testrust")
 }
 
+/// Path of the `offhost` test plugin (a device the host cannot address), built by cargo beside
+/// the running executable.
+pub fn offhost_plugin() -> PathBuf {
+    beside_exe("offhost")
+}
+
 /// Path of the host adaptor's drop-in plugin, built by cargo beside the running executable.
 pub fn host_plugin() -> PathBuf {
     beside_exe("host")

@@ -5,16 +5,21 @@
 //! clusters fails alike on every rank; a rank killed mid-collective is named with its cluster
 //! on every other rank within the timeout; nothing is left in /dev/shm.
 //!
-//! Every cluster runs the host device and the host CCL here (one adaptor pair built in); a
-//! second device adaptor with memory of its own is not part of these tests yet.
+//! Clusters run the host device and CCL, or the `offhost` test plugin (a `.so`): a device whose
+//! memory the host cannot address (its addresses are not the process's), with streams of its
+//! own and a CCL of one rank per communicator, so its clusters have one rank each and the
+//! bridge moves their buffers through staging on the copy stream. Its buffers are device
+//! allocations, uploaded and downloaded through the device table.
 
 mod window_ranks;
 
 use std::time::{Duration, Instant};
 
-use ferrocx::abi::{DataType, DevicePtr, ReduceOp};
+use ferrocx::abi::{Capabilities, DataType, DevicePtr, MemKind, ReduceOp};
+use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::{CommError, Communicator};
 use ferrocx::half::f32_to_bf16;
+use ferrocx::hetero::Stage;
 use ferrocx::route::Route;
 use window_ranks::{communicator, rank_of, Job};
 
@@ -78,6 +83,49 @@ fn ptr(v: &[u8]) -> DevicePtr {
     DevicePtr(v.as_ptr() as u64)
 }
 
+/// A buffer of the communicator's device: host memory where the device addresses it, device
+/// memory (moved through staging by the bridge) otherwise.
+enum Buf {
+    Host(Vec<u8>),
+    Device(DeviceBuffer),
+}
+
+impl Buf {
+    /// `data` on `comm`'s device.
+    fn new(comm: &Communicator, data: Vec<u8>) -> Buf {
+        let host = comm
+            .device()
+            .properties(0)
+            .expect("properties")
+            .capabilities
+            .contains(Capabilities::HOST_ADDRESSABLE);
+        if host {
+            return Buf::Host(data);
+        }
+        Buf::Device(DeviceBuffer::from_host(comm.device(), &data, MemKind::DEVICE).expect("upload"))
+    }
+
+    /// `n` zero bytes.
+    fn zeros(comm: &Communicator, n: usize) -> Buf {
+        Buf::new(comm, vec![0u8; n])
+    }
+
+    fn ptr(&self) -> DevicePtr {
+        match self {
+            Buf::Host(v) => ptr(v),
+            Buf::Device(d) => d.ptr(),
+        }
+    }
+
+    /// The contents (after a synchronize).
+    fn get(&self) -> Vec<u8> {
+        match self {
+            Buf::Host(v) => v.clone(),
+            Buf::Device(d) => d.to_vec().expect("download"),
+        }
+    }
+}
+
 fn sync(comm: &Communicator, what: &str) {
     comm.synchronize()
         .unwrap_or_else(|e| panic!("rank {}: {what}: {e}", comm.rank()));
@@ -102,67 +150,70 @@ fn every_collective(comm: &Communicator, counts: &[usize]) {
             for op in OPS {
                 seed += 1;
                 let what = format!("all_reduce of {n} x {dtype:?} {op:?}");
-                let send = input(dtype, seed, me, n);
-                let recv = vec![0u8; n * es];
+                let send = Buf::new(comm, input(dtype, seed, me, n));
+                let recv = Buf::zeros(comm, n * es);
                 // SAFETY: host memory of n elements each, kept until the synchronize.
-                unsafe { comm.all_reduce(ptr(&send), ptr(&recv), n, dtype, op) }
+                unsafe { comm.all_reduce(send.ptr(), recv.ptr(), n, dtype, op) }
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 sync(comm, &what);
-                assert!(recv == reduced(dtype, op, seed, w, n), "rank {me}: {what}");
+                assert!(
+                    recv.get() == reduced(dtype, op, seed, w, n),
+                    "rank {me}: {what}"
+                );
                 // In place.
-                let buf = input(dtype, seed, me, n);
+                let buf = Buf::new(comm, input(dtype, seed, me, n));
                 // SAFETY: as above.
-                unsafe { comm.all_reduce(ptr(&buf), ptr(&buf), n, dtype, op) }
+                unsafe { comm.all_reduce(buf.ptr(), buf.ptr(), n, dtype, op) }
                     .unwrap_or_else(|e| panic!("{what} in place: {e}"));
                 sync(comm, &what);
                 assert!(
-                    buf == reduced(dtype, op, seed, w, n),
+                    buf.get() == reduced(dtype, op, seed, w, n),
                     "rank {me}: {what} in place"
                 );
             }
             seed += 1;
             // reduce to a root of each cluster, with sum.
             for root in [1, w - 1] {
-                let send = input(dtype, seed, me, n);
-                let recv = vec![0u8; n * es];
+                let send = Buf::new(comm, input(dtype, seed, me, n));
+                let recv = Buf::zeros(comm, n * es);
                 // SAFETY: as above.
-                unsafe { comm.reduce(ptr(&send), ptr(&recv), n, dtype, ReduceOp::SUM, root) }
+                unsafe { comm.reduce(send.ptr(), recv.ptr(), n, dtype, ReduceOp::SUM, root) }
                     .expect("reduce");
                 sync(comm, "reduce");
                 if me == root {
                     assert!(
-                        recv == reduced(dtype, ReduceOp::SUM, seed, w, n),
+                        recv.get() == reduced(dtype, ReduceOp::SUM, seed, w, n),
                         "rank {me}: reduce of {n} {dtype:?}"
                     );
                 }
             }
             // broadcast from a root of each cluster.
             for root in [0, w - 1] {
-                let send = input(dtype, seed, me, n);
-                let recv = vec![0u8; n * es];
+                let send = Buf::new(comm, input(dtype, seed, me, n));
+                let recv = Buf::zeros(comm, n * es);
                 // SAFETY: as above.
-                unsafe { comm.broadcast(ptr(&send), ptr(&recv), n, dtype, root) }
+                unsafe { comm.broadcast(send.ptr(), recv.ptr(), n, dtype, root) }
                     .expect("broadcast");
                 sync(comm, "broadcast");
                 assert!(
-                    recv == input(dtype, seed, root, n),
+                    recv.get() == input(dtype, seed, root, n),
                     "rank {me}: broadcast from {root}"
                 );
             }
             // all_gather and gather.
-            let send = input(dtype, seed, me, n);
+            let send = Buf::new(comm, input(dtype, seed, me, n));
             let all: Vec<u8> = (0..w).flat_map(|r| input(dtype, seed, r, n)).collect();
-            let recv = vec![0u8; w * n * es];
+            let recv = Buf::zeros(comm, w * n * es);
             // SAFETY: n and w * n elements.
-            unsafe { comm.all_gather(ptr(&send), ptr(&recv), n, dtype) }.expect("all_gather");
+            unsafe { comm.all_gather(send.ptr(), recv.ptr(), n, dtype) }.expect("all_gather");
             sync(comm, "all_gather");
-            assert!(recv == all, "rank {me}: all_gather of {n} {dtype:?}");
-            let recv = vec![0u8; w * n * es];
+            assert!(recv.get() == all, "rank {me}: all_gather of {n} {dtype:?}");
+            let recv = Buf::zeros(comm, w * n * es);
             // SAFETY: as above.
-            unsafe { comm.gather(ptr(&send), ptr(&recv), n, dtype, 2) }.expect("gather");
+            unsafe { comm.gather(send.ptr(), recv.ptr(), n, dtype, 2) }.expect("gather");
             sync(comm, "gather");
             if me == 2 {
-                assert!(recv == all, "rank {me}: gather of {n} {dtype:?}");
+                assert!(recv.get() == all, "rank {me}: gather of {n} {dtype:?}");
             }
             // reduce_scatter: block b of rank r's input is input(seed + b, r).
             let blocks = |r: usize| -> Vec<u8> {
@@ -170,33 +221,36 @@ fn every_collective(comm: &Communicator, counts: &[usize]) {
                     .flat_map(|b| input(dtype, seed * 31 + b as u64, r, n))
                     .collect()
             };
-            let send = blocks(me);
-            let recv = vec![0u8; n * es];
+            let send = Buf::new(comm, blocks(me));
+            let recv = Buf::zeros(comm, n * es);
             // SAFETY: w * n and n elements.
-            unsafe { comm.reduce_scatter(ptr(&send), ptr(&recv), n, dtype, ReduceOp::SUM) }
+            unsafe { comm.reduce_scatter(send.ptr(), recv.ptr(), n, dtype, ReduceOp::SUM) }
                 .expect("reduce_scatter");
             sync(comm, "reduce_scatter");
             assert!(
-                recv == reduced(dtype, ReduceOp::SUM, seed * 31 + me as u64, w, n),
+                recv.get() == reduced(dtype, ReduceOp::SUM, seed * 31 + me as u64, w, n),
                 "rank {me}: reduce_scatter of {n} {dtype:?}"
             );
             // all_to_all: my block b goes to rank b.
-            let recv = vec![0u8; w * n * es];
+            let recv = Buf::zeros(comm, w * n * es);
             // SAFETY: w * n elements each.
-            unsafe { comm.all_to_all(ptr(&send), ptr(&recv), n, dtype) }.expect("all_to_all");
+            unsafe { comm.all_to_all(send.ptr(), recv.ptr(), n, dtype) }.expect("all_to_all");
             sync(comm, "all_to_all");
             let expect: Vec<u8> = (0..w)
                 .flat_map(|r| input(dtype, seed * 31 + me as u64, r, n))
                 .collect();
-            assert!(recv == expect, "rank {me}: all_to_all of {n} {dtype:?}");
+            assert!(
+                recv.get() == expect,
+                "rank {me}: all_to_all of {n} {dtype:?}"
+            );
             // scatter from the last rank.
             let root = w - 1;
-            let recv = vec![0u8; n * es];
+            let recv = Buf::zeros(comm, n * es);
             // SAFETY: w * n (root) and n elements.
-            unsafe { comm.scatter(ptr(&send), ptr(&recv), n, dtype, root) }.expect("scatter");
+            unsafe { comm.scatter(send.ptr(), recv.ptr(), n, dtype, root) }.expect("scatter");
             sync(comm, "scatter");
             assert!(
-                recv == input(dtype, seed * 31 + me as u64, root, n),
+                recv.get() == input(dtype, seed * 31 + me as u64, root, n),
                 "rank {me}: scatter of {n} {dtype:?}"
             );
         }
@@ -231,17 +285,20 @@ fn all_to_allv(comm: &Communicator) {
             .collect()
     };
     let (sd, rd) = (displs(&send_counts), displs(&recv_counts));
-    let send: Vec<u8> = (0..w)
-        .flat_map(|d| input(dtype, 900 + d as u64, me, count(me, d)))
-        .collect();
-    let recv = vec![0u8; recv_counts.iter().sum::<usize>() * 4];
+    let send = Buf::new(
+        comm,
+        (0..w)
+            .flat_map(|d| input(dtype, 900 + d as u64, me, count(me, d)))
+            .collect(),
+    );
+    let recv = Buf::zeros(comm, recv_counts.iter().sum::<usize>() * 4);
     // SAFETY: the arrays describe both buffers.
     unsafe {
         comm.all_to_allv(
-            ptr(&send),
+            send.ptr(),
             &send_counts,
             &sd,
-            ptr(&recv),
+            recv.ptr(),
             &recv_counts,
             &rd,
             dtype,
@@ -252,7 +309,7 @@ fn all_to_allv(comm: &Communicator) {
     let expect: Vec<u8> = (0..w)
         .flat_map(|s| input(dtype, 900 + me as u64, s, count(s, me)))
         .collect();
-    assert!(recv == expect, "rank {me}: all_to_allv");
+    assert!(recv.get() == expect, "rank {me}: all_to_allv");
 }
 
 /// Each rank sends to the next and receives from the previous (across clusters and inside
@@ -262,20 +319,20 @@ fn point_to_point(comm: &Communicator) {
     let w = comm.world();
     let n = 3001;
     let dtype = DataType::F32;
-    let send = input(dtype, 77, me, n);
-    let recv = vec![0u8; n * 4];
+    let send = Buf::new(comm, input(dtype, 77, me, n));
+    let recv = Buf::zeros(comm, n * 4);
     let (next, prev) = ((me + 1) % w, (me + w - 1) % w);
     comm.group(|| {
         // SAFETY: n elements each, kept until the synchronize.
         unsafe {
-            comm.send(ptr(&send), n, dtype, next)?;
-            comm.recv(ptr(&recv), n, dtype, prev)
+            comm.send(send.ptr(), n, dtype, next)?;
+            comm.recv(recv.ptr(), n, dtype, prev)
         }
     })
     .expect("send/recv");
     sync(comm, "send/recv");
     assert!(
-        recv == input(dtype, 77, prev, n),
+        recv.get() == input(dtype, 77, prev, n),
         "rank {me}: recv from {prev}"
     );
 }
@@ -417,4 +474,212 @@ fn mpi_bridge_is_refused_at_init_with_the_key() {
         .clusters(&[("a", "0"), ("b", "1")])
         .bridge_key("ccl", "\"mpi\"")
         .run();
+}
+
+/// The `offhost` plugin for every rank (a device the host cannot address: the bridge stages
+/// its buffers).
+fn with_offhost(job: Job) -> Job {
+    let path = ferrocx_tests::offhost_plugin();
+    job.env("FERROCX_PLUGIN_PATH", path.to_str().expect("a UTF-8 path"))
+}
+
+/// Asserts that `comm`'s device is `offhost` and stages through the bridge exactly there.
+fn assert_staged_on_offhost(comm: &Communicator) {
+    let offhost = comm.device().name() == "offhost";
+    let h = comm.hetero().expect("a job across clusters");
+    assert_eq!(h.staged(), offhost, "rank {}", comm.rank());
+    assert_eq!(h.streams_made(), if offhost { 5 } else { 4 });
+}
+
+#[test]
+fn offhost_clusters_beside_host_ones_every_collective() {
+    const TEST: &str = "offhost_clusters_beside_host_ones_every_collective";
+    if let Some(rank) = rank_of(TEST) {
+        let comm = communicator();
+        assert_eq!(
+            comm.device().name(),
+            if rank < 2 { "offhost" } else { "host" }
+        );
+        assert_staged_on_offhost(&comm);
+        every_collective(&comm, &[1, 13, 3333]);
+        println!("RANK OK");
+        return;
+    }
+    // Clusters of 1 + 1 + 2 ranks: two of one rank on the offhost device (its CCL runs one rank
+    // per communicator), one of two ranks on the host; 4 KiB chunks, so that the larger counts
+    // run several chunks through the pipeline and the staging slots are reused.
+    with_offhost(Job::new(TEST, 4))
+        .clusters(&[("a", "0"), ("b", "1"), ("c", "2,3")])
+        .cluster_adaptors("a", "offhost", "offhost")
+        .cluster_adaptors("b", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "2")
+        .run();
+}
+
+#[test]
+fn one_offhost_rank_beside_three_host_ranks() {
+    const TEST: &str = "one_offhost_rank_beside_three_host_ranks";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        assert_staged_on_offhost(&comm);
+        every_collective(&comm, &[5, 2049]);
+        println!("RANK OK");
+        return;
+    }
+    // The shape of configs/hetero-1gpu.toml: one rank on a device of its own, three CPU ranks.
+    with_offhost(Job::new(TEST, 4))
+        .clusters(&[("gpu", "0"), ("cpu", "1-3")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "3")
+        .run();
+}
+
+/// Live streams, events and allocations of the `offhost` device in this process (its
+/// `ferrocx_offhost_live`, from the loaded `.so`); zeros where it is not loaded.
+fn offhost_live() -> [u64; 3] {
+    let path = std::ffi::CString::new(
+        ferrocx_tests::offhost_plugin()
+            .to_str()
+            .expect("a UTF-8 path"),
+    )
+    .expect("no NUL");
+    // SAFETY: a NUL-terminated path; RTLD_NOLOAD only looks the library up (a reference taken
+    // is given back below).
+    let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if lib.is_null() {
+        return [0; 3];
+    }
+    // SAFETY: a handle of dlopen and a NUL-terminated name.
+    let f = unsafe { libc::dlsym(lib, c"ferrocx_offhost_live".as_ptr()) };
+    assert!(
+        !f.is_null(),
+        "the offhost plugin exports ferrocx_offhost_live"
+    );
+    // SAFETY: the symbol is `unsafe extern "C" fn(*mut u64, *mut u64, *mut u64)`.
+    let f: unsafe extern "C" fn(*mut u64, *mut u64, *mut u64) = unsafe { std::mem::transmute(f) };
+    let mut v = [0u64; 3];
+    // SAFETY: three writable words.
+    unsafe { f(&mut v[0], &mut v[1], &mut v[2]) };
+    // SAFETY: the reference dlopen took above.
+    unsafe { libc::dlclose(lib) };
+    v
+}
+
+/// What a rank holds: descriptors, threads (the streams' workers), the offhost device's live
+/// streams, events and allocations, and the job's shared-memory segments.
+fn held() -> (usize, usize, [u64; 3], Vec<String>) {
+    let count = |d: &str| std::fs::read_dir(d).expect(d).count();
+    let job = std::env::var("FERROCX_JOB_ID").expect("a rank has a job id");
+    (
+        count("/proc/self/fd"),
+        count("/proc/self/task"),
+        offhost_live(),
+        // This process's own (the bridge's is unlinked once every rank attached; a rank
+        // ahead may be making the next communicator's).
+        window_ranks::segments_of_job(&job)
+            .into_iter()
+            .filter(|n| n.starts_with(&format!("ferrocx-{job}-{}-", std::process::id())))
+            .collect(),
+    )
+}
+
+#[test]
+fn a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing() {
+    const TEST: &str = "a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing";
+    if let Some(rank) = rank_of(TEST) {
+        let n = 3001;
+        let dtype = DataType::F32;
+        // (failing rank, its cluster, stage): every stage on the offhost rank (staged), the
+        // bridge step on a rank of the two-rank host cluster.
+        let cases: Vec<(usize, &str, Stage)> = Stage::ALL
+            .iter()
+            .map(|&s| (0, "a", s))
+            .chain([(2, "c", Stage::Bridge)])
+            .collect();
+        let mut baseline = None;
+        for (at, cluster, stage) in cases {
+            let comm = communicator();
+            let h = comm.hetero().expect("a job across clusters");
+            let send = Buf::new(&comm, input(dtype, 5, rank, n));
+            let recv = Buf::zeros(&comm, n * 4);
+            let call = || {
+                // SAFETY: n f32 each, kept until the synchronize.
+                unsafe { comm.all_reduce(send.ptr(), recv.ptr(), n, dtype, ReduceOp::SUM) }
+                    .and_then(|()| comm.synchronize())
+            };
+            call().expect("a call before the failure");
+            assert!(recv.get() == reduced(dtype, ReduceOp::SUM, 5, comm.world(), n));
+            comm.barrier().expect("barrier");
+            baseline.get_or_insert_with(held);
+            if rank == at {
+                h.inject_failure(stage);
+            }
+            // A rank whose share was done before the failure may finish this call; its next
+            // one fails.
+            let e = call()
+                .and_then(|()| call())
+                .expect_err("the injected failure");
+            let text = e.to_string();
+            println!("ERROR {text}");
+            assert!(
+                text.contains(&format!(
+                    "rank {at} (cluster \"{cluster}\") failed at {}",
+                    stage.name()
+                )),
+                "rank {rank}: {text}"
+            );
+            // What the failed call took is the communicator's (its pool's events); the calls
+            // after it take nothing.
+            let events = h.events_made();
+            let before = held();
+            for _ in 0..1000 {
+                let again = call().expect_err("a broken communicator");
+                assert_eq!(again.to_string(), text);
+            }
+            assert_eq!(h.events_made(), events, "no event taken by failed calls");
+            let after = held();
+            assert!(
+                after.0 <= before.0
+                    && after.1 <= before.1
+                    && after.2 == before.2
+                    && after.3 == before.3,
+                "rank {rank}: descriptors, threads, offhost objects or segments grew: \
+                 {before:?} -> {after:?}"
+            );
+            drop(comm);
+        }
+        // Every communicator gone: back to what the first one held.
+        let (fds, threads, live, _) = held();
+        let first = baseline.clone().expect("a case");
+        assert!(
+            fds <= first.0,
+            "rank {rank}: {fds} descriptors, {} before",
+            first.0
+        );
+        assert!(
+            threads <= first.1,
+            "rank {rank}: {threads} threads, {} before",
+            first.1
+        );
+        assert_eq!(live[1], 0, "rank {rank}: offhost events left");
+        println!("RANK OK");
+        return;
+    }
+    let done = with_offhost(Job::new(TEST, 3))
+        .clusters(&[("a", "0"), ("c", "1,2")])
+        .cluster_adaptors("a", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "4096")
+        .timeout_ms(3000)
+        .run();
+    // Per case, the same error on every rank.
+    for f in &done {
+        println!("rank {}: {:?}", f.rank, f.lines("ERROR "));
+    }
+    let errors: Vec<Vec<String>> = done.iter().map(|f| f.lines("ERROR ")).collect();
+    assert_eq!(errors[0].len(), 5, "{errors:?}");
+    for e in &errors {
+        assert_eq!(e, &errors[0], "every rank fails alike: {errors:?}");
+    }
 }

@@ -32,7 +32,21 @@
 //! completed). A bridge step is a host function on the bridge stream (`launch_host_func`: the
 //! documented fallback of a device without stream memory operations); on a device whose
 //! memory the host addresses (`HOST_ADDRESSABLE`, the host device) it reads and writes the
-//! device buffers directly. Streams, events and staging are made once per communicator.
+//! device buffers directly. On any other device (CUDA) the step's sources are copied
+//! device → staging on the communicator's **copy stream** before it, and its results
+//! staging → device after it, each hand-over an event (`mem_copy_async`, `event_record`,
+//! `stream_wait_event`, `launch_host_func` of the device table, nothing else):
+//!
+//! ```text
+//!   cluster stream  RS(k) ─ev─┐                              ┌─► AG(k)
+//!   copy stream               D→H(k) ─ev─┐        ┌─► H→D(k) ─ev
+//!   bridge stream                        bridge(k) ─ev
+//! ```
+//!
+//! The staging is host memory (pinned where the device allocates `MemKind::PINNED`), one slot
+//! per pipeline slot plus the p2p and all_to_allv slots, made once per communicator; a slot is
+//! written again only after the copy stream has waited for the step that used it.
+//! Streams, events and staging are made once per communicator.
 //!
 //! **The other collectives** run over the bridge alone, every rank reading what it needs from
 //! the others' slots, chunk by chunk through the same epochs: broadcast (root in any cluster),
@@ -60,7 +74,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::abi::{Capabilities, Comm, DataType, DevicePtr, ReduceOp, Stream};
+use crate::abi::{Capabilities, Comm, DataType, DevicePtr, MemKind, ReduceOp, Stream};
 use crate::adaptor::{AdaptorError, Ccl, Device};
 use crate::config::{BridgeCcl, BridgeConfig};
 use crate::route::Collective;
@@ -105,6 +119,19 @@ pub enum HeteroError {
         /// The failure as that rank reported it.
         message: String,
     },
+    /// A stage of a call failed on this rank (`rank`): every other rank fails with the same
+    /// text (recorded in the bridge).
+    #[error("{} (cluster {cluster:?}) failed at {stage}: {message}", rank_word(*rank))]
+    Stage {
+        /// The global rank.
+        rank: usize,
+        /// Its cluster.
+        cluster: String,
+        /// Where it failed (`the bridge step of an all_reduce`).
+        stage: String,
+        /// Why.
+        message: String,
+    },
     /// Ranks called different collectives, counts or dtypes.
     #[error("{0}")]
     Mismatch(String),
@@ -136,6 +163,11 @@ impl Shared {
         let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             tracing::error!("{e}");
+            // A failure of this rank's own is named to every other rank through the bridge
+            // (failures about a peer are recorded by the wait that found them).
+            if let HeteroError::Stage { rank, .. } = &e {
+                self.bridge.record_failure(*rank, &e);
+            }
             *slot = Some(e);
         }
         self.failed.store(true, Ordering::Release);
@@ -180,7 +212,100 @@ struct Streams {
     bridge: Stream,
     send: Stream,
     recv: Stream,
+    /// The copy stream between device buffers and staging (a device the host cannot address).
+    copy: Option<Stream>,
 }
+
+impl Streams {
+    fn all(&self) -> impl Iterator<Item = Stream> + '_ {
+        [self.cluster, self.bridge, self.send, self.recv]
+            .into_iter()
+            .chain(self.copy)
+    }
+}
+
+/// A stage of the all-reduce plan, where a test injects a failure
+/// ([`Hetero::inject_failure`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The reduce-scatter inside the cluster (a copy in a one-rank cluster).
+    Cluster,
+    /// The copy of this rank's share from the device into staging (where the device's
+    /// memory is not host-addressable; at the same point of the plan otherwise).
+    Staging,
+    /// The bridge step (a host function on the bridge stream).
+    Bridge,
+    /// The all-gather inside the cluster.
+    Gather,
+}
+
+impl Stage {
+    /// Every stage, in plan order.
+    pub const ALL: [Stage; 4] = [Stage::Cluster, Stage::Staging, Stage::Bridge, Stage::Gather];
+
+    /// `the in-cluster step of an all_reduce`, ….
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Cluster => "the in-cluster step of an all_reduce",
+            Stage::Staging => "the staging copy of an all_reduce",
+            Stage::Bridge => "the bridge step of an all_reduce",
+            Stage::Gather => "the gather of an all_reduce",
+        }
+    }
+}
+
+/// Host memory between a device the host cannot address and the bridge: `slots` slots of
+/// `slot_bytes` (the pipeline's `depth`, then the p2p send and receive slots and the
+/// all_to_allv out and in slots), pinned where the device allocates `MemKind::PINNED`.
+struct Staging {
+    base: u64,
+    slot_bytes: usize,
+    /// The device's pinned allocation, or host memory of our own.
+    memory: StagingMemory,
+}
+
+enum StagingMemory {
+    Pinned,
+    Host(#[allow(dead_code)] Vec<u64>),
+}
+
+impl Staging {
+    /// Allocates `slots` slots of `slot_bytes` (a multiple of 8).
+    fn new(device: &Device, slots: usize, slot_bytes: usize) -> Staging {
+        let bytes = slots * slot_bytes;
+        match device.mem_alloc(bytes, MemKind::PINNED) {
+            Ok(p) => Staging {
+                base: p.0,
+                slot_bytes,
+                memory: StagingMemory::Pinned,
+            },
+            Err(e) => {
+                tracing::debug!("staging in pageable host memory: {e}");
+                let v = vec![0u64; bytes.div_ceil(8)];
+                Staging {
+                    base: v.as_ptr() as u64,
+                    slot_bytes,
+                    memory: StagingMemory::Host(v),
+                }
+            }
+        }
+    }
+
+    fn slot(&self, s: usize) -> u64 {
+        self.base + (s * self.slot_bytes) as u64
+    }
+
+    fn free(&mut self, device: &Device) {
+        if let StagingMemory::Pinned = self.memory {
+            // SAFETY: our pinned allocation, freed once (the streams using it are drained).
+            let _ = unsafe { device.mem_free(DevicePtr(self.base), MemKind::PINNED) };
+            self.memory = StagingMemory::Host(Vec::new());
+        }
+    }
+}
+
+/// A copy between a device buffer and staging: (destination, source, bytes).
+type Move = (u64, u64, usize);
 
 /// What the host thread tracks between calls (under one lock): the next epoch, the reads each
 /// slot of this rank must see before it is written again, the p2p sequence numbers, and the
@@ -206,9 +331,12 @@ pub struct Hetero {
     streams: Streams,
     events: Mutex<EventPool>,
     state: Mutex<State>,
-    host_addressable: bool,
     depth: usize,
     slot_bytes: usize,
+    /// Staging between the device and the bridge (`None` on a host-addressable device).
+    staging: Option<Staging>,
+    /// A failure the next all_reduce injects (tests).
+    inject: Mutex<Option<Stage>>,
 }
 
 /// One copy or reduction of a bridge step: `dst` gets `n` elements (bytes for a copy) read
@@ -218,6 +346,21 @@ struct Out {
     n: usize,
     srcs: Vec<(usize, usize)>,
     reduce: Option<(DataType, ReduceOp, usize)>,
+}
+
+/// What an all-reduce enqueues with (see [`Hetero::all_reduce`]).
+struct AllReduceArgs<'a> {
+    send: DevicePtr,
+    recv: DevicePtr,
+    dtype: DataType,
+    op: ReduceOp,
+    es: usize,
+    call: u64,
+    count: usize,
+    first: u64,
+    free: &'a [u64],
+    stream: Stream,
+    fault: Option<Stage>,
 }
 
 /// One epoch of the bridge on this rank.
@@ -230,10 +373,49 @@ struct Step {
     publish: Vec<(u64, usize, usize)>,
     outs: Vec<Out>,
     what: &'static str,
+    /// A failure to report instead of running (injected by a test).
+    fault: Option<HeteroError>,
 }
 
 impl Step {
+    /// Points the step's sources and destinations at a staging slot (`base`, `cap` bytes):
+    /// returns the copies device → staging to run before the step and staging → device
+    /// after it. The two directions share the slot: a step publishes every source before it
+    /// writes its first destination.
+    fn stage(&mut self, base: u64, cap: usize) -> Result<(Vec<Move>, Vec<Move>), HeteroError> {
+        let mut before = Vec::with_capacity(self.publish.len());
+        let mut at = 0usize;
+        for p in &mut self.publish {
+            before.push((base + at as u64, p.0, p.2));
+            p.0 = base + at as u64;
+            at += p.2;
+        }
+        let published = at;
+        let mut after = Vec::with_capacity(self.outs.len());
+        at = 0;
+        for out in &mut self.outs {
+            let bytes = match out.reduce {
+                Some((dtype, _, _)) => out.n * dtype.size().unwrap_or(0),
+                None => out.n,
+            };
+            after.push((out.dst, base + at as u64, bytes));
+            out.dst = base + at as u64;
+            at += bytes;
+        }
+        if published.max(at) > cap {
+            return Err(HeteroError::Bridge(format!(
+                "{}: {} bytes do not fit a staging slot of {cap}",
+                self.what,
+                published.max(at)
+            )));
+        }
+        Ok((before, after))
+    }
+
     fn run(self, b: &Bridge) -> Result<(), HeteroError> {
+        if let Some(e) = self.fault {
+            return Err(e);
+        }
         let me = b.topo().me;
         let slot = self.slot;
         if !self.publish.is_empty() {
@@ -281,6 +463,13 @@ impl Step {
         Ok(())
     }
 }
+
+/// Staging slots past the pipeline's: p2p send, p2p receive, all_to_allv out and in.
+const STAGING_EXTRA: usize = 4;
+const SEND_SLOT: usize = 0;
+const RECV_SLOT: usize = 1;
+const A2A_OUT_SLOT: usize = 2;
+const A2A_IN_SLOT: usize = 3;
 
 /// Packs a collective's kind, dtype, op and root into a descriptor word.
 fn kind_word(op: Collective, dtype: DataType, redop: Option<ReduceOp>, root: Option<usize>) -> u64 {
@@ -362,6 +551,11 @@ impl Hetero {
                 bridge: stream()?,
                 send: stream()?,
                 recv: stream()?,
+                copy: if host_addressable {
+                    None
+                } else {
+                    Some(stream()?)
+                },
             })
         })();
         let streams = match streams {
@@ -373,6 +567,10 @@ impl Hetero {
                 return Err(e);
             }
         };
+        // Pipeline slots, then the p2p send and receive slots and the all_to_allv out and
+        // in slots.
+        let staging =
+            (!host_addressable).then(|| Staging::new(&device, depth + STAGING_EXTRA, slot_bytes));
         tracing::debug!(
             clusters = topo.clusters.len(),
             world,
@@ -400,9 +598,10 @@ impl Hetero {
                 received: vec![0; world],
                 plans: HashMap::new(),
             }),
-            host_addressable,
             depth,
             slot_bytes,
+            staging,
+            inject: Mutex::new(None),
             topo,
         })
     }
@@ -445,11 +644,27 @@ impl Hetero {
         })
     }
 
+    /// `true` when the device's buffers move through staging (its memory is not
+    /// host-addressable).
+    pub fn staged(&self) -> bool {
+        self.staging.is_some()
+    }
+
+    /// Streams the communicator made for its plans (fixed for its life).
+    pub fn streams_made(&self) -> usize {
+        self.streams.all().count()
+    }
+
+    /// Makes this rank's next all_reduce fail at `stage` (a test of failure handling: every
+    /// rank must fail alike, and the call must release what it took).
+    pub fn inject_failure(&self, stage: Stage) {
+        *self.inject.lock().unwrap_or_else(|p| p.into_inner()) = Some(stage);
+    }
+
     /// Waits for every stream of the plans (teardown and `synchronize`).
     pub fn drain(&self) -> Result<(), AdaptorError> {
-        let s = &self.streams;
         let mut first = Ok(());
-        for st in [s.cluster, s.bridge, s.send, s.recv] {
+        for st in self.streams.all() {
             let r = self.device.stream_synchronize(st);
             if first.is_ok() {
                 first = r;
@@ -502,15 +717,104 @@ impl Hetero {
         Ok(self.device.stream_wait_event(to, e)?)
     }
 
-    fn need_host_addressable(&self, op: Collective) -> Result<(), HeteroError> {
-        if self.host_addressable {
-            return Ok(());
+    /// `e` as this rank's failure at `stage` (an error about a peer, or already named, is
+    /// kept as it is).
+    fn at_stage(&self, stage: &str, e: HeteroError) -> HeteroError {
+        match e {
+            HeteroError::Adaptor(_) | HeteroError::Bridge(_) | HeteroError::Unsupported(_) => {
+                HeteroError::Stage {
+                    rank: self.topo.me,
+                    cluster: self.topo.cluster_name_of(self.topo.me).to_string(),
+                    stage: stage.to_string(),
+                    message: e.to_string(),
+                }
+            }
+            e => e,
         }
-        Err(HeteroError::Unsupported(format!(
-            "{op} across clusters: the device adaptor `{}` is not host-addressable, and \
-             staging its buffers through the bridge's copy stream is not available yet",
-            self.device.name()
-        )))
+    }
+
+    /// Records the failure of a call whose epochs are reserved but not all enqueued (the
+    /// bridge is out of step): this communicator's later calls fail at once, and the other
+    /// ranks fail with the same text. Returns the error to report.
+    fn fail_call(&self, stage: &str, e: HeteroError) -> HeteroError {
+        let e = self.at_stage(stage, e);
+        self.shared.fail(e.clone());
+        e
+    }
+
+    /// Enqueues `moves` on `stream`.
+    ///
+    /// # Safety
+    /// Each move's ranges are valid (ranges of the call's buffers, by the buffer contract of
+    /// [`crate::comm::Call`], and of the staging), and ordered against their other users.
+    unsafe fn moves(&self, moves: &[Move], stream: Stream) -> Result<(), HeteroError> {
+        for &(dst, src, bytes) in moves {
+            if bytes > 0 {
+                // SAFETY: this function's contract.
+                unsafe {
+                    self.device
+                        .mem_copy_async(DevicePtr(dst), DevicePtr(src), bytes, stream)
+                }?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues `step` on the bridge stream after the work enqueued on `after` so far. With
+    /// staging, its sources are first copied from the device into its staging slot on the
+    /// copy stream; returns the copies back to the device that [`Hetero::finish_step`]
+    /// enqueues once the step ran.
+    ///
+    /// # Safety
+    /// The step's sources and destinations are ranges of the call's buffers (the buffer
+    /// contract of [`crate::comm::Call`]).
+    unsafe fn issue_step(
+        &self,
+        after: Option<Stream>,
+        mut step: Step,
+    ) -> Result<Vec<Move>, HeteroError> {
+        let bs = self.streams.bridge;
+        let (Some(st), Some(cp)) = (&self.staging, self.streams.copy) else {
+            if let Some(a) = after {
+                self.order(a, bs)?;
+            }
+            self.host(bs, Box::new(move |b: &Bridge| step.run(b)))?;
+            return Ok(Vec::new());
+        };
+        let (before, back) = step.stage(st.slot(step.slot), st.slot_bytes)?;
+        if let Some(a) = after {
+            self.order(a, cp)?;
+        }
+        // SAFETY: the call's ranges (this function's contract) and the step's staging slot,
+        // which the copy stream reaches only after the previous step of that slot ran
+        // (`finish_step` ordered it after the bridge stream).
+        unsafe { self.moves(&before, cp) }?;
+        self.order(cp, bs)?;
+        self.host(bs, Box::new(move |b: &Bridge| step.run(b)))?;
+        Ok(back)
+    }
+
+    /// Orders `to` (the copy stream when `None`) after the steps issued so far, with a
+    /// staged step's copies back to the device between.
+    ///
+    /// # Safety
+    /// `back` came from [`Hetero::issue_step`] of this call.
+    unsafe fn finish_step(&self, back: &[Move], to: Option<Stream>) -> Result<(), HeteroError> {
+        let bs = self.streams.bridge;
+        let Some(cp) = self.streams.copy.filter(|_| self.staging.is_some()) else {
+            return match to {
+                Some(t) => self.order(bs, t),
+                None => Ok(()),
+            };
+        };
+        self.order(bs, cp)?;
+        // SAFETY: the call's ranges and the staging slot the step wrote (the copy stream
+        // waits for the step above).
+        unsafe { self.moves(back, cp) }?;
+        match to {
+            Some(t) => self.order(cp, t),
+            None => Ok(()),
+        }
     }
 
     /// Takes the next call number and `n` epochs; returns (call, first epoch, per epoch the
@@ -578,7 +882,6 @@ impl Hetero {
         stream: Stream,
     ) -> Result<(), HeteroError> {
         self.ready()?;
-        self.need_host_addressable(Collective::AllReduce)?;
         let es = elem(dtype)?;
         if !reduce::supports(dtype, op) {
             return Err(HeteroError::Unsupported(format!(
@@ -588,44 +891,56 @@ impl Hetero {
             )));
         }
         let plan = self.all_reduce_plan(count, dtype, es);
+        let fault = self.inject.lock().unwrap_or_else(|p| p.into_inner()).take();
         let (call, first, free) = self.reserve(plan.chunks, &|k| plan.chunk(k).1.readers);
-        self.check_step(
-            call,
-            Descriptor {
-                count: count as u64,
-                kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
-            },
-        )?;
+        let mut stage = Stage::Cluster;
         // SAFETY: this function's contract, passed on.
         let r = unsafe {
-            self.all_reduce_stages(&plan, send, recv, dtype, op, es, first, &free, stream)
+            self.all_reduce_stages(
+                &plan,
+                AllReduceArgs {
+                    send,
+                    recv,
+                    dtype,
+                    op,
+                    es,
+                    call,
+                    count,
+                    first,
+                    free: &free,
+                    stream,
+                    fault,
+                },
+                &mut stage,
+            )
         };
-        if let Err(e) = &r {
-            // The epochs reserved are not all enqueued: the bridge is out of step.
-            self.shared.fail(e.clone());
-        }
-        r
+        r.map_err(|e| self.fail_call(stage.name(), e))
     }
 
-    /// The stages of an all-reduce, chunk by chunk.
+    /// The stages of an all-reduce, chunk by chunk; `stage` follows the stage being enqueued.
     ///
     /// # Safety
     /// As [`Hetero::all_reduce`]: `send` and `recv` hold the plan's `count` elements.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn all_reduce_stages(
         &self,
         plan: &AllReducePlan,
-        send: DevicePtr,
-        recv: DevicePtr,
-        dtype: DataType,
-        op: ReduceOp,
-        es: usize,
-        first: u64,
-        free: &[u64],
-        stream: Stream,
+        a: AllReduceArgs<'_>,
+        stage: &mut Stage,
     ) -> Result<(), HeteroError> {
+        let AllReduceArgs {
+            send,
+            recv,
+            dtype,
+            op,
+            es,
+            call,
+            count,
+            first,
+            free,
+            stream,
+            fault,
+        } = a;
         let cs = self.streams.cluster;
-        let bs = self.streams.bridge;
         let p = self.topo.sizes()[self.topo.my_cluster()];
         let i = self.topo.my_local();
         let me_c = self.topo.my_cluster();
@@ -636,14 +951,38 @@ impl Hetero {
             op
         };
         let at = |ptr: DevicePtr, elems: usize| DevicePtr(ptr.0 + (elems * es) as u64);
+        // The chunk where an injected failure strikes: one in the middle of the message.
+        let faulty = plan.chunks / 2;
+        let injected = |s: Stage, k: usize| -> Result<(), HeteroError> {
+            if fault == Some(s) && k == faulty {
+                return Err(HeteroError::Stage {
+                    rank: self.topo.me,
+                    cluster: self.topo.cluster_name_of(self.topo.me).to_string(),
+                    stage: s.name().to_string(),
+                    message: "an injected failure".into(),
+                });
+            }
+            Ok(())
+        };
+        self.check_step(
+            call,
+            Descriptor {
+                count: count as u64,
+                kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
+            },
+        )?;
         self.order(stream, cs)?;
-        let issue = |k: usize| -> Result<(), HeteroError> {
+        let cell = std::cell::Cell::new(Stage::Cluster);
+        let issue = |k: usize| -> Result<Vec<Move>, HeteroError> {
             let (off, sh) = plan.chunk(k);
             let (q, tail) = (sh.q, sh.tail);
+            cell.set(Stage::Cluster);
+            injected(Stage::Cluster, k)?;
             if p == 1 {
                 if send != recv && sh.elems > 0 {
-                    // SAFETY: ranges of the caller's `send`/`recv` (the plan keeps every chunk inside `count`
-                    // elements), live until the stages complete on the stream (the contract).
+                    // SAFETY: ranges of the caller's `send`/`recv` (the plan keeps every chunk
+                    // inside `count` elements), live until the stages complete on the stream
+                    // (the contract).
                     unsafe {
                         self.device
                             .mem_copy_async(at(recv, off), at(send, off), sh.elems * es, cs)
@@ -651,8 +990,7 @@ impl Hetero {
                 }
             } else {
                 if q > 0 {
-                    // SAFETY: ranges of the caller's `send`/`recv` (the plan keeps every chunk inside `count`
-                    // elements), live until the stages complete on the stream (the contract).
+                    // SAFETY: as above.
                     unsafe {
                         self.ccl.reduce_scatter(
                             at(send, off),
@@ -666,8 +1004,7 @@ impl Hetero {
                     }?;
                 }
                 if tail > 0 {
-                    // SAFETY: ranges of the caller's `send`/`recv` (the plan keeps every chunk inside `count`
-                    // elements), live until the stages complete on the stream (the contract).
+                    // SAFETY: as above.
                     unsafe {
                         self.ccl.all_reduce(
                             at(send, off + q * p),
@@ -681,7 +1018,8 @@ impl Hetero {
                     }?;
                 }
             }
-            self.order(cs, bs)?;
+            cell.set(Stage::Staging);
+            injected(Stage::Staging, k)?;
             let epoch = first + k as u64;
             let share_bytes = (sh.share.1 - sh.share.0) * es;
             let step = Step {
@@ -704,23 +1042,33 @@ impl Hetero {
                     })
                     .collect(),
                 what: "the bridge step of an all_reduce",
+                fault: (fault == Some(Stage::Bridge) && k == faulty).then(|| HeteroError::Stage {
+                    rank: self.topo.me,
+                    cluster: self.topo.cluster_name_of(self.topo.me).to_string(),
+                    stage: Stage::Bridge.name().to_string(),
+                    message: "an injected failure".into(),
+                }),
             };
             // My own source is my slot (published from `recv` before it is overwritten).
             debug_assert!(sh
                 .pieces
                 .iter()
                 .all(|pc| pc.owners[me_c].1 + pc.len <= sh.share.1 - sh.share.0));
-            self.host(bs, Box::new(move |b: &Bridge| step.run(b)))?;
-            Ok(())
+            // SAFETY: the step's ranges are the chunk's share and pieces in `recv`.
+            unsafe { self.issue_step(Some(cs), step) }
         };
-        let finish = |k: usize| -> Result<(), HeteroError> {
-            self.order(bs, cs)?;
+        let finish = |k: usize, back: Vec<Move>| -> Result<(), HeteroError> {
+            cell.set(Stage::Bridge);
+            // SAFETY: `back` is chunk k's, of `issue`.
+            unsafe { self.finish_step(&back, Some(cs)) }?;
+            cell.set(Stage::Gather);
+            injected(Stage::Gather, k)?;
             let (off, sh) = plan.chunk(k);
             let (q, tail) = (sh.q, sh.tail);
             if p > 1 {
                 if q > 0 {
-                    // SAFETY: ranges of the caller's `send`/`recv` (the plan keeps every chunk inside `count`
-                    // elements), live until the stages complete on the stream (the contract).
+                    // SAFETY: ranges of the caller's `recv` (the plan keeps every chunk inside
+                    // `count` elements), live until the stages complete (the contract).
                     unsafe {
                         self.ccl.all_gather(
                             at(recv, off + i * q),
@@ -733,8 +1081,7 @@ impl Hetero {
                     }?;
                 }
                 if tail > 0 {
-                    // SAFETY: ranges of the caller's `send`/`recv` (the plan keeps every chunk inside `count`
-                    // elements), live until the stages complete on the stream (the contract).
+                    // SAFETY: as above.
                     unsafe {
                         self.ccl.broadcast(
                             at(recv, off + q * p),
@@ -751,21 +1098,27 @@ impl Hetero {
             Ok(())
         };
         let depth = self.depth.max(1);
-        for k in 0..plan.chunks {
-            issue(k)?;
-            if k + 1 >= depth {
-                finish(k + 1 - depth)?;
+        let mut pending = std::collections::VecDeque::with_capacity(depth);
+        let r = (|| {
+            for k in 0..plan.chunks {
+                pending.push_back((k, issue(k)?));
+                if pending.len() >= depth {
+                    let (j, back) = pending.pop_front().expect("a chunk in flight");
+                    finish(j, back)?;
+                }
             }
-        }
-        for k in (plan.chunks + 1).saturating_sub(depth)..plan.chunks {
-            finish(k)?;
-        }
-        self.order(cs, stream)
+            while let Some((j, back)) = pending.pop_front() {
+                finish(j, back)?;
+            }
+            self.order(cs, stream)
+        })();
+        *stage = cell.get();
+        r
     }
 
     /// Runs a bridge-only collective: the descriptor check, then `rounds` steps made by
     /// `step(round, epoch, slot, free_at)` on the bridge stream, ordered after and before
-    /// `stream`.
+    /// `stream` (with staging, `depth` rounds in flight between the copy and bridge streams).
     fn bridge_only(
         &self,
         op: Collective,
@@ -776,22 +1129,43 @@ impl Hetero {
         stream: Stream,
     ) -> Result<(), HeteroError> {
         self.ready()?;
-        self.need_host_addressable(op)?;
         let (call, first, free) = self.reserve(rounds, readers);
+        let bs = self.streams.bridge;
         let r = (|| {
-            self.order(stream, self.streams.bridge)?;
+            self.order(stream, bs)?;
             self.check_step(call, d)?;
-            for (k, &free_at) in free.iter().enumerate() {
+            let steps = (0..rounds).map(|k| {
                 let epoch = first + k as u64;
-                let s = step(k, epoch, (epoch % self.depth as u64) as usize, free_at);
-                self.host(self.streams.bridge, Box::new(move |b: &Bridge| s.run(b)))?;
+                step(k, epoch, (epoch % self.depth as u64) as usize, free[k])
+            });
+            let Some(cp) = self.streams.copy.filter(|_| self.staging.is_some()) else {
+                for s in steps {
+                    self.host(bs, Box::new(move |b: &Bridge| s.run(b)))?;
+                }
+                return self.order(bs, stream);
+            };
+            let depth = self.depth.max(1);
+            let mut pending = std::collections::VecDeque::with_capacity(depth);
+            for (k, s) in steps.enumerate() {
+                let after = (k == 0).then_some(stream);
+                // SAFETY: the steps' ranges are the call's buffers (the callers' contract).
+                pending.push_back(unsafe { self.issue_step(after, s) }?);
+                if pending.len() >= depth {
+                    let back = pending.pop_front().expect("a round in flight");
+                    // SAFETY: a step of this call.
+                    unsafe { self.finish_step(&back, None) }?;
+                }
             }
-            self.order(self.streams.bridge, stream)
+            while let Some(back) = pending.pop_front() {
+                // SAFETY: as above.
+                unsafe { self.finish_step(&back, None) }?;
+            }
+            if rounds == 0 {
+                return self.order(bs, stream);
+            }
+            self.order(cp, stream)
         })();
-        if let Err(e) = &r {
-            self.shared.fail(e.clone());
-        }
-        r
+        r.map_err(|e| self.fail_call(op.name(), e))
     }
 
     /// Bytes per sub-slot when a slot is cut in one per rank, a multiple of `es`.
@@ -863,6 +1237,7 @@ impl Hetero {
                         reduce: None,
                     }],
                     what: "a broadcast",
+                    fault: None,
                 }
             },
             stream,
@@ -920,6 +1295,7 @@ impl Hetero {
                         Vec::new()
                     },
                     what: "a reduce",
+                    fault: None,
                 }
             },
             stream,
@@ -944,7 +1320,9 @@ impl Hetero {
         let me = self.topo.me;
         let w = self.topo.world();
         let bytes = count * es;
-        let per = self.slot_bytes / es * es;
+        // Every rank's block of a round fits one slot, so that a rank with staging receives a
+        // round in one staging slot (the cut is the same on every rank, staged or not).
+        let per = self.sub_slot(es).max(es);
         let rounds = bytes.div_ceil(per);
         let op = if root.is_some() {
             Collective::Gather
@@ -985,6 +1363,7 @@ impl Hetero {
                         Vec::new()
                     },
                     what: op.name(),
+                    fault: None,
                 }
             },
             stream,
@@ -1076,6 +1455,7 @@ impl Hetero {
                     },
                     outs,
                     what: kind.name(),
+                    fault: None,
                 }
             },
             stream,
@@ -1113,8 +1493,18 @@ impl Hetero {
         (self.slot_bytes / self.topo.world() / 64 * 64).max(64)
     }
 
+    /// Chunks per round of a p2p transfer of `chunks` chunks of `ch` bytes, and the staging
+    /// slot a round goes through (`None`: the device's memory is read and written directly).
+    fn p2p_rounds(&self, chunks: usize, ch: usize, slot: usize) -> (usize, Option<u64>) {
+        match &self.staging {
+            Some(s) => ((s.slot_bytes / ch).max(1), Some(s.slot(self.depth + slot))),
+            None => (chunks.max(1), None),
+        }
+    }
+
     /// Enqueues a send of `bytes` at `buf` to rank `peer` of another cluster, through the p2p
-    /// channel, on the communicator's send stream.
+    /// channel, on the communicator's send stream (with staging: a staging slot at a time,
+    /// copied from the device on the same stream).
     ///
     /// # Safety
     /// The buffer contract of [`crate::comm::Call`].
@@ -1126,7 +1516,6 @@ impl Hetero {
         stream: Stream,
     ) -> Result<(), HeteroError> {
         self.ready()?;
-        self.need_host_addressable(Collective::Send)?;
         let me = self.topo.me;
         let ch = self.channel_bytes();
         let chunks = bytes.div_ceil(ch).max(1);
@@ -1138,33 +1527,58 @@ impl Hetero {
         };
         let ss = self.streams.send;
         self.order(stream, ss)?;
-        self.host(
-            ss,
-            Box::new(move |b: &Bridge| {
-                for j in 0..chunks {
-                    let seq = first + j as u64 + 1;
-                    b.wait(b.p2p_acked(peer, me), seq - 1, peer, "a receive")?;
-                    let off = j * ch;
-                    let m = ch.min(bytes - off.min(bytes));
-                    // SAFETY: `buf` holds `bytes`; sub-slot `peer` of the p2p slot holds `ch`,
-                    // free: the receiver acknowledged the previous chunk.
-                    unsafe {
-                        std::ptr::copy(
-                            (buf.0 as *const u8).add(off),
-                            b.slot(me, b.depth()).add(peer * ch),
-                            m,
-                        )
-                    };
-                    b.p2p_sent(me, peer).store(seq, Ordering::Release);
+        let (per, staging) = self.p2p_rounds(chunks, ch, SEND_SLOT);
+        for j0 in (0..chunks).step_by(per) {
+            let j1 = (j0 + per).min(chunks);
+            let (off0, end) = ((j0 * ch).min(bytes), (j1 * ch).min(bytes));
+            let src = match staging {
+                Some(s) => {
+                    if end > off0 {
+                        // SAFETY: `buf` holds `bytes` (the contract); the send staging slot
+                        // holds `per * ch` bytes and is used by this stream alone, in order.
+                        unsafe {
+                            self.device.mem_copy_async(
+                                DevicePtr(s),
+                                DevicePtr(buf.0 + off0 as u64),
+                                end - off0,
+                                ss,
+                            )
+                        }?;
+                    }
+                    s
                 }
-                Ok(())
-            }),
-        )?;
+                None => buf.0 + off0 as u64,
+            };
+            self.host(
+                ss,
+                Box::new(move |b: &Bridge| {
+                    for j in j0..j1 {
+                        let seq = first + j as u64 + 1;
+                        b.wait(b.p2p_acked(peer, me), seq - 1, peer, "a receive")?;
+                        let off = (j * ch).min(bytes);
+                        let m = ch.min(bytes - off);
+                        // SAFETY: `src` holds this round's bytes (the caller's buffer or the
+                        // staging slot); sub-slot `peer` of the p2p slot holds `ch`, free: the
+                        // receiver acknowledged the previous chunk.
+                        unsafe {
+                            std::ptr::copy(
+                                (src as *const u8).add(off - off0),
+                                b.slot(me, b.depth()).add(peer * ch),
+                                m,
+                            )
+                        };
+                        b.p2p_sent(me, peer).store(seq, Ordering::Release);
+                    }
+                    Ok(())
+                }),
+            )?;
+        }
         self.order(ss, stream)
     }
 
     /// Enqueues a receive of `bytes` at `buf` from rank `peer` of another cluster, on the
-    /// communicator's receive stream.
+    /// communicator's receive stream (with staging: a staging slot at a time, copied to the
+    /// device on the same stream).
     ///
     /// # Safety
     /// The buffer contract of [`crate::comm::Call`].
@@ -1176,7 +1590,6 @@ impl Hetero {
         stream: Stream,
     ) -> Result<(), HeteroError> {
         self.ready()?;
-        self.need_host_addressable(Collective::Recv)?;
         let me = self.topo.me;
         let ch = self.channel_bytes();
         let chunks = bytes.div_ceil(ch).max(1);
@@ -1188,28 +1601,46 @@ impl Hetero {
         };
         let rs = self.streams.recv;
         self.order(stream, rs)?;
-        self.host(
-            rs,
-            Box::new(move |b: &Bridge| {
-                for j in 0..chunks {
-                    let seq = first + j as u64 + 1;
-                    b.wait(b.p2p_sent(peer, me), seq, peer, "a send")?;
-                    let off = j * ch;
-                    let m = ch.min(bytes - off.min(bytes));
-                    // SAFETY: as in `send`: the sender published this chunk and waits for our
-                    // acknowledgement before rewriting it.
-                    unsafe {
-                        std::ptr::copy(
-                            b.slot(peer, b.depth()).add(me * ch),
-                            (buf.0 as *mut u8).add(off),
-                            m,
-                        )
-                    };
-                    b.p2p_acked(me, peer).store(seq, Ordering::Release);
-                }
-                Ok(())
-            }),
-        )?;
+        let (per, staging) = self.p2p_rounds(chunks, ch, RECV_SLOT);
+        for j0 in (0..chunks).step_by(per) {
+            let j1 = (j0 + per).min(chunks);
+            let (off0, end) = ((j0 * ch).min(bytes), (j1 * ch).min(bytes));
+            let dst = staging.unwrap_or(buf.0 + off0 as u64);
+            self.host(
+                rs,
+                Box::new(move |b: &Bridge| {
+                    for j in j0..j1 {
+                        let seq = first + j as u64 + 1;
+                        b.wait(b.p2p_sent(peer, me), seq, peer, "a send")?;
+                        let off = (j * ch).min(bytes);
+                        let m = ch.min(bytes - off);
+                        // SAFETY: as in `send`: the sender published this chunk and waits
+                        // for our acknowledgement before rewriting it; `dst` holds the round.
+                        unsafe {
+                            std::ptr::copy(
+                                b.slot(peer, b.depth()).add(me * ch),
+                                (dst as *mut u8).add(off - off0),
+                                m,
+                            )
+                        };
+                        b.p2p_acked(me, peer).store(seq, Ordering::Release);
+                    }
+                    Ok(())
+                }),
+            )?;
+            if let Some(s) = staging.filter(|_| end > off0) {
+                // SAFETY: `buf` holds `bytes` (the contract); the receive staging slot is
+                // used by this stream alone, in order (the step above wrote it).
+                unsafe {
+                    self.device.mem_copy_async(
+                        DevicePtr(buf.0 + off0 as u64),
+                        DevicePtr(s),
+                        end - off0,
+                        rs,
+                    )
+                }?;
+            }
+        }
         self.order(rs, stream)
     }
 
@@ -1232,7 +1663,6 @@ impl Hetero {
         stream: Stream,
     ) -> Result<(), HeteroError> {
         self.ready()?;
-        self.need_host_addressable(Collective::AllToAllv)?;
         let es = elem(dtype)?;
         let w = self.topo.world();
         for (name, v) in [
@@ -1283,20 +1713,69 @@ impl Hetero {
         let r = (|| {
             self.order(stream, bs)?;
             self.check_step(call, d)?;
-            self.host(
-                bs,
-                Box::new(move |b: &Bridge| {
-                    // SAFETY: own blocks, by the buffer contract.
-                    unsafe { std::ptr::copy(own.0 as *const u8, own.1 as *mut u8, own.2) };
-                    p2p_progress(b, me, ch, &sends, &recvs)
-                }),
-            )?;
-            self.order(bs, stream)
+            let (Some(st), Some(cp)) = (&self.staging, self.streams.copy) else {
+                self.host(
+                    bs,
+                    Box::new(move |b: &Bridge| {
+                        // SAFETY: own blocks, by the buffer contract.
+                        unsafe { std::ptr::copy(own.0 as *const u8, own.1 as *mut u8, own.2) };
+                        p2p_progress(b, me, ch, &sends, &recvs)
+                    }),
+                )?;
+                return self.order(bs, stream);
+            };
+            // Staged: round k moves chunk k of every pair, through one sub-slot per peer of
+            // the out and in staging slots (w · ch bytes fit a slot).
+            let (out, inn) = (
+                st.slot(self.depth + A2A_OUT_SLOT),
+                st.slot(self.depth + A2A_IN_SLOT),
+            );
+            self.order(stream, cp)?;
+            // SAFETY: own blocks, by the buffer contract (a copy on the device).
+            unsafe { self.moves(&[(own.1, own.0, own.2)], cp) }?;
+            let rounds = sends
+                .iter()
+                .chain(&recvs)
+                .map(|x| x.2.div_ceil(ch))
+                .max()
+                .unwrap_or(0);
+            for k in 0..rounds {
+                let off = k * ch;
+                let cut = |&(peer, addr, bytes, first): &(usize, u64, usize, u64), at: u64| {
+                    (off < bytes).then(|| {
+                        let m = ch.min(bytes - off);
+                        (
+                            (peer, at + (peer * ch) as u64, m, first + k as u64),
+                            addr + off as u64,
+                        )
+                    })
+                };
+                let sk: Vec<_> = sends.iter().filter_map(|x| cut(x, out)).collect();
+                let rk: Vec<_> = recvs.iter().filter_map(|x| cut(x, inn)).collect();
+                let before: Vec<Move> = sk.iter().map(|(c, a)| (c.1, *a, c.2)).collect();
+                let after: Vec<Move> = rk.iter().map(|(c, a)| (*a, c.1, c.2)).collect();
+                let sk: Vec<_> = sk.into_iter().map(|x| x.0).collect();
+                let rk: Vec<_> = rk.into_iter().map(|x| x.0).collect();
+                // SAFETY: the blocks of the caller's buffers (the contract) and the out
+                // staging slot, free: the previous round's step ran before the copy stream
+                // went on.
+                unsafe { self.moves(&before, cp) }?;
+                self.order(cp, bs)?;
+                self.host(
+                    bs,
+                    Box::new(move |b: &Bridge| p2p_progress(b, me, ch, &sk, &rk)),
+                )?;
+                self.order(bs, cp)?;
+                // SAFETY: the step above wrote the in staging slot; the blocks are the
+                // caller's (the contract).
+                unsafe { self.moves(&after, cp) }?;
+            }
+            if rounds == 0 {
+                self.order(bs, stream)?;
+            }
+            self.order(cp, stream)
         })();
-        if let Err(e) = &r {
-            self.shared.fail(e.clone());
-        }
-        r
+        r.map_err(|e| self.fail_call(Collective::AllToAllv.name(), e))
     }
 
     /// Releases the streams and events (after draining them).
@@ -1306,8 +1785,10 @@ impl Hetero {
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .destroy(&self.device);
-        let s = &self.streams;
-        for st in [s.cluster, s.bridge, s.send, s.recv] {
+        if let Some(st) = &mut self.staging {
+            st.free(&self.device);
+        }
+        for st in self.streams.all() {
             let _ = self.device.stream_destroy(st);
         }
     }

@@ -204,6 +204,68 @@ pub fn all_reduce(
     }
 }
 
+/// The plan of a `world`-rank job under `config`, as text (`ferrocx config check --world N`):
+/// each cluster and its ranks, the bridge, and how an all-reduce's chunk of f32 is cut into
+/// shares and pieces, rank by rank (`None` for a job of one cluster).
+pub fn describe(config: &crate::config::Config, world: usize) -> Result<Option<String>, String> {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let t0 = super::topo::Topology::new(config, world, 0)?;
+    if t0.clusters.len() < 2 {
+        return Ok(None);
+    }
+    let b = &config.bridge;
+    for c in &t0.clusters {
+        let _ = writeln!(out, "cluster {}: ranks {:?}", c.name, c.ranks);
+    }
+    let _ = writeln!(
+        out,
+        "bridge: ccl {}, chunk_bytes {}, depth {}",
+        format!("{:?}", b.ccl).to_lowercase(),
+        b.chunk_bytes,
+        b.depth
+    );
+    let sizes = t0.sizes();
+    let slot_elems = b.chunk_bytes as usize / 4;
+    let e = chunk_elems(&sizes, slot_elems.max(1));
+    let _ = writeln!(
+        out,
+        "all_reduce of f32: chunks of {e} elements ({} bytes), {} in flight; per chunk: \
+         reduce-scatter in each cluster, each rank reduces its share over the bridge with its \
+         owners in the other clusters, all-gather in each cluster",
+        e * 4,
+        b.depth
+    );
+    for r in 0..world {
+        let t = super::topo::Topology::new(config, world, r)?;
+        let s = shape(e, &sizes, t.my_cluster(), t.my_local(), &|c, i| {
+            t.global(c, i)
+        });
+        let pieces: Vec<String> = s
+            .pieces
+            .iter()
+            .map(|p| {
+                let owners: Vec<String> = p.owners.iter().map(|o| o.0.to_string()).collect();
+                format!(
+                    "{}..{} with [{}]",
+                    p.start,
+                    p.start + p.len,
+                    owners.join(",")
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  rank {r} ({}): share {}..{}: {}",
+            t.cluster_name_of(r),
+            s.share.0,
+            s.share.1,
+            pieces.join("; ")
+        );
+    }
+    Ok(Some(out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

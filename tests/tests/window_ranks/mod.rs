@@ -70,6 +70,8 @@ pub struct Job {
     clusters: Vec<(String, String)>,
     /// `key = value` lines of a `[bridge]` table.
     bridge: Vec<(String, String)>,
+    /// Clusters whose device and CCL adaptors differ from `adaptors`: (name, device, ccl).
+    cluster_adaptors: Vec<(String, String, String)>,
     timeout_ms: u64,
     /// Ranks that may exit without `RANK OK` (killed by the test).
     may_die: Vec<usize>,
@@ -88,6 +90,7 @@ impl Job {
             adaptors: ("host".into(), "host".into()),
             clusters: Vec::new(),
             bridge: Vec::new(),
+            cluster_adaptors: Vec::new(),
             timeout_ms: 30000,
             may_die: Vec::new(),
         }
@@ -123,6 +126,13 @@ impl Job {
     /// The cluster's device and CCL adaptors (`host` and `host` unless changed).
     pub fn adaptors(mut self, device: &str, ccl: &str) -> Job {
         self.adaptors = (device.into(), ccl.into());
+        self
+    }
+
+    /// Gives cluster `name` its own device and CCL adaptors.
+    pub fn cluster_adaptors(mut self, name: &str, device: &str, ccl: &str) -> Job {
+        self.cluster_adaptors
+            .push((name.into(), device.into(), ccl.into()));
         self
     }
 
@@ -181,10 +191,15 @@ impl Job {
             let ranks = ranks
                 .map(|r| format!("ranks = \"{r}\"\n"))
                 .unwrap_or_default();
+            let (device, ccl) = self
+                .cluster_adaptors
+                .iter()
+                .find(|c| c.0 == name)
+                .map_or((&self.adaptors.0, &self.adaptors.1), |c| (&c.1, &c.2));
             text.push_str(&format!(
                 "\n[[cluster]]\nname = \"{name}\"\n{ranks}device = \"{}\"\nccl = \"{}\"\n\
                  multicast = \"{}\"\nwindow = \"{}\"\n{keys}",
-                self.adaptors.0, self.adaptors.1, self.multicast, self.window
+                device, ccl, self.multicast, self.window
             ));
         }
         if !self.bridge.is_empty() {
