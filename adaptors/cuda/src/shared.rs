@@ -24,8 +24,8 @@ use std::ffi::c_uint;
 use std::path::Path;
 use std::sync::OnceLock;
 
-pub use cudarc::driver::sys::{CUcontext, CUevent, CUstream};
-use cudarc::driver::sys::{CUresult, CUstreamCaptureMode, CUstreamCaptureStatus, Lib};
+pub use cudarc::driver::sys::{CUcontext, CUevent, CUresult, CUstream};
+use cudarc::driver::sys::{CUstreamCaptureMode, CUstreamCaptureStatus, Lib};
 use ferrocx_plugin_sdk::{Error, Result};
 
 use crate::driver;
@@ -101,7 +101,9 @@ impl Driver {
             return Ok(());
         }
         // SAFETY: the caller's contract.
-        self.check("cuCtxSetCurrent", unsafe { (self.lib.cuCtxSetCurrent)(ctx) })
+        self.check("cuCtxSetCurrent", unsafe {
+            (self.lib.cuCtxSetCurrent)(ctx)
+        })
     }
 
     /// Runs `f` with `ctx` pushed on the calling thread's context stack, then pops it, so the
