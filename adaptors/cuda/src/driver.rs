@@ -3,6 +3,7 @@
 
 use std::ffi::CStr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cudarc::driver::sys::{self, CUresult, Lib};
@@ -11,11 +12,27 @@ use ferrocx_plugin_sdk::{Error, Result};
 /// The loaded driver: every entry point of cudarc's CUDA 12.8 bindings.
 pub(crate) type Driver = &'static Lib;
 
+/// The outcome of the one load of the process.
+static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
+/// The library to load instead of the system's driver (a test's stand-in): decided once, by
+/// [`set_library`] or else by the load itself (as `None`), whichever comes first.
+static LIBRARY: OnceLock<Option<PathBuf>> = OnceLock::new();
+
 /// Loads the driver once; every later call returns the same outcome (a library is never
 /// unloaded, and a missing one is not looked for again).
 pub(crate) fn load() -> Result<Driver> {
-    static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
     DRIVER.get_or_init(open).clone().map_err(Error::vendor)
+}
+
+/// Has the one load open `path` instead of the system's driver; refused once it happened.
+pub(crate) fn set_library(path: &Path) -> Result<()> {
+    if LIBRARY.set(Some(path.to_path_buf())).is_err() {
+        return Err(Error::invalid_argument(format!(
+            "the CUDA driver was already chosen; {} can only be named before the first load",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// `true` when a CUDA driver can be loaded in this process.
@@ -24,6 +41,15 @@ pub fn is_present() -> bool {
 }
 
 fn open() -> std::result::Result<Driver, String> {
+    if let Some(path) = LIBRARY.get_or_init(|| None) {
+        // SAFETY: opening a library runs its initialisers only; the process named this one
+        // (a stand-in whose initialisers do nothing, or a driver, whose are sound at any time).
+        return match catch_unwind(AssertUnwindSafe(|| unsafe { Lib::new(path) })) {
+            Ok(Ok(lib)) => Ok(Box::leak(Box::new(lib))),
+            Ok(Err(e)) => Err(format!("{} not found: {e}", path.display())),
+            Err(panic) => Err(too_old(panic)),
+        };
+    }
     // cudarc's search first, asked whether it finds a library before `culib()` is called (which
     // panics when it does not). Both resolve every symbol of the 12.8 bindings and panic when the
     // driver lacks one (a driver older than 12.8): that panic is caught here, never propagated.

@@ -11,6 +11,9 @@
 //! does not, the entries return `UNSUPPORTED` with the reason. Multicast is refused before any
 //! driver call while `NCCL_NVLS_ENABLE=0` or `FERROCX_MULTICAST=0` is in the environment.
 //!
+//! This crate is the only one that opens libcuda: the adaptors that pair with CUDA devices (the
+//! NCCL adaptor's watchdog) reach the driver through [`shared::Driver`], the same load.
+//!
 //! Linked into a program it is a built-in adaptor (registered with `ferrocx::register_builtin!`);
 //! `adaptors/cuda/plugin` builds the same code as `libferrocx_adaptor_cuda.so`.
 //!
@@ -31,6 +34,7 @@ pub mod flatmap;
 mod graph;
 mod kernel;
 pub mod multicast;
+pub mod shared;
 pub mod vmm;
 
 pub use device::{CudaDevice, IPC_HANDLE_BYTES};

@@ -356,3 +356,20 @@ fn multicast_is_refused_by_each_kill_switch_before_anything_else() {
         .collect();
     common::assert_all_succeeded(&named);
 }
+
+/// The driver the NCCL adaptor's watchdog reaches (`shared::Driver`) is the device adaptor's
+/// load: without a driver it fails with the very message `init` gives.
+#[test]
+fn the_shared_driver_fails_as_init_does() {
+    if skip_on_gpu() {
+        return;
+    }
+    let e = ferrocx_adaptor_cuda::shared::Driver::get().expect_err("no driver");
+    assert_eq!(e.status(), Status::VENDOR_ERROR);
+    assert!(e.message().starts_with("libcuda.so.1 not found: "), "{e}");
+    use ferrocx_plugin_sdk::DeviceAdaptor;
+    let init = ferrocx_adaptor_cuda::CudaDevice::instance()
+        .init(&ferrocx_plugin_sdk::Options::default())
+        .expect_err("no driver");
+    assert_eq!(init.message(), e.message());
+}

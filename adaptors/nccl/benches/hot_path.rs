@@ -11,12 +11,14 @@
 //! enqueue, not the GPU work: the stream is synchronised after the clock stops) over `BATCH` is
 //! one sample, and the methods take turns batch by batch. `--without-watchdog` leaves out the
 //! watched communicator (and so the watchdog's thread), to see what that thread costs the others. The table gives the median per call
-//! and what each method adds over NCCL called directly. Without a CUDA driver or libnccl it
-//! prints why and exits 0.
+//! and what each method adds over NCCL called directly. The driver calls timed alone go through
+//! the CUDA adaptor's loader (`ferrocx_adaptor_cuda::shared`), the very calls the watchdog makes.
+//! Without a CUDA driver or libnccl it prints why and exits 0.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 use std::time::Instant;
 
+use ferrocx_adaptor_cuda::shared::{self as cuda, CUevent, CUresult};
 use ferrocx_adaptor_cuda::CudaDevice;
 use ferrocx_adaptor_nccl::library::{Api, Candidates};
 use ferrocx_adaptor_nccl::{sys, NcclCcl};
@@ -27,63 +29,6 @@ use ferrocx_plugin_sdk::{CclAdaptor, CommInit, DeviceAdaptor, Options};
 const BATCH: usize = 200;
 /// Batches per method.
 const ROUNDS: usize = 60;
-
-type CuEvent = *mut c_void;
-type IsCapturing = unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int;
-type EventCreate = unsafe extern "C" fn(*mut CuEvent, u32) -> c_int;
-type EventRecord = unsafe extern "C" fn(CuEvent, *mut c_void) -> c_int;
-type EventDestroy = unsafe extern "C" fn(CuEvent) -> c_int;
-type HostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> c_int;
-type HostDevicePointer = unsafe extern "C" fn(*mut u64, *mut c_void, u32) -> c_int;
-type WriteValue32 = unsafe extern "C" fn(*mut c_void, u64, u32, u32) -> c_int;
-
-/// The driver entry points the watchdog uses.
-struct Driver {
-    is_capturing: IsCapturing,
-    event_create: EventCreate,
-    event_record: EventRecord,
-    event_destroy: EventDestroy,
-    /// `cuMemHostAlloc`, `cuMemHostGetDevicePointer_v2`, `cuStreamWriteValue32_v2`: a progress
-    /// word written by the stream into mapped host memory, the alternative to an event.
-    write_value: Option<(HostAlloc, HostDevicePointer, WriteValue32)>,
-    _lib: libloading::Library,
-}
-
-/// The entry point `name` (NUL-terminated) of `lib`, as the function type `T`.
-///
-/// # Safety
-/// `T` is the symbol's C signature.
-unsafe fn sym<T: Copy>(lib: &libloading::Library, name: &[u8]) -> Result<T, String> {
-    // SAFETY: the caller's contract.
-    unsafe { lib.get::<T>(name) }
-        .map(|s| *s)
-        .map_err(|e| e.to_string())
-}
-
-impl Driver {
-    fn open() -> Result<Driver, String> {
-        // SAFETY: libcuda's initialisers have no preconditions; the symbols are resolved with
-        // the driver API's documented signatures and kept with the library.
-        unsafe {
-            let lib = libloading::Library::new("libcuda.so.1").map_err(|e| e.to_string())?;
-            Ok(Driver {
-                is_capturing: sym(&lib, b"cuStreamIsCapturing\0")?,
-                event_create: sym(&lib, b"cuEventCreate\0")?,
-                event_record: sym(&lib, b"cuEventRecord\0")?,
-                event_destroy: sym(&lib, b"cuEventDestroy_v2\0")?,
-                write_value: match (
-                    sym(&lib, b"cuMemHostAlloc\0"),
-                    sym(&lib, b"cuMemHostGetDevicePointer_v2\0"),
-                    sym(&lib, b"cuStreamWriteValue32_v2\0"),
-                ) {
-                    (Ok(a), Ok(p), Ok(w)) => Some((a, p, w)),
-                    _ => None,
-                },
-                _lib: lib,
-            })
-        }
-    }
-}
 
 /// One way of issuing a call.
 struct Method<'a> {
@@ -113,7 +58,8 @@ fn main() {
         println!("hot_path: skipped, {}", e.message());
         return;
     }
-    let driver = Driver::open().expect("libcuda");
+    // The driver as the watchdog reaches it: the CUDA adaptor's one loader.
+    let driver = cuda::Driver::get().expect("the CUDA driver");
     let api: &'static Api = Box::leak(Box::new(
         Api::load(&Candidates::from(&Options::default())).expect("libnccl"),
     ));
@@ -153,12 +99,11 @@ fn main() {
         send.0 as usize as *const c_void,
         recv.0 as usize as *mut c_void,
     );
-    let events: Vec<CuEvent> = (0..BATCH)
+    let events: Vec<CUevent> = (0..BATCH)
         .map(|_| {
-            let mut e: CuEvent = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer; the device's context is current.
-            assert_eq!(unsafe { (driver.event_create)(&mut e, 2) }, 0); // CU_EVENT_DISABLE_TIMING
-            e
+            driver
+                .event_create(cuda::EVENT_DISABLE_TIMING)
+                .expect("cuEventCreate")
         })
         .collect();
     let f32t = ferrocx_adaptor_nccl::conv::dtype(DataType::F32, api.version).expect("f32");
@@ -174,20 +119,19 @@ fn main() {
                 .expect("all_reduce")
         }
     };
-    let recorder = |events: Vec<CuEvent>| {
+    let recorder = |events: Vec<CUevent>| {
         let mut next = 0usize;
         move || {
             let e = events[next % events.len()];
             next += 1;
             // SAFETY: an event of the current context and a live stream.
-            assert_eq!(unsafe { (driver.event_record)(e, s) }, 0);
+            unsafe { driver.event_record(e, s.cast()) }.expect("cuEventRecord");
         }
     };
     let capturing = || {
-        let mut st: c_int = 0;
-        // SAFETY: a live stream and a valid out-pointer.
-        assert_eq!(unsafe { (driver.is_capturing)(s, &mut st) }, 0);
-        assert_eq!(st, 0);
+        // SAFETY: a live stream.
+        let captured = unsafe { driver.stream_is_capturing(s.cast()) };
+        assert!(!captured.expect("cuStreamIsCapturing"));
     };
     let mut record_after = recorder(events.clone());
     let mut methods = vec![
@@ -238,29 +182,32 @@ fn main() {
             },
         );
     }
-    // A word of mapped host memory the stream writes a counter into.
-    let word = driver.write_value.and_then(|(alloc, device_ptr, write)| {
-        let mut host: *mut c_void = std::ptr::null_mut();
-        let mut dptr = 0u64;
-        // SAFETY: valid out-pointers; CU_MEMHOSTALLOC_DEVICEMAP (2) maps it for the device. The
-        // allocation lives to the process exit.
-        let ok = unsafe { alloc(&mut host, 64, 2) == 0 && device_ptr(&mut dptr, host, 0) == 0 };
-        ok.then_some((dptr, write))
-    });
-    match word {
-        Some((dptr, write)) => {
-            let mut value = 0u32;
-            methods.push(Method {
-                name: "cuStreamWriteValue32 alone",
-                call: Box::new(move || {
-                    value = value.wrapping_add(1);
-                    // SAFETY: a device address of mapped host memory; a live stream.
-                    assert_eq!(unsafe { write(s, dptr, value, 0) }, 0);
-                }),
-                samples: Vec::new(),
-            });
-        }
-        None => println!("cuStreamWriteValue32: not available on this driver"),
+    // A word of mapped host memory the stream writes a counter into (the alternative to an
+    // event), through the same driver table.
+    let lib = driver.raw();
+    let success = |r| r == CUresult::CUDA_SUCCESS;
+    let mut host: *mut c_void = std::ptr::null_mut();
+    let mut dptr = 0u64;
+    // SAFETY: valid out-pointers; CU_MEMHOSTALLOC_DEVICEMAP (2) maps it for the device. The
+    // allocation lives to the process exit.
+    let mapped = unsafe {
+        success((lib.cuMemHostAlloc)(&mut host, 64, 2))
+            && success((lib.cuMemHostGetDevicePointer_v2)(&mut dptr, host, 0))
+    };
+    if mapped {
+        let mut value = 0u32;
+        methods.push(Method {
+            name: "cuStreamWriteValue32 alone",
+            call: Box::new(move || {
+                value = value.wrapping_add(1);
+                // SAFETY: a device address of mapped host memory; a live stream.
+                let r = unsafe { (lib.cuStreamWriteValue32_v2)(s.cast(), dptr, value, 0) };
+                assert!(success(r), "cuStreamWriteValue32: {r:?}");
+            }),
+            samples: Vec::new(),
+        });
+    } else {
+        println!("cuStreamWriteValue32: no mapped host memory on this device");
     }
     // The host-side pieces of the adaptor's path, for the breakdown.
     methods.push(Method {
@@ -334,8 +281,9 @@ fn main() {
     }
     drop(methods);
     for e in events {
-        // SAFETY: events created above, their records complete (the stream was synchronised).
-        unsafe { (driver.event_destroy)(e) };
+        // SAFETY: events created above, their records complete (the stream was synchronised);
+        // the device's context is current.
+        unsafe { driver.event_destroy(e) }.expect("cuEventDestroy");
     }
     // SAFETY: the direct communicator, idle.
     unsafe { (api.ncclCommDestroy)(direct) };

@@ -145,7 +145,7 @@ enum Init {
 /// peer, and a peer that failed or never joined would hold it forever). It runs on a thread of
 /// its own with this thread's CUDA context current; when it has not returned by the deadline
 /// this call fails with `TIMEOUT`, and the thread aborts the communicator if NCCL ever hands it
-/// back. Without libcuda (no context to carry over) it runs here, unbounded.
+/// back. Without the CUDA driver (no context to carry over) it runs here, unbounded.
 fn init_rank_bounded(
     api: &'static Api,
     id: sys::ncclUniqueId,
@@ -165,7 +165,7 @@ fn init_rank_bounded(
         let raw = raw as sys::ncclComm_t;
         api.check("ncclCommInitRank", rc, raw).map(|()| raw)
     };
-    let Ok(cuda) = crate::cuda::driver() else {
+    let Ok(cuda) = ferrocx_adaptor_cuda::shared::Driver::get() else {
         return direct();
     };
     let ctx = cuda.current_context() as usize;
@@ -174,7 +174,9 @@ fn init_rank_bounded(
     let spawned = std::thread::Builder::new()
         .name("ferrocx-nccl-init".into())
         .spawn(move || {
-            cuda.set_context(ctx as crate::cuda::CUcontext);
+            // SAFETY: the calling thread's context, alive while it waits for this init (or, once
+            // it gave up, while the communicator NCCL may still hand back is aborted).
+            let _ = unsafe { cuda.set_context(ctx as ferrocx_adaptor_cuda::shared::CUcontext) };
             let (rc, raw) = init();
             let (state, returned) = &*theirs;
             let mut st = state.lock().unwrap_or_else(|p| p.into_inner());

@@ -34,8 +34,10 @@
 //!   fails with the error ("rank 1 of 2: all_reduce (op #7) made no progress for 30.0 s
 //!   (timeout 30000 ms): communicator aborted; a peer failed or never joined"),
 //!   `comm_get_async_error` reports its status (`TIMEOUT`, or NCCL's, e.g. `PEER_FAILURE`), and
-//!   `comm_destroy`/`comm_abort` only release the handle. libcuda is opened with `dlopen` for
-//!   the events (nothing links CUDA); without it the watchdog is off with a warning. Cost per
+//!   `comm_destroy`/`comm_abort` only release the handle. The events go through the CUDA
+//!   adaptor's driver ([`ferrocx_adaptor_cuda::shared`], the one libcuda loader, loaded with
+//!   `dlopen`: nothing links CUDA); without a driver, or with one older than CUDA 12.8 (that
+//!   loader's minimum), the watchdog is off with a warning. Cost per
 //!   enqueued operation on the calling thread: one `cuStreamIsCapturing`, one `cuEventRecord`
 //!   under a lock that only the watchdog's poll shares (which, on one stream, queries only the
 //!   newest event: operations on a stream complete in order). `comm_init_rank` is bounded
@@ -68,7 +70,6 @@
 mod ccl;
 mod comm;
 pub mod conv;
-mod cuda;
 pub mod library;
 mod monitor;
 pub mod sys;

@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use ferrocx_adaptor_cuda::shared::{self as cuda, Driver};
 use ferrocx_plugin_sdk::prelude::*;
 
 use crate::comm::NcclComm;
-use crate::cuda::{self, Driver};
 use crate::watchdog::{Label, Poll, Query, Tracker};
 use crate::{conv, sys};
 
@@ -45,7 +45,7 @@ impl Ev {
 
 /// The events of one communicator: recorded by the calling threads, queried by the watchdog.
 pub(crate) struct Watch {
-    cuda: &'static Driver,
+    cuda: Driver,
     /// The communicator's CUDA context (as a number), made current to create, query and destroy
     /// its events.
     ctx: usize,
@@ -59,7 +59,7 @@ pub(crate) struct Watch {
 impl Watch {
     /// Tracking for a communicator just created on the calling thread (whose current context is
     /// the communicator's), with `timeout` as its deadline.
-    pub(crate) fn new(cuda: &'static Driver, timeout: Duration) -> Self {
+    pub(crate) fn new(cuda: Driver, timeout: Duration) -> Self {
         let w = Watch {
             cuda,
             ctx: cuda.current_context() as usize,
@@ -100,45 +100,52 @@ impl Watch {
     }
 
     fn create(&self) -> Option<Ev> {
-        let mut e: cuda::CUevent = std::ptr::null_mut();
-        let rc = self.cuda.with_context(self.ctx(), || {
-            // SAFETY: a valid out-pointer; the communicator's context is current.
-            unsafe { (self.cuda.cuEventCreate)(&mut e, cuda::CU_EVENT_DISABLE_TIMING) }
-        });
-        if rc != cuda::CUDA_SUCCESS {
-            if !self.warned.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "nccl watchdog: {}; operations that find no free event are not watched",
-                    self.cuda.describe("cuEventCreate", rc)
-                );
+        // SAFETY: the communicator's context, alive while its watch is; `event_create` leaves
+        // the context stack as it found it.
+        let created = unsafe {
+            self.cuda.with_context(self.ctx(), || {
+                self.cuda.event_create(cuda::EVENT_DISABLE_TIMING)
+            })
+        };
+        match created {
+            Ok(e) => Some(Ev(e as usize)),
+            Err(e) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "nccl watchdog: {}; operations that find no free event are not watched",
+                        e.message()
+                    );
+                }
+                None
             }
-            return None;
         }
-        Some(Ev(e as usize))
     }
 
     fn destroy(&self, events: Vec<Ev>) {
         if events.is_empty() {
             return;
         }
-        self.cuda.with_context(self.ctx(), || {
-            for e in events {
-                // SAFETY: an event of this watch, handed over by the tracker (or never given to
-                // it), so destroyed once; one still pending is released when it completes.
-                unsafe { (self.cuda.cuEventDestroy_v2)(e.raw()) };
-            }
-        });
+        // SAFETY: the communicator's context, alive while its watch is; destroying events
+        // leaves the context stack as it found it.
+        unsafe {
+            self.cuda.with_context(self.ctx(), || {
+                for e in events {
+                    // SAFETY: an event of this watch, handed over by the tracker (or never given
+                    // to it), so destroyed once, with its context current; one still pending is
+                    // released when it completes.
+                    let _ = self.cuda.event_destroy(e.raw());
+                }
+            })
+        };
     }
 
     /// Records the completion of the operation(s) `label` just enqueued on `stream` (a
     /// `CUstream`), unless the stream is being captured into a graph.
     #[inline]
     pub(crate) fn record(&self, stream: Stream, label: Label) {
-        let s: cuda::CUstream = stream.0;
-        let mut capture = cuda::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: a stream of the communicator's device (the ABI's contract); a valid pointer.
-        let rc = unsafe { (self.cuda.cuStreamIsCapturing)(s, &mut capture) };
-        if rc != cuda::CUDA_SUCCESS || capture != cuda::CU_STREAM_CAPTURE_STATUS_NONE {
+        let s: cuda::CUstream = stream.0.cast();
+        // SAFETY: a stream of the communicator's device (the ABI's contract).
+        if !matches!(unsafe { self.cuda.stream_is_capturing(s) }, Ok(false)) {
             // Captured into a graph (or capture in progress elsewhere on the legacy stream):
             // an event here would become part of the graph.
             return;
@@ -168,15 +175,12 @@ impl Watch {
         // the only other holder is the watchdog's poll, every few milliseconds.
         // SAFETY: an event of the communicator's context owned by this call (taken from the
         // pool, not yet in the queue); the stream as above.
-        let rc = unsafe { (self.cuda.cuEventRecord)(ev.raw(), s) };
-        let kept = if rc == cuda::CUDA_SUCCESS {
-            t.push(ev, label, s as usize)
-        } else {
-            tracing::debug!(
-                "nccl watchdog: {}; {label} is not watched",
-                self.cuda.describe("cuEventRecord", rc)
-            );
-            t.recycle(ev)
+        let kept = match unsafe { self.cuda.event_record(ev.raw(), s) } {
+            Ok(()) => t.push(ev, label, s as usize),
+            Err(e) => {
+                tracing::debug!("nccl watchdog: {}; {label} is not watched", e.message());
+                t.recycle(ev)
+            }
         };
         if let Err(ev) = kept {
             // Not reached: the tracker was open when the lock was taken, and only closes under it.
@@ -190,11 +194,12 @@ impl Watch {
     fn poll(&self, now: Instant) -> Poll {
         loop {
             let p = self.lock().poll(now, self.timeout, BUDGET, |e| {
-                // SAFETY: an event of this tracker, not destroyed while its lock is held.
-                match unsafe { (self.cuda.cuEventQuery)(e.raw()) } {
-                    cuda::CUDA_SUCCESS => Query::Done,
-                    cuda::CUDA_ERROR_NOT_READY => Query::Pending,
-                    rc => Query::Failed(self.cuda.describe("cuEventQuery", rc)),
+                // SAFETY: an event of this tracker, not destroyed while its lock is held; the
+                // watchdog thread made the communicator's context current.
+                match unsafe { self.cuda.event_query(e.raw()) } {
+                    Ok(true) => Query::Done,
+                    Ok(false) => Query::Pending,
+                    Err(e) => Query::Failed(e.message().to_string()),
                 }
             });
             if p != Poll::More {
@@ -229,8 +234,8 @@ fn registry() -> &'static Registry {
 
 /// The CUDA driver for a new watched communicator, with the watchdog thread running: the
 /// reason when either is not available (the communicator then runs unwatched).
-pub(crate) fn prepare() -> Result<&'static Driver> {
-    let cuda = cuda::driver()?;
+pub(crate) fn prepare() -> Result<Driver> {
+    let cuda = Driver::get()?;
     registry()
         .started
         .get_or_init(|| {
@@ -263,8 +268,8 @@ enum Seen {
 }
 
 fn run() {
-    if let Ok(cuda) = cuda::driver() {
-        cuda.relax_capture_mode();
+    if let Ok(cuda) = Driver::get() {
+        let _ = cuda.relax_capture_mode();
     }
     let r = registry();
     loop {
@@ -302,7 +307,8 @@ fn inspect(c: &Arc<NcclComm>, now: Instant) -> Seen {
     let Some(w) = c.watch.as_ref() else {
         return Seen::Gone;
     };
-    w.cuda.set_context(w.ctx());
+    // SAFETY: the communicator's context, alive while its watch is (checked just above).
+    let _ = unsafe { w.cuda.set_context(w.ctx()) };
     let poll = w.poll(now);
     if poll == Poll::Closed {
         return Seen::Gone;
@@ -429,8 +435,9 @@ fn fail_with(c: &Arc<NcclComm>, error: Error, drain: bool) {
 /// exit, so streams drain and blocked calls return).
 fn abort(c: &NcclComm, drain: bool) {
     if let Some(w) = c.watch.as_ref() {
-        w.cuda.relax_capture_mode();
-        w.cuda.set_context(w.ctx());
+        let _ = w.cuda.relax_capture_mode();
+        // SAFETY: the communicator's context, alive until its abort below.
+        let _ = unsafe { w.cuda.set_context(w.ctx()) };
     }
     if drain && !c.gate.drain(ABORT_GRACE, Duration::from_millis(1)) {
         tracing::warn!(

@@ -1,7 +1,8 @@
 /* A stand-in for libcuda and libnccl in one library, for the NCCL adaptor's watchdog tests on
- * machines without a GPU. It is built with the soname libcuda.so.1 and loaded by path before the
- * adaptor opens "libcuda.so.1" (which then finds it already loaded), and it is named as the
- * adaptor's libnccl, so the CUDA and NCCL halves share one state.
+ * machines without a GPU. It is named to the CUDA adaptor's loader as the process's driver
+ * (linked with a weak stub for every other symbol that loader binds, generated from
+ * cuda_symbols.txt) and as the NCCL adaptor's libnccl, so the CUDA and NCCL halves share one
+ * state.
  *
  * Streams are objects the test makes (fake_stream_new). A collective counts one operation on its
  * stream; the operation completes at once unless the stream is held (fake_stream_hold), and then
