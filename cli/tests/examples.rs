@@ -57,3 +57,39 @@ fn the_all_reduce_example_runs_every_route_and_the_ring_on_3_ranks() {
         );
     }
 }
+
+/// `ferrocx bench` on a job across two clusters (1 + 3 ranks, host adaptors in both) runs
+/// unchanged: every op's results checked, through the cross-cluster plans (the bench's forced
+/// CCL route does not cut a cluster off from the others).
+#[test]
+fn the_bench_runs_across_two_clusters_with_every_result_right() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("two-clusters.toml");
+    std::fs::write(
+        &config,
+        "[runtime]\ntimeout_ms = 30000\n\n\
+         [[cluster]]\nname = \"one\"\nranks = \"0\"\ndevice = \"host\"\nccl = \"host\"\n\n\
+         [[cluster]]\nname = \"three\"\nranks = \"1-3\"\ndevice = \"host\"\nccl = \"host\"\n\n\
+         [bridge]\nchunk_bytes = 4096\n",
+    )
+    .expect("write the config");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrocx"))
+        .arg("bench")
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "-n", "4", "--op", "all", "-b", "64", "-e", "64K", "-f", "32", "--iters", "2",
+        ])
+        .args(["--warmup", "1"])
+        .env_remove("FERROCX_LOG")
+        .output()
+        .expect("run ferrocx bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.matches("Out of bounds values : 0 OK").count(),
+        6,
+        "{stdout}"
+    );
+}

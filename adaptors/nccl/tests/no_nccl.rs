@@ -188,7 +188,11 @@ fn plugin_loads_in_an_empty_registry() {
     assert!(caps.windows && caps.registration && caps.p2p && caps.group);
     assert_eq!(caps.collectives.len(), 9);
     for (entry, support) in &caps.runtime {
-        assert_eq!(*support, ferrocx::adaptor::RuntimeSupport::Supported, "{entry}");
+        assert_eq!(
+            *support,
+            ferrocx::adaptor::RuntimeSupport::Supported,
+            "{entry}"
+        );
     }
     assert!(!std::sync::Arc::ptr_eq(
         &caps,

@@ -552,7 +552,10 @@ impl Ccl {
             // table's presence stands, as for a table without the query, and the answer is not
             // kept, so the probe after `init` asks again.
             Err(e) => {
-                tracing::debug!(entry, "query_support: {e}; taking the entry as supported until asked again");
+                tracing::debug!(
+                    entry,
+                    "query_support: {e}; taking the entry as supported until asked again"
+                );
                 (RuntimeSupport::Supported, false)
             }
         }

@@ -54,7 +54,9 @@ impl<'a> Call<'a> {
     }
 
     /// The same call on `route` whatever the router says (benchmarks comparing routes, tests).
-    /// Every rank must force the same route.
+    /// Every rank must force the same route. A communicator that spans clusters keeps the
+    /// cross-cluster plan whatever is forced: a cluster's CCL or window alone would reach only
+    /// its own ranks.
     pub fn via(mut self, route: Route) -> Call<'a> {
         self.route = Some(route);
         self
@@ -73,8 +75,11 @@ impl<'a> Call<'a> {
         dtype: DataType,
         redop: Option<ReduceOp>,
     ) -> Route {
-        self.route
-            .unwrap_or_else(|| self.comm.router.route(op, bytes, dtype, redop))
+        match self.route {
+            Some(_) if self.comm.router.clusters > 1 => Route::Clusters,
+            Some(forced) => forced,
+            None => self.comm.router.route(op, bytes, dtype, redop),
+        }
     }
 
     /// The cross-cluster side, for a call on [`Route::Clusters`].
