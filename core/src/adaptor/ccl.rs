@@ -31,16 +31,25 @@ impl Ccl {
         &self.tables
     }
 
+    #[inline]
     pub(crate) fn check(&self, op: &'static str, status: Status) -> Result<(), AdaptorError> {
         if status.is_success() {
-            return Ok(());
+            Ok(())
+        } else {
+            Err(self.failed(op, status))
         }
-        Err(AdaptorError::Failed {
+    }
+
+    /// The error of a failed `op`, with the adaptor's message (out of line: the failure path).
+    #[cold]
+    #[inline(never)]
+    fn failed(&self, op: &'static str, status: Status) -> AdaptorError {
+        AdaptorError::Failed {
             adaptor: self.name().to_string(),
             op,
             status,
             message: last_error(self.tables.root.get().get_last_error),
-        })
+        }
     }
 
     pub(crate) fn entry<T>(&self, op: &'static str, f: Option<T>) -> Result<T, AdaptorError> {

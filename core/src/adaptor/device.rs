@@ -69,16 +69,25 @@ impl Device {
         }
     }
 
+    #[inline]
     pub(crate) fn check(&self, op: &'static str, status: Status) -> Result<(), AdaptorError> {
         if status.is_success() {
-            return Ok(());
+            Ok(())
+        } else {
+            Err(self.failed(op, status))
         }
-        Err(AdaptorError::Failed {
+    }
+
+    /// The error of a failed `op`, with the adaptor's message (out of line: the failure path).
+    #[cold]
+    #[inline(never)]
+    fn failed(&self, op: &'static str, status: Status) -> AdaptorError {
+        AdaptorError::Failed {
             adaptor: self.name().to_string(),
             op,
             status,
             message: last_error(self.tables.root.get().get_last_error),
-        })
+        }
     }
 
     /// `init` with the configuration's options for this adaptor.
@@ -105,16 +114,25 @@ impl Device {
     }
 
     /// `value`, the result of a successful `op`, unless negative: then the adaptor's bug.
+    #[inline]
     fn not_negative(&self, op: &'static str, value: i32) -> Result<i32, AdaptorError> {
         if value >= 0 {
-            return Ok(value);
+            Ok(value)
+        } else {
+            Err(self.negative(op, value))
         }
-        Err(AdaptorError::Failed {
+    }
+
+    /// The error of a negative `value` from `op` (kept out of line: never on the hot path).
+    #[cold]
+    #[inline(never)]
+    fn negative(&self, op: &'static str, value: i32) -> AdaptorError {
+        AdaptorError::Failed {
             adaptor: self.name().to_string(),
             op,
             status: Status::INTERNAL_ERROR,
             message: format!("returned success with {value}, a negative number"),
-        })
+        }
     }
 
     /// Selects the calling thread's device.
