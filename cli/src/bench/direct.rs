@@ -140,8 +140,12 @@ mod imp {
         }
 
         /// Enqueues `op` on `stream` through libnccl.
+        ///
+        /// # Safety
+        /// `send` and `recv` are device memory of this rank's device holding the op's geometry
+        /// for `count` elements until the op completes on `stream`, a stream of that device.
         #[allow(clippy::too_many_arguments)]
-        pub fn issue(
+        pub unsafe fn issue(
             &self,
             op: Op,
             send: DevicePtr,
@@ -162,9 +166,9 @@ mod imp {
                 false => sys::NCCL_SUM,
             };
             let (c, s) = (self.comm, stream.0);
-            // SAFETY: the buffers are device memory of this rank's device holding the op's
-            // geometry until the stream completes it, the communicator is live, and `s` is a
-            // CUDA stream of the same device (the ABI's `Stream` is the CUstream).
+            // SAFETY: the buffers are the caller's (this function's contract), the communicator
+            // is live, and `s` is a CUDA stream of the same device (the ABI's `Stream` is the
+            // CUstream).
             let rc = unsafe {
                 match op {
                     Op::AllReduce => (api.ncclAllReduce)(ptr(send), ptr(recv), count, t, o, c, s),
@@ -255,8 +259,11 @@ mod imp {
         }
 
         /// Unreachable: no value exists.
+        ///
+        /// # Safety
+        /// None needed: it cannot be called.
         #[allow(clippy::too_many_arguments)]
-        pub fn issue(
+        pub unsafe fn issue(
             &self,
             _op: Op,
             _send: DevicePtr,

@@ -257,9 +257,13 @@ impl Bench<'_> {
             Path::Direct => {
                 let direct = self.direct.as_ref().ok_or("--direct is not set up")?;
                 let stream = self.comm.stream();
-                direct.issue(
-                    op, send, recv, g.count, self.dtype, self.redop, root, stream,
-                )?;
+                // SAFETY: the bench's buffers (sized for the largest geometry) on the
+                // communicator's stream, freed only after it is synchronized.
+                unsafe {
+                    direct.issue(
+                        op, send, recv, g.count, self.dtype, self.redop, root, stream,
+                    )?
+                };
             }
         }
         Ok(())
