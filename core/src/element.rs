@@ -180,6 +180,19 @@ pub fn reduce(
     dtype: DataType,
     op: ReduceOp,
 ) -> Result<(), ReduceError> {
+    reduce_averaged_over(dst, srcs, dtype, op, srcs.len())
+}
+
+/// As [`reduce`], with `AVG` dividing the sum by `ranks` instead of the number of sources: for
+/// sources that are themselves sums over several ranks (the cross-cluster bridge reduces one
+/// partial sum per cluster, `ranks` ranks in all).
+pub fn reduce_averaged_over(
+    dst: &mut [u8],
+    srcs: &[&[u8]],
+    dtype: DataType,
+    op: ReduceOp,
+    ranks: usize,
+) -> Result<(), ReduceError> {
     let size = dtype.size().ok_or(ReduceError::UnknownType(dtype))?;
     if op.name().is_none() {
         return Err(ReduceError::UnknownOp(op));
@@ -191,16 +204,16 @@ pub fn reduce(
     }
     let aligned = |b: &[u8]| b.as_ptr() as usize % size == 0;
     if aligned(dst) && srcs.iter().all(|s| aligned(s)) {
-        reduce_aligned(dst, srcs, dtype, op);
+        reduce_aligned(dst, srcs, dtype, op, ranks);
     } else {
-        reduce_staged(dst, srcs, dtype, op);
+        reduce_staged(dst, srcs, dtype, op, ranks);
     }
     Ok(())
 }
 
-/// [`reduce`] of aligned buffers (type and op checked).
-fn reduce_aligned(dst: &mut [u8], srcs: &[&[u8]], dtype: DataType, op: ReduceOp) {
-    let avg = (op == ReduceOp::AVG).then_some(srcs.len());
+/// [`reduce`] of aligned buffers (type and op checked); `AVG` divides by `ranks`.
+fn reduce_aligned(dst: &mut [u8], srcs: &[&[u8]], dtype: DataType, op: ReduceOp, ranks: usize) {
+    let avg = (op == ReduceOp::AVG).then_some(ranks.max(1));
     let op = if op == ReduceOp::AVG {
         ReduceOp::SUM
     } else {
@@ -223,7 +236,7 @@ fn reduce_aligned(dst: &mut [u8], srcs: &[&[u8]], dtype: DataType, op: ReduceOp)
 
 /// [`reduce`] of buffers some of which are misaligned: block by block through aligned copies
 /// (the same bits as the aligned path: each element is combined in the same order).
-fn reduce_staged(dst: &mut [u8], srcs: &[&[u8]], dtype: DataType, op: ReduceOp) {
+fn reduce_staged(dst: &mut [u8], srcs: &[&[u8]], dtype: DataType, op: ReduceOp, ranks: usize) {
     /// Bytes per block: a multiple of every element size.
     const BLOCK: usize = 4096;
     let words = BLOCK / 8;
@@ -242,7 +255,7 @@ fn reduce_staged(dst: &mut [u8], srcs: &[&[u8]], dtype: DataType, op: ReduceOp) 
             })
             .collect();
         let out = bytes_of(out, n);
-        reduce_aligned(out, &ins, dtype, op);
+        reduce_aligned(out, &ins, dtype, op, ranks);
         dst[start..start + n].copy_from_slice(out);
         start += n;
     }

@@ -1,8 +1,8 @@
 //! Element reductions on host memory for the bridge: `dst = op over sources`, sources taken in
-//! the order given (cluster order), so that every owner of a piece gets the same bits.
+//! the order given (cluster order), so that every owner of a piece gets the same bits. The
+//! arithmetic is [`crate::element`]'s, shared with the host CCL and the window algorithms.
 
 use crate::abi::{DataType, ReduceOp};
-use crate::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
 /// `true` when the bridge reduces `dtype` with `op` (`AVG`: floating types only).
 pub fn supports(dtype: DataType, op: ReduceOp) -> bool {
@@ -15,43 +15,6 @@ pub fn supports(dtype: DataType, op: ReduceOp) -> bool {
             op,
             ReduceOp::SUM | ReduceOp::PROD | ReduceOp::MIN | ReduceOp::MAX
         ) || (op == ReduceOp::AVG && float))
-}
-
-macro_rules! fold {
-    ($t:ty, $dst:expr, $srcs:expr, $n:expr, $op:expr, $add:expr, $mul:expr, $lt:expr, $scale:expr) => {{
-        let dst = $dst.cast::<$t>();
-        for i in 0..$n {
-            // SAFETY: by `reduce`'s contract every source holds `n` elements (unaligned reads).
-            let mut acc = unsafe { $srcs[0].cast::<$t>().add(i).read_unaligned() };
-            for s in &$srcs[1..] {
-                // SAFETY: as above.
-                let v = unsafe { s.cast::<$t>().add(i).read_unaligned() };
-                acc = match $op {
-                    ReduceOp::PROD => $mul(acc, v),
-                    ReduceOp::MIN => {
-                        if $lt(v, acc) {
-                            v
-                        } else {
-                            acc
-                        }
-                    }
-                    ReduceOp::MAX => {
-                        if $lt(acc, v) {
-                            v
-                        } else {
-                            acc
-                        }
-                    }
-                    _ => $add(acc, v),
-                };
-            }
-            if let Some(d) = $scale {
-                acc = d(acc);
-            }
-            // SAFETY: `dst` holds `n` elements.
-            unsafe { dst.add(i).write_unaligned(acc) };
-        }
-    }};
 }
 
 /// `dst[i] = op(srcs[0][i], srcs[1][i], ...)` for `n` elements; `divisor` (for `AVG`) divides
@@ -68,134 +31,33 @@ pub unsafe fn reduce(
     op: ReduceOp,
     divisor: usize,
 ) {
+    let Some(size) = dtype.size() else {
+        return;
+    };
     if srcs.is_empty() || n == 0 {
         return;
     }
-    let avg = op == ReduceOp::AVG;
-    let d = divisor.max(1);
-    match dtype {
-        DataType::F32 => fold!(
-            f32,
-            dst,
-            srcs,
-            n,
-            op,
-            |a: f32, b| a + b,
-            |a: f32, b| a * b,
-            |a: f32, b: f32| a < b,
-            avg.then_some(|a: f32| a / d as f32)
-        ),
-        DataType::F64 => fold!(
-            f64,
-            dst,
-            srcs,
-            n,
-            op,
-            |a: f64, b| a + b,
-            |a: f64, b| a * b,
-            |a: f64, b: f64| a < b,
-            avg.then_some(|a: f64| a / d as f64)
-        ),
-        DataType::BF16 => {
-            let f = |a: u16, b: u16, g: fn(f32, f32) -> f32| {
-                f32_to_bf16(g(bf16_to_f32(a), bf16_to_f32(b)))
-            };
-            fold!(
-                u16,
-                dst,
-                srcs,
-                n,
-                op,
-                |a, b| f(a, b, |x, y| x + y),
-                |a, b| f(a, b, |x, y| x * y),
-                |a: u16, b: u16| bf16_to_f32(a) < bf16_to_f32(b),
-                avg.then_some(|a: u16| f32_to_bf16(bf16_to_f32(a) / d as f32))
-            )
-        }
-        DataType::F16 => {
-            let f = |a: u16, b: u16, g: fn(f32, f32) -> f32| {
-                f32_to_f16(g(f16_to_f32(a), f16_to_f32(b)))
-            };
-            fold!(
-                u16,
-                dst,
-                srcs,
-                n,
-                op,
-                |a, b| f(a, b, |x, y| x + y),
-                |a, b| f(a, b, |x, y| x * y),
-                |a: u16, b: u16| f16_to_f32(a) < f16_to_f32(b),
-                avg.then_some(|a: u16| f32_to_f16(f16_to_f32(a) / d as f32))
-            )
-        }
-        DataType::I8 => fold!(
-            i8,
-            dst,
-            srcs,
-            n,
-            op,
-            i8::wrapping_add,
-            i8::wrapping_mul,
-            |a: i8, b: i8| a < b,
-            None::<fn(i8) -> i8>
-        ),
-        DataType::U8 => fold!(
-            u8,
-            dst,
-            srcs,
-            n,
-            op,
-            u8::wrapping_add,
-            u8::wrapping_mul,
-            |a: u8, b: u8| a < b,
-            None::<fn(u8) -> u8>
-        ),
-        DataType::I32 => fold!(
-            i32,
-            dst,
-            srcs,
-            n,
-            op,
-            i32::wrapping_add,
-            i32::wrapping_mul,
-            |a: i32, b: i32| a < b,
-            None::<fn(i32) -> i32>
-        ),
-        DataType::U32 => fold!(
-            u32,
-            dst,
-            srcs,
-            n,
-            op,
-            u32::wrapping_add,
-            u32::wrapping_mul,
-            |a: u32, b: u32| a < b,
-            None::<fn(u32) -> u32>
-        ),
-        DataType::I64 => fold!(
-            i64,
-            dst,
-            srcs,
-            n,
-            op,
-            i64::wrapping_add,
-            i64::wrapping_mul,
-            |a: i64, b: i64| a < b,
-            None::<fn(i64) -> i64>
-        ),
-        DataType::U64 => fold!(
-            u64,
-            dst,
-            srcs,
-            n,
-            op,
-            u64::wrapping_add,
-            u64::wrapping_mul,
-            |a: u64, b: u64| a < b,
-            None::<fn(u64) -> u64>
-        ),
-        _ => {}
-    }
+    let bytes = n * size;
+    // The shared reduction takes an output none of its sources is: a source that is `dst`
+    // itself is read from a copy.
+    let own: Option<Vec<u8>> = srcs
+        .iter()
+        .any(|&s| std::ptr::eq(s, dst.cast_const()))
+        // SAFETY: `dst` holds `n` elements (the contract).
+        .then(|| unsafe { std::slice::from_raw_parts(dst.cast_const(), bytes) }.to_vec());
+    let views: Vec<&[u8]> = srcs
+        .iter()
+        .map(|&s| match &own {
+            Some(copy) if std::ptr::eq(s, dst.cast_const()) => copy.as_slice(),
+            // SAFETY: every source holds `n` elements and overlaps `dst` only by being it
+            // (handled above), so it is not written while this view lives.
+            _ => unsafe { std::slice::from_raw_parts(s, bytes) },
+        })
+        .collect();
+    // SAFETY: `dst` holds `n` elements and no view aliases it.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst, bytes) };
+    // The type has a size and `supports` admitted the op before any plan reached here.
+    let _ = crate::element::reduce_averaged_over(out, &views, dtype, op, divisor);
 }
 
 #[cfg(test)]
@@ -261,5 +123,36 @@ mod tests {
         };
         assert_eq!(o, [i32::MIN, -2]);
         assert!(supports(DataType::BF16, ReduceOp::AVG) && !supports(DataType::I32, ReduceOp::AVG));
+    }
+
+    #[test]
+    fn in_place_and_averaged_over_every_rank_of_the_clusters() {
+        // Two clusters' partial sums of 4 ranks in all: AVG divides by 4, not by 2; the output
+        // is the first source itself.
+        let mut a = [4.0f32, 8.0, -2.0];
+        let b = [4.0f32, 0.0, 6.0];
+        let dst = a.as_mut_ptr().cast::<u8>();
+        let srcs = [dst.cast_const(), b.as_ptr().cast()];
+        // SAFETY: three f32 each; `dst` is a source, which the function allows.
+        unsafe { reduce(dst, &srcs, 3, DataType::F32, ReduceOp::AVG, 4) };
+        assert_eq!(a, [2.0, 2.0, 1.0]);
+        // bf16 sums accumulate in f32 and round once: 1 + 2^-8 + 2^-8 is 1 + 2^-7 exactly.
+        let one = crate::half::f32_to_bf16(1.0);
+        let tiny = crate::half::f32_to_bf16(1.0 / 256.0);
+        let (p, q, r) = ([one], [tiny], [tiny]);
+        let mut out = [0u16];
+        let srcs = [p.as_ptr().cast(), q.as_ptr().cast(), r.as_ptr().cast()];
+        // SAFETY: one bf16 each.
+        unsafe {
+            reduce(
+                out.as_mut_ptr().cast(),
+                &srcs,
+                1,
+                DataType::BF16,
+                ReduceOp::SUM,
+                1,
+            )
+        };
+        assert_eq!(crate::half::bf16_to_f32(out[0]), 1.0 + 1.0 / 128.0);
     }
 }
