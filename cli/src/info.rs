@@ -118,9 +118,32 @@ pub fn run(
             v
         })
         .collect();
+    // A config of several clusters that name their ranks fixes the world: its plan across
+    // clusters (the bridge and how an all-reduce is cut) is printed as `config check --world`
+    // would.
+    let world = (config.clusters.len() > 1)
+        .then(|| {
+            config
+                .clusters
+                .iter()
+                .map(|c| {
+                    c.ranks
+                        .ranges()
+                        .and_then(|r| r.iter().map(|r| *r.end() + 1).max())
+                })
+                .collect::<Option<Vec<usize>>>()
+        })
+        .flatten()
+        .and_then(|ends| ends.into_iter().max());
+    let plan = match world.map(|w| ferrocx::hetero::plan::describe(&config, w)) {
+        Some(Ok(Some(text))) => json!({ "world": world, "text": text }),
+        Some(Err(e)) => json!({ "world": world, "error": e }),
+        _ => Value::Null,
+    };
     let report = json!({
         "ferrocx": env!("CARGO_PKG_VERSION"),
         "abi": abi_version(),
+        "plan": plan,
         "config": config.origin.to_string(),
         "plugin_dirs": config.runtime.plugin_dirs,
         "plugins": config.runtime.plugins,
@@ -291,6 +314,16 @@ fn render(r: &Value) -> String {
                 s(&w["multicast_reason"])
             );
         }
+    }
+    let plan = &r["plan"];
+    if let Some(text) = plan["text"].as_str() {
+        let _ = write!(
+            out,
+            "\nplan across clusters ({} ranks):\n{text}",
+            plan["world"]
+        );
+    } else if let Some(e) = plan["error"].as_str() {
+        let _ = writeln!(out, "\nplan across clusters: {e}");
     }
     out
 }

@@ -236,3 +236,35 @@ fn config_check_prints_the_plan_across_clusters_of_the_one_gpu_config() {
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
     }
 }
+
+#[test]
+fn info_prints_the_plan_across_clusters_when_the_clusters_fix_the_world() {
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/hetero-1gpu.toml");
+    let out = ferrocx(
+        &["info", "--config", cfg.to_str().expect("utf-8 path")],
+        None,
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    for line in [
+        "plan across clusters (4 ranks):",
+        "bridge: ccl host, chunk_bytes 1048576, depth 2",
+        "  rank 3 (cpu): share 174762..262143: 174762..262143 with [0,3]",
+    ] {
+        assert!(stdout.contains(line), "{line:?} not in:\n{stdout}");
+    }
+    let json = ferrocx(
+        &[
+            "info",
+            "--json",
+            "--config",
+            cfg.to_str().expect("utf-8 path"),
+        ],
+        None,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("valid JSON");
+    assert_eq!(v["plan"]["world"], 4);
+    assert!(v["plan"]["text"]
+        .as_str()
+        .is_some_and(|t| t.contains("cluster gpu: ranks [0]")));
+}
