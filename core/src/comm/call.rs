@@ -142,8 +142,7 @@ impl<'a> Call<'a> {
             route
         };
         self.on_ccl(Collective::AllReduce, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
             unsafe {
                 c.ccl
                     .all_reduce(send, recv, count, dtype, op, c.comm, self.stream)
@@ -198,8 +197,7 @@ impl<'a> Call<'a> {
             return Ok(unsafe { h.reduce(send, recv, count, dtype, op, root, self.stream) }?);
         }
         self.on_ccl(Collective::Reduce, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
             unsafe {
                 c.ccl.reduce(
                     send,
@@ -238,8 +236,7 @@ impl<'a> Call<'a> {
             return Ok(unsafe { h.broadcast(send, recv, count, dtype, root, self.stream) }?);
         }
         self.on_ccl(Collective::Broadcast, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
             unsafe {
                 c.ccl
                     .broadcast(send, recv, count, dtype, root_of(root), c.comm, self.stream)
@@ -269,8 +266,7 @@ impl<'a> Call<'a> {
             return Ok(unsafe { h.gather(send, recv, send_count, dtype, None, self.stream) }?);
         }
         self.on_ccl(Collective::AllGather, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
             unsafe {
                 c.ccl
                     .all_gather(send, recv, send_count, dtype, c.comm, self.stream)
@@ -313,8 +309,7 @@ impl<'a> Call<'a> {
             }?);
         }
         self.on_ccl(Collective::ReduceScatter, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
             unsafe {
                 c.ccl
                     .reduce_scatter(send, recv, recv_count, dtype, op, c.comm, self.stream)
@@ -347,8 +342,7 @@ impl<'a> Call<'a> {
             }?);
         }
         self.on_ccl(Collective::Gather, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
             unsafe {
                 c.ccl.gather(
                     send,
@@ -397,8 +391,7 @@ impl<'a> Call<'a> {
             }?);
         }
         self.on_ccl(Collective::Scatter, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
             unsafe {
                 c.ccl.scatter(
                     send,
@@ -446,8 +439,7 @@ impl<'a> Call<'a> {
             }?);
         }
         self.on_ccl(Collective::AllToAll, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
             unsafe {
                 c.ccl
                     .all_to_all(send, recv, count, dtype, c.comm, self.stream)
@@ -493,8 +485,7 @@ impl<'a> Call<'a> {
             }?);
         }
         self.on_ccl(Collective::AllToAllv, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
             unsafe {
                 c.ccl.all_to_allv(
                     send,
@@ -524,33 +515,8 @@ impl<'a> Call<'a> {
         dtype: DataType,
         peer: usize,
     ) -> Result<(), CommError> {
-        let bytes = bytes_of(count, dtype);
-        let route = self.route(Collective::Send, bytes, dtype, None);
-        let _span = span(Collective::Send, bytes, dtype, route).entered();
-        let c = self.comm;
-        let global = peer;
-        let mut peer = c.peer(peer)?;
-        if route == Route::Clusters {
-            let h = self.hetero(Collective::Send)?;
-            let t = h.topology();
-            let (cluster, local) = t.place[global];
-            if cluster != t.my_cluster() {
-                // SAFETY: the caller's contract is the channel's.
-                return Ok(unsafe { h.send(buf, bytes, global, self.stream) }?);
-            }
-            // A peer of this cluster: its CCL, by its cluster-local rank.
-            peer = local as i32;
-        }
-        let route = if route == Route::Clusters {
-            Route::Ccl
-        } else {
-            route
-        };
-        self.on_ccl(Collective::Send, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
-            unsafe { c.ccl.send(buf, count, dtype, peer, c.comm, self.stream) }
-        })
+        // SAFETY: the caller's contract.
+        unsafe { self.p2p(Collective::Send, buf, count, dtype, peer) }
     }
 
     /// Enqueues a receive of `count` elements from `peer` (see [`Call::send`] for groups).
@@ -564,32 +530,57 @@ impl<'a> Call<'a> {
         dtype: DataType,
         peer: usize,
     ) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.p2p(Collective::Recv, buf, count, dtype, peer) }
+    }
+
+    /// A send or a receive (`op`): to a peer of another cluster through the bridge, to one of
+    /// this cluster through the CCL by its cluster-local rank.
+    ///
+    /// # Safety
+    /// As [`Call::send`].
+    unsafe fn p2p(
+        &self,
+        op: Collective,
+        buf: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<(), CommError> {
         let bytes = bytes_of(count, dtype);
-        let route = self.route(Collective::Recv, bytes, dtype, None);
-        let _span = span(Collective::Recv, bytes, dtype, route).entered();
+        let route = self.route(op, bytes, dtype, None);
+        let _span = span(op, bytes, dtype, route).entered();
         let c = self.comm;
         let global = peer;
         let mut peer = c.peer(peer)?;
+        let mut route = route;
         if route == Route::Clusters {
-            let h = self.hetero(Collective::Recv)?;
+            let h = self.hetero(op)?;
             let t = h.topology();
             let (cluster, local) = t.place[global];
             if cluster != t.my_cluster() {
-                // SAFETY: the caller's contract is the channel's.
-                return Ok(unsafe { h.recv(buf, bytes, global, self.stream) }?);
+                // SAFETY: the caller's contract is the bridge channel's.
+                return Ok(unsafe {
+                    if op == Collective::Send {
+                        h.send(buf, bytes, global, self.stream)
+                    } else {
+                        h.recv(buf, bytes, global, self.stream)
+                    }
+                }?);
             }
             // A peer of this cluster: its CCL, by its cluster-local rank.
             peer = local as i32;
+            route = Route::Ccl;
         }
-        let route = if route == Route::Clusters {
-            Route::Ccl
-        } else {
-            route
-        };
-        self.on_ccl(Collective::Recv, route, || {
-            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-            // the barrier word is the communicator's own, live until it drops.
-            unsafe { c.ccl.recv(buf, count, dtype, peer, c.comm, self.stream) }
+        self.on_ccl(op, route, || {
+            // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
+            unsafe {
+                if op == Collective::Send {
+                    c.ccl.send(buf, count, dtype, peer, c.comm, self.stream)
+                } else {
+                    c.ccl.recv(buf, count, dtype, peer, c.comm, self.stream)
+                }
+            }
         })
     }
 
@@ -618,8 +609,7 @@ impl<'a> Call<'a> {
             route => {
                 let word = c.barrier_word()?;
                 self.on_ccl(Collective::Barrier, route, || {
-                    // SAFETY: this call's buffer contract (the module docs) is the CCL entry's;
-                    // the barrier word is the communicator's own, live until it drops.
+                    // SAFETY: the barrier word is the communicator's own, live until it drops.
                     unsafe {
                         c.ccl
                             .all_reduce(word, word, 1, dtype, ReduceOp::SUM, c.comm, self.stream)
