@@ -90,6 +90,26 @@ impl<'a> Call<'a> {
             .ok_or_else(|| self.comm.across_clusters(op))
     }
 
+    /// The path of a collective that only the CCL or the cross-cluster plan runs: its route,
+    /// its span, then `across` for a job across clusters or `ccl` on the CCL.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch(
+        &self,
+        op: Collective,
+        bytes: usize,
+        dtype: DataType,
+        redop: Option<ReduceOp>,
+        across: impl FnOnce(&crate::hetero::Hetero) -> Result<(), crate::hetero::HeteroError>,
+        ccl: impl FnOnce() -> Result<(), crate::adaptor::AdaptorError>,
+    ) -> Result<(), CommError> {
+        let route = self.route(op, bytes, dtype, redop);
+        let _span = span(op, bytes, dtype, route).entered();
+        if route == Route::Clusters {
+            return Ok(across(self.hetero(op)?)?);
+        }
+        self.on_ccl(op, route, ccl)
+    }
+
     /// The CCL call of `op` (on a route the router gave or the caller forced).
     fn on_ccl(
         &self,
@@ -188,17 +208,16 @@ impl<'a> Call<'a> {
         root: usize,
     ) -> Result<(), CommError> {
         let bytes = bytes_of(count, dtype);
-        let route = self.route(Collective::Reduce, bytes, dtype, Some(op));
-        let _span = span(Collective::Reduce, bytes, dtype, route).entered();
         let c = self.comm;
-        if route == Route::Clusters {
-            let h = self.hetero(Collective::Reduce)?;
+        self.dispatch(
+            Collective::Reduce,
+            bytes,
+            dtype,
+            Some(op),
             // SAFETY: the caller's contract is the plan's.
-            return Ok(unsafe { h.reduce(send, recv, count, dtype, op, root, self.stream) }?);
-        }
-        self.on_ccl(Collective::Reduce, route, || {
+            |h| unsafe { h.reduce(send, recv, count, dtype, op, root, self.stream) },
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
-            unsafe {
+            || unsafe {
                 c.ccl.reduce(
                     send,
                     recv,
@@ -209,8 +228,8 @@ impl<'a> Call<'a> {
                     c.comm,
                     self.stream,
                 )
-            }
-        })
+            },
+        )
     }
 
     /// Enqueues `recv` = the root's `send` (`count` elements) on every rank.
@@ -227,21 +246,20 @@ impl<'a> Call<'a> {
         root: usize,
     ) -> Result<(), CommError> {
         let bytes = bytes_of(count, dtype);
-        let route = self.route(Collective::Broadcast, bytes, dtype, None);
-        let _span = span(Collective::Broadcast, bytes, dtype, route).entered();
         let c = self.comm;
-        if route == Route::Clusters {
-            let h = self.hetero(Collective::Broadcast)?;
+        self.dispatch(
+            Collective::Broadcast,
+            bytes,
+            dtype,
+            None,
             // SAFETY: the caller's contract is the plan's.
-            return Ok(unsafe { h.broadcast(send, recv, count, dtype, root, self.stream) }?);
-        }
-        self.on_ccl(Collective::Broadcast, route, || {
+            |h| unsafe { h.broadcast(send, recv, count, dtype, root, self.stream) },
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
-            unsafe {
+            || unsafe {
                 c.ccl
                     .broadcast(send, recv, count, dtype, root_of(root), c.comm, self.stream)
-            }
-        })
+            },
+        )
     }
 
     /// Enqueues `recv[r * send_count..]` = rank r's `send` (`send_count` elements each).
@@ -257,21 +275,20 @@ impl<'a> Call<'a> {
         dtype: DataType,
     ) -> Result<(), CommError> {
         let bytes = bytes_of(send_count, dtype);
-        let route = self.route(Collective::AllGather, bytes, dtype, None);
-        let _span = span(Collective::AllGather, bytes, dtype, route).entered();
         let c = self.comm;
-        if route == Route::Clusters {
-            let h = self.hetero(Collective::AllGather)?;
+        self.dispatch(
+            Collective::AllGather,
+            bytes,
+            dtype,
+            None,
             // SAFETY: the caller's contract is the plan's.
-            return Ok(unsafe { h.gather(send, recv, send_count, dtype, None, self.stream) }?);
-        }
-        self.on_ccl(Collective::AllGather, route, || {
+            |h| unsafe { h.gather(send, recv, send_count, dtype, None, self.stream) },
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
-            unsafe {
+            || unsafe {
                 c.ccl
                     .all_gather(send, recv, send_count, dtype, c.comm, self.stream)
-            }
-        })
+            },
+        )
     }
 
     /// Enqueues `recv` = this rank's block (`recv_count` elements) of the reduction of every
@@ -289,13 +306,14 @@ impl<'a> Call<'a> {
         op: ReduceOp,
     ) -> Result<(), CommError> {
         let bytes = bytes_of(recv_count, dtype).saturating_mul(self.comm.world);
-        let route = self.route(Collective::ReduceScatter, bytes, dtype, Some(op));
-        let _span = span(Collective::ReduceScatter, bytes, dtype, route).entered();
         let c = self.comm;
-        if route == Route::Clusters {
-            let h = self.hetero(Collective::ReduceScatter)?;
+        self.dispatch(
+            Collective::ReduceScatter,
+            bytes,
+            dtype,
+            Some(op),
             // SAFETY: the caller's contract is the plan's.
-            return Ok(unsafe {
+            |h| unsafe {
                 h.exchange(
                     Collective::ReduceScatter,
                     send,
@@ -306,15 +324,13 @@ impl<'a> Call<'a> {
                     None,
                     self.stream,
                 )
-            }?);
-        }
-        self.on_ccl(Collective::ReduceScatter, route, || {
+            },
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
-            unsafe {
+            || unsafe {
                 c.ccl
                     .reduce_scatter(send, recv, recv_count, dtype, op, c.comm, self.stream)
-            }
-        })
+            },
+        )
     }
 
     /// Enqueues the root's `recv[r * send_count..]` = rank r's `send`.
@@ -331,19 +347,16 @@ impl<'a> Call<'a> {
         root: usize,
     ) -> Result<(), CommError> {
         let bytes = bytes_of(send_count, dtype);
-        let route = self.route(Collective::Gather, bytes, dtype, None);
-        let _span = span(Collective::Gather, bytes, dtype, route).entered();
         let c = self.comm;
-        if route == Route::Clusters {
-            let h = self.hetero(Collective::Gather)?;
+        self.dispatch(
+            Collective::Gather,
+            bytes,
+            dtype,
+            None,
             // SAFETY: the caller's contract is the plan's.
-            return Ok(unsafe {
-                h.gather(send, recv, send_count, dtype, Some(root), self.stream)
-            }?);
-        }
-        self.on_ccl(Collective::Gather, route, || {
+            |h| unsafe { h.gather(send, recv, send_count, dtype, Some(root), self.stream) },
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
-            unsafe {
+            || unsafe {
                 c.ccl.gather(
                     send,
                     recv,
@@ -353,8 +366,8 @@ impl<'a> Call<'a> {
                     c.comm,
                     self.stream,
                 )
-            }
-        })
+            },
+        )
     }
 
     /// Enqueues rank r's `recv` = block r (`recv_count` elements) of the root's `send`.
@@ -371,13 +384,14 @@ impl<'a> Call<'a> {
         root: usize,
     ) -> Result<(), CommError> {
         let bytes = bytes_of(recv_count, dtype);
-        let route = self.route(Collective::Scatter, bytes, dtype, None);
-        let _span = span(Collective::Scatter, bytes, dtype, route).entered();
         let c = self.comm;
-        if route == Route::Clusters {
-            let h = self.hetero(Collective::Scatter)?;
+        self.dispatch(
+            Collective::Scatter,
+            bytes,
+            dtype,
+            None,
             // SAFETY: the caller's contract is the plan's.
-            return Ok(unsafe {
+            |h| unsafe {
                 h.exchange(
                     Collective::Scatter,
                     send,
@@ -388,11 +402,9 @@ impl<'a> Call<'a> {
                     Some(root),
                     self.stream,
                 )
-            }?);
-        }
-        self.on_ccl(Collective::Scatter, route, || {
+            },
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
-            unsafe {
+            || unsafe {
                 c.ccl.scatter(
                     send,
                     recv,
@@ -402,8 +414,8 @@ impl<'a> Call<'a> {
                     c.comm,
                     self.stream,
                 )
-            }
-        })
+            },
+        )
     }
 
     /// Enqueues an all-to-all: block r of `send` (`count` elements) to rank r, block r of
@@ -419,13 +431,14 @@ impl<'a> Call<'a> {
         dtype: DataType,
     ) -> Result<(), CommError> {
         let bytes = bytes_of(count, dtype).saturating_mul(self.comm.world);
-        let route = self.route(Collective::AllToAll, bytes, dtype, None);
-        let _span = span(Collective::AllToAll, bytes, dtype, route).entered();
         let c = self.comm;
-        if route == Route::Clusters {
-            let h = self.hetero(Collective::AllToAll)?;
+        self.dispatch(
+            Collective::AllToAll,
+            bytes,
+            dtype,
+            None,
             // SAFETY: the caller's contract is the plan's.
-            return Ok(unsafe {
+            |h| unsafe {
                 h.exchange(
                     Collective::AllToAll,
                     send,
@@ -436,15 +449,13 @@ impl<'a> Call<'a> {
                     None,
                     self.stream,
                 )
-            }?);
-        }
-        self.on_ccl(Collective::AllToAll, route, || {
+            },
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
-            unsafe {
+            || unsafe {
                 c.ccl
                     .all_to_all(send, recv, count, dtype, c.comm, self.stream)
-            }
-        })
+            },
+        )
     }
 
     /// Enqueues an all-to-all with per-peer counts and displacements (in elements; one entry
@@ -465,13 +476,14 @@ impl<'a> Call<'a> {
         dtype: DataType,
     ) -> Result<(), CommError> {
         let bytes = bytes_of(send_counts.iter().sum(), dtype);
-        let route = self.route(Collective::AllToAllv, bytes, dtype, None);
-        let _span = span(Collective::AllToAllv, bytes, dtype, route).entered();
         let c = self.comm;
-        if route == Route::Clusters {
-            let h = self.hetero(Collective::AllToAllv)?;
+        self.dispatch(
+            Collective::AllToAllv,
+            bytes,
+            dtype,
+            None,
             // SAFETY: the caller's contract is the plan's.
-            return Ok(unsafe {
+            |h| unsafe {
                 h.all_to_allv(
                     send,
                     send_counts,
@@ -482,11 +494,9 @@ impl<'a> Call<'a> {
                     dtype,
                     self.stream,
                 )
-            }?);
-        }
-        self.on_ccl(Collective::AllToAllv, route, || {
+            },
             // SAFETY: this call's buffer contract (the module docs) is the CCL entry's.
-            unsafe {
+            || unsafe {
                 c.ccl.all_to_allv(
                     send,
                     send_counts,
@@ -498,8 +508,8 @@ impl<'a> Call<'a> {
                     c.comm,
                     self.stream,
                 )
-            }
-        })
+            },
+        )
     }
 
     /// Enqueues a send of `count` elements to `peer`. Between [`Communicator::group_start`]
