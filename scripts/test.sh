@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every test of the workspace, from a fresh machine.
+#
+# Installs what the tests need into a virtual environment (`.venv` at the repository root, or
+# `$FERROCX_VENV`), reusing what an earlier run installed: the packages of
+# `scripts/test-requirements.txt` (MPI from its PyPI wheel, PyTorch, pytest, maturin). Then runs
+# `cargo test --workspace` with the environment's `bin/` first on PATH, so tests find `mpiexec`
+# and `python`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+venv=${FERROCX_VENV:-$root/.venv}
+
+echo "== test environment: $venv"
+if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r scripts/test-requirements.txt
+export PATH="$venv/bin:$PATH"
+export FERROCX_VENV="$venv"
+
+echo "== cargo test --workspace"
+cargo test --workspace
