@@ -536,6 +536,26 @@ fn one_offhost_rank_beside_three_host_ranks() {
         .run();
 }
 
+#[test]
+fn large_messages_shared_among_bridge_threads() {
+    const TEST: &str = "large_messages_shared_among_bridge_threads";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        assert_eq!(ferrocx::hetero::workers::threads(), 3);
+        // Past the one-step size and past a part of the bridge threads' cut (256 KiB) in a
+        // 1 MiB slot: the copies and reductions of a step are shared out, odd counts included.
+        every_collective(&comm, &[300_001]);
+        println!("RANK OK");
+        return;
+    }
+    with_offhost(Job::new(TEST, 3))
+        .clusters(&[("gpu", "0"), ("cpu", "1-2")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "1048576")
+        .env("FERROCX_BRIDGE_THREADS", "3")
+        .run();
+}
+
 /// Live streams, events and allocations of the `offhost` device in this process (its
 /// `ferrocx_offhost_live`, from the loaded `.so`); zeros where it is not loaded.
 fn offhost_live() -> [u64; 3] {

@@ -4,7 +4,7 @@
 //! ```text
 //! segment /ferrocx-<job>-bridge-<comm>          (made by rank 0, unlinked once all attached)
 //! ├─ header (4 KiB): magic, world, depth, slot bytes, attached, failed (rank + 1), the
-//! │                  failure's text
+//! │                  failure's text, the count of ranks asleep in a wait
 //! └─ rank r (stride = control + depth slots + p2p slot)
 //!    ├─ control: pid, arrive[s], done[s] (s < depth, one cache line each), the call
 //!    │           descriptors (two, by call parity), p2p sent[to] and acked[from]
@@ -15,10 +15,11 @@
 //! Every signal is a monotonic counter, never reset: `arrive[r][s]` holds the latest epoch rank
 //! r published in slot s (plus one), `done[r][s]` counts the reads of slot s that finished (each
 //! reader adds one), so a writer knows a slot is free when `done` reaches the reads it expects
-//! (counted when the steps were planned, identically on every rank). A wait spins, then yields,
-//! then sleeps in growing steps; every few milliseconds it looks at the failure word (set by
-//! the first rank that gave up on a peer) and at the awaited rank's process; at the deadline
-//! (`timeout_ms`) it sets the failure word and fails naming the rank and its cluster.
+//! (counted when the steps were planned, identically on every rank). A wait spins briefly, then
+//! sleeps on the word (futex; a writer wakes sleepers only while the header's sleeper count
+//! is not zero); every few milliseconds it looks at the failure word (set by the first rank
+//! that gave up on a peer) and at the awaited rank's process; at the deadline (`timeout_ms`)
+//! it sets the failure word and fails naming the rank and its cluster.
 
 use std::ffi::CString;
 use std::io;
@@ -43,6 +44,8 @@ const H_ATTACHED: usize = LINE;
 const H_FAILED: usize = 2 * LINE;
 const H_TEXT_LEN: usize = 3 * LINE;
 const H_TEXT: usize = 4 * LINE;
+/// Ranks asleep in a wait (on any word): a signal wakes sleepers only when there are some.
+const H_SLEEPERS: usize = 4 * LINE + TEXT;
 
 /// Control block of one rank (byte offsets from the rank's base).
 const C_PID: usize = 0;
@@ -377,7 +380,32 @@ impl Bridge {
         (0..self.world).find(|&r| !self.alive(r))
     }
 
-    /// Waits until `word` (of rank `whom`) reaches `target`, for `what`.
+    /// Stores `value` in `word` (a signal word of this rank's) and wakes the ranks asleep on
+    /// it, if any.
+    pub fn publish(&self, word: &AtomicU64, value: u64) {
+        word.store(value, Ordering::SeqCst);
+        self.wake(word);
+    }
+
+    /// Adds one to `word` (a signal word of another rank's) and wakes the ranks asleep on it,
+    /// if any.
+    pub fn add_one(&self, word: &AtomicU64) {
+        word.fetch_add(1, Ordering::SeqCst);
+        self.wake(word);
+    }
+
+    /// Wakes the sleepers of `word` when any rank sleeps: a sleeper counts itself before it
+    /// looks at its word a last time, and the writer looks at the count after its store (both
+    /// sequentially consistent), so one of the two sees the other.
+    fn wake(&self, word: &AtomicU64) {
+        if self.u64_at(H_SLEEPERS).load(Ordering::SeqCst) > 0 {
+            crate::futex::wake_low(word);
+        }
+    }
+
+    /// Waits until `word` (of rank `whom`) reaches `target`, for `what`: spins briefly, then
+    /// sleeps on the word (woken by [`Bridge::publish`] and [`Bridge::add_one`]), looking at
+    /// the failure word and the awaited rank's process every few milliseconds.
     pub fn wait(
         &self,
         word: &AtomicU64,
@@ -388,25 +416,25 @@ impl Bridge {
         if word.load(Ordering::Acquire) >= target {
             return Ok(());
         }
-        let start = Instant::now();
-        let mut polls: u32 = 0;
-        let mut last_check = start;
-        let mut nap = Duration::from_micros(1);
-        loop {
+        for _ in 0..2_000 {
+            std::hint::spin_loop();
             if word.load(Ordering::Acquire) >= target {
                 return Ok(());
             }
-            polls = polls.wrapping_add(1);
-            if polls < 2_000 {
-                std::hint::spin_loop();
-                continue;
+        }
+        let start = Instant::now();
+        let mut last_check = start;
+        let sleepers = self.u64_at(H_SLEEPERS);
+        loop {
+            sleepers.fetch_add(1, Ordering::SeqCst);
+            let seen = word.load(Ordering::SeqCst);
+            if seen < target {
+                crate::futex::wait_low(word, seen, Duration::from_millis(2));
             }
-            if polls < 4_000 {
-                std::thread::yield_now();
-                continue;
+            sleepers.fetch_sub(1, Ordering::SeqCst);
+            if word.load(Ordering::Acquire) >= target {
+                return Ok(());
             }
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_micros(500));
             let now = Instant::now();
             if now.duration_since(last_check) >= Duration::from_millis(5) {
                 last_check = now;
@@ -445,7 +473,7 @@ impl Bridge {
         self.desc(me, parity, 1)
             .store(mine.count, Ordering::Relaxed);
         self.desc(me, parity, 2).store(mine.kind, Ordering::Relaxed);
-        self.desc(me, parity, 0).store(call + 1, Ordering::Release);
+        self.publish(self.desc(me, parity, 0), call + 1);
         let mut all = Vec::with_capacity(self.world);
         for r in 0..self.world {
             self.wait(self.desc(r, parity, 0), call + 1, r, "a collective")?;

@@ -66,6 +66,7 @@ pub mod plan;
 pub mod pool;
 pub mod reduce;
 pub mod topo;
+pub mod workers;
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -319,6 +320,9 @@ struct State {
     sent: Vec<u64>,
     received: Vec<u64>,
     plans: HashMap<(usize, DataType), Arc<AllReducePlan>>,
+    /// The caller's stream of the latest collective: it waits for everything that call
+    /// enqueued, so the next call, if on another stream, starts after it.
+    last: Option<Stream>,
 }
 
 /// The cross-cluster side of one communicator.
@@ -375,6 +379,9 @@ struct Step {
     what: &'static str,
     /// A failure to report instead of running (injected by a test).
     fault: Option<HeteroError>,
+    /// The call's descriptor check, run first (the first step of a call carries it: no
+    /// separate hop on the stream).
+    check: Option<(u64, Descriptor)>,
 }
 
 impl Step {
@@ -416,6 +423,9 @@ impl Step {
         if let Some(e) = self.fault {
             return Err(e);
         }
+        if let Some((call, d)) = self.check {
+            b.check_call(call, d, &describe)?;
+        }
         let me = b.topo().me;
         let slot = self.slot;
         if !self.publish.is_empty() {
@@ -425,16 +435,22 @@ impl Step {
                 me,
                 "the release of a staging slot",
             )?;
-            let base = b.slot(me, slot);
-            for &(src, off, bytes) in &self.publish {
-                // SAFETY: `src` holds `bytes` by the collective's buffer contract; the slot
-                // holds `off + bytes` (planned against the slot's size) and no reader reads it
-                // until `arrive` below.
-                unsafe { std::ptr::copy(src as *const u8, base.add(off), bytes) };
-            }
+            let base = b.slot(me, slot) as usize;
+            let copies: Vec<Part> = self
+                .publish
+                .iter()
+                .flat_map(|&(src, off, bytes)| {
+                    Part::cut(base + off, vec![src as usize], bytes, None)
+                })
+                .collect();
+            // SAFETY: each source holds its bytes by the collective's buffer contract; the slot
+            // holds `off + bytes` (planned against the slot's size) and no reader reads it
+            // until `arrive` below.
+            unsafe { Part::run_all(&copies) };
         }
-        b.arrive(me, slot).store(self.epoch + 1, Ordering::Release);
+        b.publish(b.arrive(me, slot), self.epoch + 1);
         let mut read: Vec<usize> = Vec::new();
+        let mut parts: Vec<Part> = Vec::new();
         for out in &self.outs {
             let mut srcs = Vec::with_capacity(out.srcs.len());
             for &(r, off) in &out.srcs {
@@ -444,25 +460,93 @@ impl Step {
                         read.push(r);
                     }
                 }
-                // SAFETY: inside rank r's slot (planned against its size).
-                srcs.push(unsafe { b.slot(r, slot).add(off) }.cast_const());
+                srcs.push(b.slot(r, slot) as usize + off);
             }
-            match out.reduce {
-                // SAFETY: `dst` holds `n` elements by the buffer contract; the sources hold
-                // them (published by their ranks, not rewritten before our `done`).
-                Some((dtype, op, div)) => unsafe {
-                    reduce::reduce(out.dst as *mut u8, &srcs, out.n, dtype, op, div)
-                },
-                // SAFETY: as above, `n` bytes.
-                None => unsafe { std::ptr::copy(srcs[0], out.dst as *mut u8, out.n) },
-            }
+            parts.extend(Part::cut(out.dst as usize, srcs, out.n, out.reduce));
         }
+        // SAFETY: every `dst` holds its `n` elements (bytes for a copy) by the buffer
+        // contract; the sources lie in slots their ranks published for this epoch (planned
+        // against the slot's size), not rewritten before our `done` below.
+        unsafe { Part::run_all(&parts) };
         for r in read {
-            b.done(r, slot).fetch_add(1, Ordering::AcqRel);
+            b.add_one(b.done(r, slot));
         }
         Ok(())
     }
 }
+
+/// A share of a step's copy or reduction, for the bridge's threads ([`workers`]): `dst` gets
+/// `n` elements (bytes for a copy) read from `srcs`.
+struct Part {
+    dst: usize,
+    srcs: Vec<usize>,
+    n: usize,
+    reduce: Option<(DataType, ReduceOp, usize)>,
+}
+
+impl Part {
+    /// `dst = op over srcs` (`n` elements, or `n` bytes copied from `srcs[0]`), cut for the
+    /// bridge's threads.
+    fn cut(
+        dst: usize,
+        srcs: Vec<usize>,
+        n: usize,
+        reduce: Option<(DataType, ReduceOp, usize)>,
+    ) -> Vec<Part> {
+        let unit = match reduce {
+            Some((dtype, _, _)) => dtype.size().unwrap_or(1),
+            None => 1,
+        };
+        let (parts, per) = workers::cut(n * unit, unit);
+        if parts <= 1 {
+            return vec![Part {
+                dst,
+                srcs,
+                n,
+                reduce,
+            }];
+        }
+        (0..parts)
+            .filter_map(|k| {
+                let first = k * per;
+                (first < n).then(|| {
+                    let at = first * unit;
+                    Part {
+                        dst: dst + at,
+                        srcs: srcs.iter().map(|s| s + at).collect(),
+                        n: per.min(n - first),
+                        reduce,
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// Runs every part, sharing them among the bridge's threads.
+    ///
+    /// # Safety
+    /// Each part's `dst` holds its `n` elements (bytes) and each source as many; a `dst`
+    /// overlaps no other part's `dst`, and no source unless it is that source.
+    unsafe fn run_all(parts: &[Part]) {
+        workers::run(parts.len(), &|i| {
+            let p = &parts[i];
+            let srcs: Vec<*const u8> = p.srcs.iter().map(|&s| s as *const u8).collect();
+            match p.reduce {
+                // SAFETY: this function's contract.
+                Some((dtype, op, div)) => unsafe {
+                    reduce::reduce(p.dst as *mut u8, &srcs, p.n, dtype, op, div)
+                },
+                // SAFETY: as above, `n` bytes.
+                None => unsafe { std::ptr::copy(srcs[0], p.dst as *mut u8, p.n) },
+            }
+        });
+    }
+}
+
+/// The largest all-reduce (bytes per rank) that runs as one step over the bridge: every rank
+/// publishes its whole input and reduces every rank's, on the caller's stream (no stream hops,
+/// no in-cluster steps). Past it, the pipelined plan moves less data per rank.
+const ONE_SHOT_BYTES: usize = 64 << 10;
 
 /// Staging slots past the pipeline's: p2p send, p2p receive, all_to_allv out and in.
 const STAGING_EXTRA: usize = 4;
@@ -539,6 +623,7 @@ impl Hetero {
             timeout,
         )?);
         let slot_bytes = bridge.slot_bytes();
+        workers::init(world);
         let mut made: Vec<Stream> = Vec::new();
         let mut stream = || -> Result<Stream, HeteroError> {
             let s = device.stream_create()?;
@@ -597,6 +682,7 @@ impl Hetero {
                 sent: vec![0; world],
                 received: vec![0; world],
                 plans: HashMap::new(),
+                last: None,
             }),
             depth,
             slot_bytes,
@@ -847,6 +933,25 @@ impl Hetero {
         self.shared.check()
     }
 
+    /// Starts a collective on `stream`: after the previous collective, whatever stream that
+    /// one was called on (bridge steps run in call order on every rank; some run on the
+    /// caller's stream).
+    fn begin(&self, stream: Stream) -> Result<(), HeteroError> {
+        let last = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.last.replace(stream)
+        };
+        match last {
+            Some(l) if l != stream => self.order(l, stream),
+            _ => Ok(()),
+        }
+    }
+
+    /// Messages up to this size are all-reduced in one step over the bridge.
+    fn one_shot_bytes(&self) -> usize {
+        ONE_SHOT_BYTES.min(self.slot_bytes)
+    }
+
     /// The all-reduce plan of `count` elements of `dtype`, from the cache.
     fn all_reduce_plan(&self, count: usize, dtype: DataType, es: usize) -> Arc<AllReducePlan> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -890,8 +995,40 @@ impl Hetero {
                 op.name().unwrap_or("?")
             )));
         }
-        let plan = self.all_reduce_plan(count, dtype, es);
         let fault = self.inject.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let bytes = count * es;
+        // A failure injected at a stage of the plan takes the plan (the test's target).
+        if bytes <= self.one_shot_bytes() && fault.is_none() {
+            let w = self.topo.world();
+            let d = Descriptor {
+                count: count as u64,
+                kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
+            };
+            return self.bridge_only(
+                Collective::AllReduce,
+                d,
+                1,
+                &|_| (w - 1) as u64,
+                &|_, epoch, slot, free_at| Step {
+                    epoch,
+                    slot,
+                    free_at,
+                    publish: vec![(send.0, 0, bytes)],
+                    outs: vec![Out {
+                        dst: recv.0,
+                        n: count,
+                        srcs: (0..w).map(|r| (r, 0)).collect(),
+                        reduce: Some((dtype, op, w)),
+                    }],
+                    what: "the bridge step of an all_reduce",
+                    fault: None,
+                    check: None,
+                },
+                stream,
+            );
+        }
+        self.begin(stream)?;
+        let plan = self.all_reduce_plan(count, dtype, es);
         let (call, first, free) = self.reserve(plan.chunks, &|k| plan.chunk(k).1.readers);
         let mut stage = Stage::Cluster;
         // SAFETY: this function's contract, passed on.
@@ -964,13 +1101,17 @@ impl Hetero {
             }
             Ok(())
         };
-        self.check_step(
-            call,
-            Descriptor {
-                count: count as u64,
-                kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
-            },
-        )?;
+        if plan.chunks == 0 {
+            self.order(stream, self.streams.bridge)?;
+            self.check_step(
+                call,
+                Descriptor {
+                    count: count as u64,
+                    kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
+                },
+            )?;
+            return self.order(self.streams.bridge, stream);
+        }
         self.order(stream, cs)?;
         let cell = std::cell::Cell::new(Stage::Cluster);
         let issue = |k: usize| -> Result<Vec<Move>, HeteroError> {
@@ -1048,6 +1189,13 @@ impl Hetero {
                     stage: Stage::Bridge.name().to_string(),
                     message: "an injected failure".into(),
                 }),
+                check: (k == 0).then_some((
+                    call,
+                    Descriptor {
+                        count: count as u64,
+                        kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
+                    },
+                )),
             };
             // My own source is my slot (published from `recv` before it is overwritten).
             debug_assert!(sh
@@ -1116,9 +1264,11 @@ impl Hetero {
         r
     }
 
-    /// Runs a bridge-only collective: the descriptor check, then `rounds` steps made by
-    /// `step(round, epoch, slot, free_at)` on the bridge stream, ordered after and before
-    /// `stream` (with staging, `depth` rounds in flight between the copy and bridge streams).
+    /// Runs a bridge-only collective: `rounds` steps made by `step(round, epoch, slot,
+    /// free_at)`, the first carrying the descriptor check (a lone check when `rounds` is 0).
+    /// Where the host reaches the buffers, or for one round, the steps (and a staged round's
+    /// copies) run on the caller's stream itself; staged rounds past one run on the copy and
+    /// bridge streams, `depth` in flight, ordered after and before `stream`.
     fn bridge_only(
         &self,
         op: Collective,
@@ -1130,20 +1280,43 @@ impl Hetero {
     ) -> Result<(), HeteroError> {
         self.ready()?;
         let (call, first, free) = self.reserve(rounds, readers);
-        let bs = self.streams.bridge;
         let r = (|| {
-            self.order(stream, bs)?;
-            self.check_step(call, d)?;
-            let steps = (0..rounds).map(|k| {
+            self.begin(stream)?;
+            if rounds == 0 {
+                return self.host(
+                    stream,
+                    Box::new(move |b: &Bridge| b.check_call(call, d, &describe)),
+                );
+            }
+            // The first step carries the call's descriptor check.
+            let mut steps = (0..rounds).map(|k| {
                 let epoch = first + k as u64;
-                step(k, epoch, (epoch % self.depth as u64) as usize, free[k])
-            });
-            let Some(cp) = self.streams.copy.filter(|_| self.staging.is_some()) else {
-                for s in steps {
-                    self.host(bs, Box::new(move |b: &Bridge| s.run(b)))?;
+                let mut s = step(k, epoch, (epoch % self.depth as u64) as usize, free[k]);
+                if k == 0 {
+                    s.check = Some((call, d));
                 }
-                return self.order(bs, stream);
+                s
+            });
+            let Some((st, cp)) = self.staging.as_ref().zip(self.streams.copy) else {
+                // The host reaches the buffers: every step on the caller's stream, in order.
+                for s in steps {
+                    self.host(stream, Box::new(move |b: &Bridge| s.run(b)))?;
+                }
+                return Ok(());
             };
+            if rounds == 1 {
+                // One step: its copies and itself in order on the caller's stream (nothing to
+                // overlap, no hops between streams).
+                let mut s = steps.next().expect("one step");
+                let (before, back) = s.stage(st.slot(s.slot), st.slot_bytes)?;
+                // SAFETY: the step's ranges are the call's buffers (the callers' contract) and
+                // its staging slot, which earlier calls' users reach before this stream goes on
+                // (`begin`, and every call ends with its caller's stream waiting for it).
+                unsafe { self.moves(&before, stream) }?;
+                self.host(stream, Box::new(move |b: &Bridge| s.run(b)))?;
+                // SAFETY: as above; the step wrote the staging slot.
+                return unsafe { self.moves(&back, stream) };
+            }
             let depth = self.depth.max(1);
             let mut pending = std::collections::VecDeque::with_capacity(depth);
             for (k, s) in steps.enumerate() {
@@ -1159,9 +1332,6 @@ impl Hetero {
             while let Some(back) = pending.pop_front() {
                 // SAFETY: as above.
                 unsafe { self.finish_step(&back, None) }?;
-            }
-            if rounds == 0 {
-                return self.order(bs, stream);
             }
             self.order(cp, stream)
         })();
@@ -1238,6 +1408,7 @@ impl Hetero {
                     }],
                     what: "a broadcast",
                     fault: None,
+                    check: None,
                 }
             },
             stream,
@@ -1296,6 +1467,7 @@ impl Hetero {
                     },
                     what: "a reduce",
                     fault: None,
+                    check: None,
                 }
             },
             stream,
@@ -1364,6 +1536,7 @@ impl Hetero {
                     },
                     what: op.name(),
                     fault: None,
+                    check: None,
                 }
             },
             stream,
@@ -1456,6 +1629,7 @@ impl Hetero {
                     outs,
                     what: kind.name(),
                     fault: None,
+                    check: None,
                 }
             },
             stream,
@@ -1567,7 +1741,7 @@ impl Hetero {
                                 m,
                             )
                         };
-                        b.p2p_sent(me, peer).store(seq, Ordering::Release);
+                        b.publish(b.p2p_sent(me, peer), seq);
                     }
                     Ok(())
                 }),
@@ -1623,7 +1797,7 @@ impl Hetero {
                                 m,
                             )
                         };
-                        b.p2p_acked(me, peer).store(seq, Ordering::Release);
+                        b.publish(b.p2p_acked(me, peer), seq);
                     }
                     Ok(())
                 }),
@@ -1711,6 +1885,7 @@ impl Hetero {
         let bs = self.streams.bridge;
         let (call, _, _) = self.reserve(0, &|_| 0);
         let r = (|| {
+            self.begin(stream)?;
             self.order(stream, bs)?;
             self.check_step(call, d)?;
             let (Some(st), Some(cp)) = (&self.staging, self.streams.copy) else {
@@ -1827,7 +2002,7 @@ fn p2p_progress(
                         m,
                     )
                 };
-                b.p2p_sent(me, peer).store(seq, Ordering::Release);
+                b.publish(b.p2p_sent(me, peer), seq);
                 sent[i] += 1;
                 progress = true;
             }
@@ -1848,7 +2023,7 @@ fn p2p_progress(
                         m,
                     )
                 };
-                b.p2p_acked(me, peer).store(seq, Ordering::Release);
+                b.publish(b.p2p_acked(me, peer), seq);
                 got[i] += 1;
                 progress = true;
             }
