@@ -489,6 +489,10 @@ fn assert_staged_on_offhost(comm: &Communicator) {
     let h = comm.hetero().expect("a job across clusters");
     assert_eq!(h.staged(), offhost, "rank {}", comm.rank());
     assert_eq!(h.streams_made(), if offhost { 5 } else { 4 });
+    // The offhost device has the memops group: its steps run on the proxy thread, unless the
+    // job turned the proxy off.
+    let proxy_off = std::env::var("FERROCX_BRIDGE_PROXY").is_ok_and(|v| v == "0");
+    assert_eq!(h.proxied(), offhost && !proxy_off, "rank {}", comm.rank());
 }
 
 #[test]
@@ -533,6 +537,27 @@ fn one_offhost_rank_beside_three_host_ranks() {
         .cluster_adaptors("gpu", "offhost", "offhost")
         .bridge_key("chunk_bytes", "4096")
         .bridge_key("depth", "3")
+        .run();
+}
+
+#[test]
+fn one_offhost_rank_beside_three_host_ranks_with_host_functions() {
+    const TEST: &str = "one_offhost_rank_beside_three_host_ranks_with_host_functions";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        assert_staged_on_offhost(&comm);
+        every_collective(&comm, &[5, 2049]);
+        println!("RANK OK");
+        return;
+    }
+    // As above, with the bridge steps as host functions on the streams (the fallback of a
+    // device without stream memory operations).
+    with_offhost(Job::new(TEST, 4))
+        .clusters(&[("gpu", "0"), ("cpu", "1-3")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "3")
+        .env("FERROCX_BRIDGE_PROXY", "0")
         .run();
 }
 

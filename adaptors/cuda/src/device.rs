@@ -176,7 +176,7 @@ fn probe_vmm(st: &State, ordinal: usize) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn stream(s: Stream) -> CUstream {
+pub(crate) fn stream(s: Stream) -> CUstream {
     s.0.cast()
 }
 

@@ -33,6 +33,7 @@ mod driver;
 pub mod flatmap;
 mod graph;
 mod kernel;
+mod memops;
 pub mod multicast;
 pub mod shared;
 pub mod vmm;
@@ -61,6 +62,7 @@ ferrocx::register_builtin!(BuiltinAdaptor {
     multicast: Some(&MULTICAST),
     graph: Some(&graph::GRAPH),
     kernel: Some(&kernel::KERNEL),
+    memops: Some(&memops::MEMOPS),
     ..BuiltinAdaptor::EMPTY
 });
 

@@ -21,7 +21,8 @@ use ferrocx_plugin_sdk::abi::{
     Capabilities, DevicePtr, McHandle, MemKind, Status, Stream, VmmHandle,
 };
 use ferrocx_plugin_sdk::{
-    DeviceAdaptor, DeviceFlatMap, DeviceMulticast, DeviceVmm, HostCall, Options,
+    DeviceAdaptor, DeviceFlatMap, DeviceMemOps, DeviceMulticast, DeviceVmm, HostCall, Options,
+    WaitCondition,
 };
 
 /// The initialised adaptor with device 0 current on this thread, or `None` without a driver.
@@ -188,6 +189,69 @@ fn an_event_orders_two_streams_without_the_host() {
     dev.mem_free(y, MemKind::PINNED).expect("free pinned");
     dev.stream_destroy(a).expect("destroy a");
     dev.stream_destroy(b).expect("destroy b");
+}
+
+#[test]
+fn stream_memops_order_a_stream_after_a_host_written_word_and_signal_the_host() {
+    let Some(dev) = gpu() else { return };
+    let n = (1 << 20) + 5;
+    let s = dev.stream_create(1).expect("stream");
+    let words = dev.mem_alloc(4096, MemKind::PINNED).expect("pinned words");
+    let x = dev.mem_alloc(n, MemKind::DEVICE).expect("x");
+    let y = dev.mem_alloc(n, MemKind::PINNED).expect("y");
+    dev.mem_set(y, 0, n).expect("clear y");
+    // SAFETY: a live pinned allocation of 4096 bytes; the words are only touched atomically.
+    let (gate, done) = unsafe {
+        (
+            &*(words.0 as *const AtomicU32),
+            &*((words.0 + 64) as *const AtomicU32),
+        )
+    };
+    gate.store(0, Ordering::SeqCst);
+    done.store(0, Ordering::SeqCst);
+    // The stream waits for the host's word (GEQ 7), fills x, copies it to y, then signals 9.
+    // SAFETY: the words stay allocated until the stream is synchronized below.
+    unsafe {
+        dev.stream_wait_value32(s, gate.as_ptr(), 7, WaitCondition::Geq)
+            .expect("wait");
+    }
+    dev.mem_set_async(x, 0x5a, n, s).expect("memset");
+    dev.mem_copy_async(y, x, n, s).expect("copy");
+    // SAFETY: as above.
+    unsafe { dev.stream_write_value32(s, done.as_ptr(), 9) }.expect("write");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        done.load(Ordering::Acquire),
+        0,
+        "the stream went past its wait"
+    );
+    assert!(
+        pinned(y, n).iter().all(|&v| v == 0),
+        "work ran before the wait"
+    );
+    gate.store(6, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(done.load(Ordering::Acquire), 0, "6 is not >= 7");
+    gate.store(8, Ordering::Release);
+    let start = std::time::Instant::now();
+    while done.load(Ordering::Acquire) != 9 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no signal from the stream"
+        );
+        std::hint::spin_loop();
+    }
+    // The signal comes after the copy: its bytes are in place when the host sees it.
+    assert!(
+        pinned(y, n).iter().all(|&v| v == 0x5a),
+        "signal before the copy"
+    );
+    dev.stream_synchronize(s).expect("sync");
+    dev.mem_free(x, MemKind::DEVICE).expect("free x");
+    for p in [y, words] {
+        dev.mem_free(p, MemKind::PINNED).expect("free pinned");
+    }
+    dev.stream_destroy(s).expect("destroy");
 }
 
 #[test]

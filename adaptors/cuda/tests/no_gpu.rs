@@ -17,13 +17,14 @@ use ferrocx::loader::{Checked, DeviceTables};
 use ferrocx::registry::{Registry, Source};
 
 /// Every table the adaptor exports, in the order `groups()` lists them.
-const GROUPS: [&str; 6] = [
+const GROUPS: [&str; 7] = [
     "ferrocx_device_adaptor_v1",
     "ferrocx_device_vmm_v1",
     "ferrocx_device_flatmap_v1",
     "ferrocx_device_multicast_v1",
     "ferrocx_device_graph_v1",
     "ferrocx_device_kernel_v1",
+    "ferrocx_device_memops_v1",
 ];
 
 fn skip_on_gpu() -> bool {
@@ -138,6 +139,8 @@ fn check_groups_uninitialised(d: &DeviceTables) {
     let flat = d.flatmap.as_ref().expect("flat-map group").get();
     let mc = d.multicast.as_ref().expect("multicast group").get();
     let kernel = d.kernel.as_ref().expect("kernel group").get();
+    let memops = d.memops.as_ref().expect("memops group").get();
+    let word = std::sync::atomic::AtomicU32::new(0);
     let (mut formats, mut module, mut function) =
         (0usize, ModuleHandle::NULL, FunctionHandle::NULL);
     let launch = KernelLaunch::default();
@@ -199,6 +202,14 @@ fn check_groups_uninitialised(d: &DeviceTables) {
             ("mc_unmap", mc.mc_unmap.unwrap()(a, 1 << 21)),
             ("mc_unbind", mc.mc_unbind.unwrap()(m, 0, 0, 1 << 21)),
             ("mc_release", mc.mc_release.unwrap()(m)),
+            (
+                "stream_write_value32",
+                memops.stream_write_value32.unwrap()(Stream::NULL, word.as_ptr(), 1),
+            ),
+            (
+                "stream_wait_value32",
+                memops.stream_wait_value32.unwrap()(Stream::NULL, word.as_ptr(), 1, 0),
+            ),
         ]
     };
     for (entry, status) in results {

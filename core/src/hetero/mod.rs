@@ -64,6 +64,7 @@
 pub mod bridge;
 pub mod plan;
 pub mod pool;
+mod proxy;
 pub mod reduce;
 pub mod topo;
 pub mod workers;
@@ -83,6 +84,7 @@ use crate::route::Collective;
 use bridge::{Bridge, Descriptor};
 use plan::AllReducePlan;
 use pool::EventPool;
+use proxy::Proxy;
 use topo::Topology;
 
 /// Why a cross-cluster call failed.
@@ -191,20 +193,27 @@ struct Job {
     work: Work,
 }
 
+impl Job {
+    /// Runs the work unless an earlier step failed; records its failure (or panic).
+    fn execute(self) {
+        let Job { shared, work } = self;
+        if shared.failed.load(Ordering::Acquire) {
+            return;
+        }
+        let bridge = shared.bridge.clone();
+        match catch_unwind(AssertUnwindSafe(|| work(&bridge))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => shared.fail(e),
+            Err(_) => shared.fail(HeteroError::Bridge("a bridge step panicked".into())),
+        }
+    }
+}
+
 /// Runs a [`Job`] boxed by [`Hetero::host`], on the stream's thread.
 unsafe extern "C" fn run_job(user: *mut c_void) {
     // SAFETY: `user` is the box `Hetero::host` leaked; the adaptor calls this once.
     let job = unsafe { Box::from_raw(user.cast::<Job>()) };
-    let Job { shared, work } = *job;
-    if shared.failed.load(Ordering::Acquire) {
-        return;
-    }
-    let bridge = shared.bridge.clone();
-    match catch_unwind(AssertUnwindSafe(|| work(&bridge))) {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => shared.fail(e),
-        Err(_) => shared.fail(HeteroError::Bridge("a bridge step panicked".into())),
-    }
+    job.execute();
 }
 
 /// The streams of the plans.
@@ -341,6 +350,9 @@ pub struct Hetero {
     staging: Option<Staging>,
     /// A failure the next all_reduce injects (tests).
     inject: Mutex<Option<Stage>>,
+    /// The thread that runs the bridge steps of a staged device with stream memory
+    /// operations (`None`: steps are host functions on the streams).
+    proxy: Option<Proxy>,
 }
 
 /// One copy or reduction of a bridge step: `dst` gets `n` elements (bytes for a copy) read
@@ -656,6 +668,13 @@ impl Hetero {
         // in slots.
         let staging =
             (!host_addressable).then(|| Staging::new(&device, depth + STAGING_EXTRA, slot_bytes));
+        // `FERROCX_BRIDGE_PROXY=0` keeps the host-function fallback (for comparisons).
+        let proxy_off = std::env::var("FERROCX_BRIDGE_PROXY").is_ok_and(|v| v.trim() == "0");
+        let proxy = if host_addressable || proxy_off {
+            None
+        } else {
+            Proxy::start(&device)
+        };
         tracing::debug!(
             clusters = topo.clusters.len(),
             world,
@@ -688,6 +707,7 @@ impl Hetero {
             slot_bytes,
             staging,
             inject: Mutex::new(None),
+            proxy,
             topo,
         })
     }
@@ -791,6 +811,27 @@ impl Hetero {
         )))
     }
 
+    /// Enqueues a bridge step on `stream`: handed to the proxy thread where there is one
+    /// (the stream signals it and waits for it through host memory), else a host function.
+    fn step(&self, stream: Stream, work: Work) -> Result<(), HeteroError> {
+        match &self.proxy {
+            Some(p) => p.enqueue(
+                &self.device,
+                stream,
+                Job {
+                    shared: self.shared.clone(),
+                    work,
+                },
+            ),
+            None => self.host(stream, work),
+        }
+    }
+
+    /// `true` when the bridge steps run on the proxy thread (see [`Hetero::step`]).
+    pub fn proxied(&self) -> bool {
+        self.proxy.is_some()
+    }
+
     /// Orders work enqueued on `to` from now on after the work enqueued on `from` so far.
     fn order(&self, from: Stream, to: Stream) -> Result<(), HeteroError> {
         let mut pool = self.events.lock().unwrap_or_else(|p| p.into_inner());
@@ -864,7 +905,7 @@ impl Hetero {
             if let Some(a) = after {
                 self.order(a, bs)?;
             }
-            self.host(bs, Box::new(move |b: &Bridge| step.run(b)))?;
+            self.step(bs, Box::new(move |b: &Bridge| step.run(b)))?;
             return Ok(Vec::new());
         };
         let (before, back) = step.stage(st.slot(step.slot), st.slot_bytes)?;
@@ -876,7 +917,7 @@ impl Hetero {
         // (`finish_step` ordered it after the bridge stream).
         unsafe { self.moves(&before, cp) }?;
         self.order(cp, bs)?;
-        self.host(bs, Box::new(move |b: &Bridge| step.run(b)))?;
+        self.step(bs, Box::new(move |b: &Bridge| step.run(b)))?;
         Ok(back)
     }
 
@@ -922,7 +963,7 @@ impl Hetero {
 
     /// Enqueues the descriptor check of a call on the bridge stream.
     fn check_step(&self, call: u64, d: Descriptor) -> Result<(), HeteroError> {
-        self.host(
+        self.step(
             self.streams.bridge,
             Box::new(move |b: &Bridge| b.check_call(call, d, &describe)),
         )
@@ -1283,7 +1324,7 @@ impl Hetero {
         let r = (|| {
             self.begin(stream)?;
             if rounds == 0 {
-                return self.host(
+                return self.step(
                     stream,
                     Box::new(move |b: &Bridge| b.check_call(call, d, &describe)),
                 );
@@ -1313,7 +1354,7 @@ impl Hetero {
                 // its staging slot, which earlier calls' users reach before this stream goes on
                 // (`begin`, and every call ends with its caller's stream waiting for it).
                 unsafe { self.moves(&before, stream) }?;
-                self.host(stream, Box::new(move |b: &Bridge| s.run(b)))?;
+                self.step(stream, Box::new(move |b: &Bridge| s.run(b)))?;
                 // SAFETY: as above; the step wrote the staging slot.
                 return unsafe { self.moves(&back, stream) };
             }
@@ -1936,7 +1977,7 @@ impl Hetero {
                 // went on.
                 unsafe { self.moves(&before, cp) }?;
                 self.order(cp, bs)?;
-                self.host(
+                self.step(
                     bs,
                     Box::new(move |b: &Bridge| p2p_progress(b, me, ch, &sk, &rk)),
                 )?;
@@ -1956,6 +1997,9 @@ impl Hetero {
     /// Releases the streams and events (after draining them).
     fn release(&mut self) {
         let _ = self.drain();
+        if let Some(p) = &mut self.proxy {
+            p.stop(&self.device);
+        }
         self.events
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())

@@ -1,7 +1,7 @@
 //! `libferrocx_adaptor_cuda.so`: the CUDA adaptor exported under the ABI's symbols.
 //!
 //! The root device table, the VMM, flat-map and multicast groups (multicast gated: see
-//! `ferrocx_adaptor_cuda::multicast`), the graph group and the kernel group are exported.
+//! `ferrocx_adaptor_cuda::multicast`), the graph group, the kernel group and the memops group are exported.
 
 ferrocx_plugin_sdk::export_plugin! {
     name: "cuda",
@@ -11,4 +11,5 @@ ferrocx_plugin_sdk::export_plugin! {
     device_multicast: cuda::CudaDevice,
     device_graph: cuda::CudaDevice,
     device_kernel: cuda::CudaDevice,
+    device_memops: cuda::CudaDevice,
 }

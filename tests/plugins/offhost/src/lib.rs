@@ -10,6 +10,9 @@
 //!   work before their record has run; `stream_wait_event` holds a stream until then; host
 //!   functions run on the stream's thread. Properties report `HOST_FUNC`, never
 //!   `HOST_ADDRESSABLE`.
+//! - **Stream memory operations** (the memops group): a store or a wait on a word of pinned or
+//!   host memory (other addresses are refused, as CUDA refuses them), made by the stream's
+//!   worker in order; a wait polls and gives up after two minutes.
 //! - **The CCL** runs one rank per communicator (a cluster of one rank): each collective is a
 //!   copy on the stream; a communicator of several ranks is refused.
 //!
@@ -18,7 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -679,8 +682,83 @@ impl CclAdaptor for OffhostCcl {
     }
 }
 
+/// How long a stream waits for a value before it fails (a test device: a wait that is never
+/// satisfied would keep the stream's worker, and `stream_destroy`, from returning).
+const WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl OffhostDevice {
+    /// `addr` as a word of a pinned or host allocation of this device (the only memory the
+    /// memops group reaches, as on a GPU).
+    fn host_word(&self, addr: usize) -> Result<usize> {
+        let found = lock(&self.host)
+            .iter()
+            .any(|(&p, v)| (p as usize..p as usize + v.len() * 8).contains(&addr));
+        if found {
+            Ok(addr)
+        } else {
+            Err(Error::invalid_argument(format!(
+                "{addr:#x} is not in pinned or host memory of the offhost device"
+            )))
+        }
+    }
+}
+
+impl DeviceMemOps for OffhostDevice {
+    unsafe fn stream_write_value32(&self, s: Stream, addr: *mut u32, value: u32) -> Result<()> {
+        let a = self.host_word(addr as usize)?;
+        self.enqueue(
+            s,
+            Box::new(move || {
+                // SAFETY: a 4-aligned word of a live host allocation (the caller's contract
+                // keeps it alive until the store ran), accessed atomically.
+                let w = unsafe { &*(a as *const AtomicU32) };
+                w.store(value, Ordering::Release);
+                Ok(())
+            }),
+        )
+    }
+
+    unsafe fn stream_wait_value32(
+        &self,
+        s: Stream,
+        addr: *const u32,
+        value: u32,
+        condition: WaitCondition,
+    ) -> Result<()> {
+        let a = self.host_word(addr as usize)?;
+        self.enqueue(
+            s,
+            Box::new(move || {
+                // SAFETY: as in `stream_write_value32`, until the wait is over.
+                let w = unsafe { &*(a as *const AtomicU32) };
+                let start = std::time::Instant::now();
+                let mut polls = 0u32;
+                loop {
+                    let v = w.load(Ordering::Acquire);
+                    let met = match condition {
+                        WaitCondition::Geq => v.wrapping_sub(value) as i32 >= 0,
+                        WaitCondition::Eq => v == value,
+                    };
+                    if met {
+                        return Ok(());
+                    }
+                    polls = polls.wrapping_add(1);
+                    if polls < 1_000 {
+                        std::hint::spin_loop();
+                    } else if start.elapsed() > WAIT_LIMIT {
+                        return Err(Error::internal("a stream wait for a value timed out"));
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_micros(20));
+                    }
+                }
+            }),
+        )
+    }
+}
+
 export_plugin! {
     name: "offhost",
     device: OffhostDevice,
+    device_memops: OffhostDevice,
     ccl: OffhostCcl,
 }
