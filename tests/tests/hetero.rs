@@ -581,6 +581,74 @@ fn large_messages_shared_among_bridge_threads() {
         .run();
 }
 
+#[test]
+fn calls_on_two_streams_without_a_synchronize_between() {
+    const TEST: &str = "calls_on_two_streams_without_a_synchronize_between";
+    if let Some(rank) = rank_of(TEST) {
+        let comm = communicator();
+        let other = comm.device().stream_create().expect("a second stream");
+        let w = comm.world();
+        // Small (one step on the caller's stream) and large (the pipelined plan on the
+        // communicator's streams) all-reduces and a broadcast, alternating between the
+        // communicator's stream and another one, nothing synchronized until the end: each call
+        // must run after the previous one, whatever stream that one was on.
+        let counts = [3usize, 2501, 1, 4099, 7];
+        let sends: Vec<Buf> = counts
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| Buf::new(&comm, input(DataType::F32, 40 + k as u64, rank, n)))
+            .collect();
+        let recvs: Vec<Buf> = counts.iter().map(|&n| Buf::zeros(&comm, n * 4)).collect();
+        let root = w - 1;
+        let bsend = Buf::new(&comm, input(DataType::I32, 77, root, 1001));
+        let brecv = Buf::zeros(&comm, 1001 * 4);
+        for (k, &n) in counts.iter().enumerate() {
+            let stream = if k % 2 == 0 { comm.stream() } else { other };
+            // SAFETY: n f32 each, kept until the synchronize below.
+            unsafe {
+                comm.on(stream).all_reduce(
+                    sends[k].ptr(),
+                    recvs[k].ptr(),
+                    n,
+                    DataType::F32,
+                    ReduceOp::SUM,
+                )
+            }
+            .expect("all_reduce");
+            if k == 2 {
+                // SAFETY: 1001 i32, kept until the synchronize below.
+                unsafe {
+                    comm.on(other)
+                        .broadcast(bsend.ptr(), brecv.ptr(), 1001, DataType::I32, root)
+                }
+                .expect("broadcast");
+            }
+        }
+        comm.device()
+            .stream_synchronize(other)
+            .expect("the other stream");
+        sync(&comm, "the communicator's stream");
+        for (k, &n) in counts.iter().enumerate() {
+            assert!(
+                recvs[k].get() == reduced(DataType::F32, ReduceOp::SUM, 40 + k as u64, w, n),
+                "rank {rank}: all_reduce {k} of {n}"
+            );
+        }
+        assert!(
+            brecv.get() == input(DataType::I32, 77, root, 1001),
+            "rank {rank}: broadcast"
+        );
+        comm.device().stream_destroy(other).expect("destroy");
+        println!("RANK OK");
+        return;
+    }
+    with_offhost(Job::new(TEST, 4))
+        .clusters(&[("gpu", "0"), ("cpu", "1-3")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "4096")
+        .run();
+}
+
 /// Live streams, events and allocations of the `offhost` device in this process (its
 /// `ferrocx_offhost_live`, from the loaded `.so`); zeros where it is not loaded.
 fn offhost_live() -> [u64; 3] {

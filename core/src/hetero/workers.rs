@@ -10,7 +10,7 @@
 use std::sync::OnceLock;
 
 /// Work below this many bytes per part is not split.
-pub const PART_BYTES: usize = 256 << 10;
+pub const PART_BYTES: usize = 64 << 10;
 
 /// The process's pool (`None`: one thread, run inline).
 static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
