@@ -25,17 +25,21 @@
 //! While chunk k crosses the bridge, chunk k+1 is reduced in the cluster (up to `depth` chunks
 //! in flight, `[bridge] depth`; `chunk_bytes` per rank and slot).
 //!
+//! **Small all-reduces** (up to 64 KiB per rank, and a slot) skip the plan: one step on the
+//! caller's stream, in which every rank publishes its whole input and reduces every rank's in
+//! rank order (the same bits everywhere), the descriptor check included. No in-cluster step,
+//! no hop between streams.
+//!
 //! **Ordering:** the calling thread only enqueues. The stages run on the communicator's own
 //! streams (the cluster stream for the CCL, the bridge stream for the bridge steps, a send and
 //! a receive stream for point-to-point), ordered by `event_record` + `stream_wait_event` with
 //! events from a per-communicator [`pool`] (an event is taken again only once its record
-//! completed). A bridge step is a host function on the bridge stream (`launch_host_func`: the
-//! documented fallback of a device without stream memory operations); on a device whose
-//! memory the host addresses (`HOST_ADDRESSABLE`, the host device) it reads and writes the
-//! device buffers directly. On any other device (CUDA) the step's sources are copied
-//! device → staging on the communicator's **copy stream** before it, and its results
-//! staging → device after it, each hand-over an event (`mem_copy_async`, `event_record`,
-//! `stream_wait_event`, `launch_host_func` of the device table, nothing else):
+//! completed). A call on another stream than the previous call's first orders its stream after
+//! that one (steps run in call order on every rank). On a device whose memory the host
+//! addresses (`HOST_ADDRESSABLE`, the host device) a bridge step is a host function on the
+//! stream and reads and writes the device buffers directly. On any other device (CUDA) the
+//! step's sources are copied device → staging on the communicator's **copy stream** before it,
+//! and its results staging → device after it, each hand-over an event:
 //!
 //! ```text
 //!   cluster stream  RS(k) ─ev─┐                              ┌─► AG(k)
@@ -43,10 +47,24 @@
 //!   bridge stream                        bridge(k) ─ev
 //! ```
 //!
+//! and the step itself runs on the communicator's **proxy thread** (module `proxy`) where the device
+//! has the stream-memory-operations group (`ferrocx_device_memops_v1`: CUDA's
+//! `cuStreamWriteValue32` / `cuStreamWaitValue32`): the bridge stream writes a sequence number
+//! to a pinned word, the proxy (which sleeps until the host thread hands it the step) sees it,
+//! runs the step and writes the acknowledgement the stream waits for — no host function, no
+//! driver callback thread. A device without the group gets the documented fallback: the step
+//! as a host function on the bridge stream (`launch_host_func`; `FERROCX_BRIDGE_PROXY=0`
+//! chooses it on any device, for comparisons).
+//!
+//! A step's copies and reductions are cut into parts of 64 KiB or more and shared among the
+//! process's bridge threads ([`workers`]: the cores this process may use divided by the job's
+//! ranks, at most 8, or `FERROCX_BRIDGE_THREADS`): a rank alone in its cluster carries its
+//! cluster's whole share across the bridge.
+//!
 //! The staging is host memory (pinned where the device allocates `MemKind::PINNED`), one slot
 //! per pipeline slot plus the p2p and all_to_allv slots, made once per communicator; a slot is
 //! written again only after the copy stream has waited for the step that used it.
-//! Streams, events and staging are made once per communicator.
+//! Streams, events, staging, the proxy and its words are made once per communicator.
 //!
 //! **The other collectives** run over the bridge alone, every rank reading what it needs from
 //! the others' slots, chunk by chunk through the same epochs: broadcast (root in any cluster),
@@ -54,8 +72,8 @@
 //! between ranks of different clusters go through per-pair channels (a sub-slot per
 //! destination in the sender's p2p slot). Send/recv inside a cluster take its CCL.
 //!
-//! **Checks and failures:** each collective first publishes a descriptor (collective, count,
-//! dtype, op, root) and compares it with every rank's, so a count or dtype that differs across
+//! **Checks and failures:** each collective's first step publishes a descriptor (collective,
+//! count, dtype, op, root) and compares it with every rank's, so a count or dtype that differs across
 //! clusters fails on every rank with the same error naming both ranks. A wait on a peer that
 //! does not arrive within `timeout_ms` (or whose process is gone) fails naming the rank and its
 //! cluster, and records the failure in the bridge so every other rank fails with it too. A
@@ -827,7 +845,7 @@ impl Hetero {
         }
     }
 
-    /// `true` when the bridge steps run on the proxy thread (see [`Hetero::step`]).
+    /// `true` when the bridge steps run on the proxy thread (a staged device with the memops group), not host functions.
     pub fn proxied(&self) -> bool {
         self.proxy.is_some()
     }
