@@ -845,7 +845,8 @@ impl Hetero {
         }
     }
 
-    /// `true` when the bridge steps run on the proxy thread (a staged device with the memops group), not host functions.
+    /// `true` when the bridge steps run on the proxy thread (a staged device with the memops
+    /// group), not as host functions.
     pub fn proxied(&self) -> bool {
         self.proxy.is_some()
     }
