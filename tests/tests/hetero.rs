@@ -354,7 +354,9 @@ fn two_plus_three_ranks_every_collective() {
         println!("RANK OK");
         return;
     }
+    // Plans of two chunks or more handed to the enqueuer thread.
     Job::new("two_plus_three_ranks_every_collective", 5)
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "2")
         .clusters(&[("a", "0,2"), ("b", "1,3,4")])
         .bridge_key("ccl", "\"host\"")
         .bridge_key("chunk_bytes", "4096")
@@ -518,6 +520,7 @@ fn offhost_clusters_beside_host_ones_every_collective() {
         .cluster_adaptors("b", "offhost", "offhost")
         .bridge_key("chunk_bytes", "4096")
         .bridge_key("depth", "2")
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "2")
         .run();
 }
 
@@ -646,6 +649,7 @@ fn calls_on_two_streams_without_a_synchronize_between() {
         .clusters(&[("gpu", "0"), ("cpu", "1-3")])
         .cluster_adaptors("gpu", "offhost", "offhost")
         .bridge_key("chunk_bytes", "4096")
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "2")
         .run();
 }
 
@@ -700,8 +704,26 @@ fn held() -> (usize, usize, [u64; 3], Vec<String>) {
 
 #[test]
 fn a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing() {
-    const TEST: &str = "a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing";
-    if let Some(rank) = rank_of(TEST) {
+    failure_at_each_stage(
+        "a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing",
+        "4",
+    );
+}
+
+#[test]
+fn a_failure_at_each_stage_enqueued_by_the_enqueuer_thread() {
+    // Every plan handed to the enqueuer thread: its failures too must reach every rank alike
+    // and leave nothing behind.
+    failure_at_each_stage(
+        "a_failure_at_each_stage_enqueued_by_the_enqueuer_thread",
+        "1",
+    );
+}
+
+/// Injects a failure at each stage of an all-reduce of 3 chunks; `async_chunks` is
+/// `FERROCX_BRIDGE_ASYNC_CHUNKS` (plans of that many chunks go to the enqueuer thread).
+fn failure_at_each_stage(test: &str, async_chunks: &str) {
+    if let Some(rank) = rank_of(test) {
         let n = 3001;
         let dtype = DataType::F32;
         // (failing rank, its cluster, stage): every stage on the offhost rank (staged), the
@@ -780,11 +802,12 @@ fn a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing() {
         println!("RANK OK");
         return;
     }
-    let done = with_offhost(Job::new(TEST, 3))
+    let done = with_offhost(Job::new(test, 3))
         .clusters(&[("a", "0"), ("c", "1,2")])
         .cluster_adaptors("a", "offhost", "offhost")
         .bridge_key("chunk_bytes", "4096")
         .timeout_ms(3000)
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", async_chunks)
         .run();
     // Per case, the same error on every rank.
     for f in &done {

@@ -80,6 +80,7 @@
 //! failed step breaks the communicator's bridge: later steps do nothing and report it.
 
 pub mod bridge;
+mod enqueue;
 pub mod plan;
 pub mod pool;
 mod proxy;
@@ -94,12 +95,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::abi::{Capabilities, Comm, DataType, DevicePtr, MemKind, ReduceOp, Stream};
+use crate::abi::{
+    Capabilities, Comm, DataType, DevicePtr, MemKind, ReduceOp, Stream, WAIT_VALUE_GEQ,
+};
 use crate::adaptor::{AdaptorError, Ccl, Device};
 use crate::config::{BridgeCcl, BridgeConfig};
 use crate::route::Collective;
 
 use bridge::{Bridge, Descriptor};
+use enqueue::Enqueuer;
 use plan::AllReducePlan;
 use pool::EventPool;
 use proxy::Proxy;
@@ -227,7 +231,7 @@ impl Job {
     }
 }
 
-/// Runs a [`Job`] boxed by [`Hetero::host`], on the stream's thread.
+/// Runs a [`Job`] boxed by [`HeteroCore::host`], on the stream's thread.
 unsafe extern "C" fn run_job(user: *mut c_void) {
     // SAFETY: `user` is the box `Hetero::host` leaked; the adaptor calls this once.
     let job = unsafe { Box::from_raw(user.cast::<Job>()) };
@@ -253,7 +257,7 @@ impl Streams {
 }
 
 /// A stage of the all-reduce plan, where a test injects a failure
-/// ([`Hetero::inject_failure`]).
+/// ([`HeteroCore::inject_failure`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
     /// The reduce-scatter inside the cluster (a copy in a one-rank cluster).
@@ -352,8 +356,38 @@ struct State {
     last: Option<Stream>,
 }
 
-/// The cross-cluster side of one communicator.
-pub struct Hetero {
+/// Tasks handed to the enqueuer thread and tasks it has run: a call that enqueues on the
+/// communicator's streams itself first waits until the enqueuer has enqueued everything
+/// handed to it before (stream work stays in call order).
+#[derive(Default)]
+struct Backlog {
+    counts: Mutex<(u64, u64)>,
+    ran: std::sync::Condvar,
+}
+
+impl Backlog {
+    fn handed(&self) {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
+    }
+
+    fn ran_one(&self) {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).1 += 1;
+        self.ran.notify_all();
+    }
+
+    /// Waits until every task handed over has run (a host-side wait on enqueue calls, not on
+    /// the device).
+    fn flush(&self) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        while c.1 < c.0 {
+            c = self.ran.wait(c).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// The cross-cluster side of one communicator: its bridge, streams, pools and plans (shared
+/// with the enqueuer thread; [`Hetero`] is the communicator's handle on it).
+pub struct HeteroCore {
     topo: Topology,
     device: Device,
     ccl: Ccl,
@@ -371,6 +405,8 @@ pub struct Hetero {
     /// The thread that runs the bridge steps of a staged device with stream memory
     /// operations (`None`: steps are host functions on the streams).
     proxy: Option<Proxy>,
+    /// What the enqueuer thread has yet to enqueue.
+    backlog: Backlog,
 }
 
 /// One copy or reduction of a bridge step: `dst` gets `n` elements (bytes for a copy) read
@@ -382,7 +418,16 @@ struct Out {
     reduce: Option<(DataType, ReduceOp, usize)>,
 }
 
-/// What an all-reduce enqueues with (see [`Hetero::all_reduce`]).
+/// How an all-reduce's stages hang on the caller's stream: by events (enqueued by the caller's
+/// thread), or by two words of the enqueuer's (enqueued by the enqueuer thread: the caller's
+/// stream writes `start = seq` and waits for `end >= seq`).
+#[derive(Clone, Copy)]
+enum Link {
+    Stream(Stream),
+    Words { start: usize, end: usize, seq: u32 },
+}
+
+/// What an all-reduce enqueues with (see [`HeteroCore::all_reduce`]).
 struct AllReduceArgs<'a> {
     send: DevicePtr,
     recv: DevicePtr,
@@ -393,7 +438,7 @@ struct AllReduceArgs<'a> {
     count: usize,
     first: u64,
     free: &'a [u64],
-    stream: Stream,
+    link: Link,
     fault: Option<Stage>,
 }
 
@@ -613,12 +658,12 @@ fn describe(d: Descriptor) -> String {
     s
 }
 
-impl Hetero {
+impl HeteroCore {
     /// Makes the cross-cluster side of a communicator: its streams and the bridge (collective:
     /// every rank of the job calls it, in the same communicator order). `comm` is the
     /// cluster's communicator, on `device` and `ccl`; `name` the bridge segment's name.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    fn make(
         topo: Topology,
         device: Device,
         ccl: Ccl,
@@ -627,7 +672,7 @@ impl Hetero {
         local_device: i32,
         name: &str,
         timeout: Duration,
-    ) -> Result<Hetero, HeteroError> {
+    ) -> Result<HeteroCore, HeteroError> {
         match config.ccl {
             BridgeCcl::Host | BridgeCcl::Auto => {}
             BridgeCcl::Mpi => {
@@ -701,7 +746,7 @@ impl Hetero {
             host_addressable,
             "bridge ready: {name}"
         );
-        Ok(Hetero {
+        Ok(HeteroCore {
             device,
             ccl,
             comm,
@@ -726,6 +771,7 @@ impl Hetero {
             staging,
             inject: Mutex::new(None),
             proxy,
+            backlog: Backlog::default(),
             topo,
         })
     }
@@ -908,7 +954,7 @@ impl Hetero {
 
     /// Enqueues `step` on the bridge stream after the work enqueued on `after` so far. With
     /// staging, its sources are first copied from the device into its staging slot on the
-    /// copy stream; returns the copies back to the device that [`Hetero::finish_step`]
+    /// copy stream; returns the copies back to the device that [`HeteroCore::finish_step`]
     /// enqueues once the step ran.
     ///
     /// # Safety
@@ -944,7 +990,7 @@ impl Hetero {
     /// staged step's copies back to the device between.
     ///
     /// # Safety
-    /// `back` came from [`Hetero::issue_step`] of this call.
+    /// `back` came from [`HeteroCore::issue_step`] of this call.
     unsafe fn finish_step(&self, back: &[Move], to: Option<Stream>) -> Result<(), HeteroError> {
         let bs = self.streams.bridge;
         let Some(cp) = self.streams.copy.filter(|_| self.staging.is_some()) else {
@@ -997,6 +1043,13 @@ impl Hetero {
     /// one was called on (bridge steps run in call order on every rank; some run on the
     /// caller's stream).
     fn begin(&self, stream: Stream) -> Result<(), HeteroError> {
+        // Whatever the enqueuer thread holds of earlier calls goes on the streams first.
+        self.backlog.flush();
+        self.begin_after(stream)
+    }
+
+    /// [`HeteroCore::begin`] for a call handed to the enqueuer (behind the earlier ones).
+    fn begin_after(&self, stream: Stream) -> Result<(), HeteroError> {
         let last = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.last.replace(stream)
@@ -1037,7 +1090,8 @@ impl Hetero {
     ///
     /// # Safety
     /// The buffer contract of [`crate::comm::Call`].
-    pub unsafe fn all_reduce(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn all_reduce_on(
         &self,
         send: DevicePtr,
         recv: DevicePtr,
@@ -1045,6 +1099,7 @@ impl Hetero {
         dtype: DataType,
         op: ReduceOp,
         stream: Stream,
+        enqueuer: Option<&Enqueuer>,
     ) -> Result<(), HeteroError> {
         self.ready()?;
         let es = elem(dtype)?;
@@ -1087,9 +1142,48 @@ impl Hetero {
                 stream,
             );
         }
-        self.begin(stream)?;
         let plan = self.all_reduce_plan(count, dtype, es);
+        let queued = enqueuer.filter(|q| plan.chunks >= q.chunks);
+        if queued.is_some() {
+            self.begin_after(stream)?;
+        } else {
+            self.begin(stream)?;
+        }
         let (call, first, free) = self.reserve(plan.chunks, &|k| plan.chunk(k).1.readers);
+        if let Some(q) = queued {
+            // The enqueuer thread enqueues the stages; this thread hangs them on `stream`.
+            let r = q.submit(self, stream, |seq, start, end| {
+                Box::new(move |core: &HeteroCore| {
+                    let mut stage = Stage::Cluster;
+                    // SAFETY: the contract of the call, passed on (the caller's stream waits
+                    // for the stages' last signal before it goes on).
+                    let r = unsafe {
+                        core.all_reduce_stages(
+                            &plan,
+                            AllReduceArgs {
+                                send,
+                                recv,
+                                dtype,
+                                op,
+                                es,
+                                call,
+                                count,
+                                first,
+                                free: &free,
+                                link: Link::Words { start, end, seq },
+                                fault,
+                            },
+                            &mut stage,
+                        )
+                    };
+                    if let Err(e) = r {
+                        core.fail_call(stage.name(), e);
+                        Enqueuer::release(end, seq);
+                    }
+                })
+            });
+            return r.map_err(|e| self.fail_call(Stage::Cluster.name(), e));
+        }
         let mut stage = Stage::Cluster;
         // SAFETY: this function's contract, passed on.
         let r = unsafe {
@@ -1105,7 +1199,7 @@ impl Hetero {
                     count,
                     first,
                     free: &free,
-                    stream,
+                    link: Link::Stream(stream),
                     fault,
                 },
                 &mut stage,
@@ -1117,7 +1211,7 @@ impl Hetero {
     /// The stages of an all-reduce, chunk by chunk; `stage` follows the stage being enqueued.
     ///
     /// # Safety
-    /// As [`Hetero::all_reduce`]: `send` and `recv` hold the plan's `count` elements.
+    /// As [`HeteroCore::all_reduce`]: `send` and `recv` hold the plan's `count` elements.
     unsafe fn all_reduce_stages(
         &self,
         plan: &AllReducePlan,
@@ -1134,10 +1228,32 @@ impl Hetero {
             count,
             first,
             free,
-            stream,
+            link,
             fault,
         } = a;
         let cs = self.streams.cluster;
+        // Work enqueued on `to` from now on starts after the caller's stream reached the call.
+        let enter = |to: Stream| -> Result<(), HeteroError> {
+            match link {
+                Link::Stream(s) => self.order(s, to),
+                // SAFETY: the enqueuer's word, alive until its streams are drained.
+                Link::Words { start, seq, .. } => Ok(unsafe {
+                    self.device
+                        .stream_wait_value32(to, start as *const u32, seq, WAIT_VALUE_GEQ)
+                }?),
+            }
+        };
+        // The caller's stream goes on after the work enqueued on `from` so far.
+        let leave = |from: Stream| -> Result<(), HeteroError> {
+            match link {
+                Link::Stream(s) => self.order(from, s),
+                Link::Words { end, seq, .. } => {
+                    // SAFETY: as above.
+                    let r = unsafe { self.device.stream_write_value32(from, end as *mut u32, seq) };
+                    Ok(r?)
+                }
+            }
+        };
         let p = self.topo.sizes()[self.topo.my_cluster()];
         let i = self.topo.my_local();
         let me_c = self.topo.my_cluster();
@@ -1162,7 +1278,7 @@ impl Hetero {
             Ok(())
         };
         if plan.chunks == 0 {
-            self.order(stream, self.streams.bridge)?;
+            enter(self.streams.bridge)?;
             self.check_step(
                 call,
                 Descriptor {
@@ -1170,9 +1286,9 @@ impl Hetero {
                     kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
                 },
             )?;
-            return self.order(self.streams.bridge, stream);
+            return leave(self.streams.bridge);
         }
-        self.order(stream, cs)?;
+        enter(cs)?;
         let cell = std::cell::Cell::new(Stage::Cluster);
         let issue = |k: usize| -> Result<Vec<Move>, HeteroError> {
             let (off, sh) = plan.chunk(k);
@@ -1318,7 +1434,7 @@ impl Hetero {
             while let Some((j, back)) = pending.pop_front() {
                 finish(j, back)?;
             }
-            self.order(cs, stream)
+            leave(cs)
         })();
         *stage = cell.get();
         r
@@ -2127,13 +2243,99 @@ fn p2p_progress(
     }
 }
 
+/// The cross-cluster side of one communicator (see the module docs): its [`HeteroCore`], and
+/// the enqueuer thread that enqueues large all-reduces for the caller.
+pub struct Hetero {
+    core: Arc<HeteroCore>,
+    enqueuer: Option<Enqueuer>,
+}
+
+impl std::ops::Deref for Hetero {
+    type Target = HeteroCore;
+
+    fn deref(&self) -> &HeteroCore {
+        &self.core
+    }
+}
+
+impl Hetero {
+    /// Makes the cross-cluster side of a communicator: its streams and the bridge (collective:
+    /// every rank of the job calls it, in the same communicator order). `comm` is the
+    /// cluster's communicator, on `device` and `ccl`; `name` the bridge segment's name.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        topo: Topology,
+        device: Device,
+        ccl: Ccl,
+        comm: Comm,
+        config: &BridgeConfig,
+        local_device: i32,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Hetero, HeteroError> {
+        let core = Arc::new(HeteroCore::make(
+            topo,
+            device,
+            ccl,
+            comm,
+            config,
+            local_device,
+            name,
+            timeout,
+        )?);
+        let enqueuer = Enqueuer::start(&core);
+        Ok(Hetero { core, enqueuer })
+    }
+
+    /// `true` when large all-reduces are enqueued by the enqueuer thread.
+    pub fn enqueued(&self) -> bool {
+        self.enqueuer.is_some()
+    }
+
+    /// Enqueues the all-reduce on `stream` (see the module docs): one step for a small one;
+    /// the plan otherwise, its stages enqueued by the enqueuer thread for a large one.
+    ///
+    /// # Safety
+    /// The buffer contract of [`crate::comm::Call`].
+    pub unsafe fn all_reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: Stream,
+    ) -> Result<(), HeteroError> {
+        // SAFETY: this function's contract.
+        unsafe {
+            self.core
+                .all_reduce_on(send, recv, count, dtype, op, stream, self.enqueuer.as_ref())
+        }
+    }
+}
+
+impl Drop for Hetero {
+    fn drop(&mut self) {
+        if let Some(mut q) = self.enqueuer.take() {
+            let core = &self.core;
+            q.stop(&core.device, || {
+                let _ = core.drain();
+                let last = core.state.lock().unwrap_or_else(|p| p.into_inner()).last;
+                if let Some(s) = last {
+                    let _ = core.device.stream_synchronize(s);
+                }
+            });
+        }
+    }
+}
+
 fn elem(dtype: DataType) -> Result<usize, HeteroError> {
     dtype
         .size()
         .ok_or_else(|| HeteroError::Unsupported(format!("unknown data type {}", dtype.0)))
 }
 
-impl Drop for Hetero {
+impl Drop for HeteroCore {
     fn drop(&mut self) {
         self.release();
     }
