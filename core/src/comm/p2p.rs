@@ -154,6 +154,25 @@ impl AllGatherP2p<'_> {
         Ok(())
     }
 
+    /// Orders work enqueued on `stream` from now on after everything enqueued so far on the
+    /// slices' streams: the transfers, and the work a consumer put after them there (what
+    /// [`Call::all_gather_p2p_each`]'s hook enqueued).
+    pub fn join(&self, stream: Stream) -> Result<(), CommError> {
+        let mut used: Vec<Stream> = self.slices.iter().map(|s| s.stream).collect();
+        used.sort_unstable_by_key(|s| s.0 as usize);
+        used.dedup();
+        used.retain(|&s| s != stream);
+        let p2p = &self.comm.p2p;
+        let events = p2p.take(used.len())?;
+        let joined = used.iter().zip(&events).try_for_each(|(&s, &e)| {
+            self.comm.device.event_record(e, s)?;
+            self.comm.device.stream_wait_event(stream, e)
+        });
+        // Every wait on them is enqueued: they may be recorded again.
+        p2p.give_back(&events);
+        Ok(joined?)
+    }
+
     /// Blocks until slice `rank` is in place; reports a failure of the transfers.
     pub fn synchronize_slice(&self, rank: usize) -> Result<(), CommError> {
         let s = self.get(rank)?;
@@ -213,7 +232,8 @@ impl Failure {
         }
         let m = self.message.lock().unwrap_or_else(|p| p.into_inner());
         Err(CommError::PointToPoint(
-            m.clone().unwrap_or_else(|| "an earlier transfer failed".into()),
+            m.clone()
+                .unwrap_or_else(|| "an earlier transfer failed".into()),
         ))
     }
 }
@@ -341,17 +361,12 @@ pub fn launch_host(
         // A panic must not unwind into the adaptor's worker.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
     }
-    let f = device
-        .tables()
-        .root
-        .get()
-        .launch_host_func
-        .ok_or_else(|| {
-            CommError::PointToPoint(format!(
-                "the device adaptor `{}` has no launch_host_func",
-                device.name()
-            ))
-        })?;
+    let f = device.tables().root.get().launch_host_func.ok_or_else(|| {
+        CommError::PointToPoint(format!(
+            "the device adaptor `{}` has no launch_host_func",
+            device.name()
+        ))
+    })?;
     let boxed: Box<Work> = Box::new(Box::new(work));
     let user = Box::into_raw(boxed).cast::<c_void>();
     // SAFETY: a stream of this device, a function of the `HostFn` type, and a pointer the
@@ -538,10 +553,10 @@ impl<'a> Call<'a> {
         };
         // The start event goes back at once: every wait on it is enqueued below.
         let start = events[world];
-        let started = c
-            .device
-            .event_record(start, self.stream)
-            .and_then(|()| pool.iter().try_for_each(|&s| c.device.stream_wait_event(s, start)));
+        let started = c.device.event_record(start, self.stream).and_then(|()| {
+            pool.iter()
+                .try_for_each(|&s| c.device.stream_wait_event(s, start))
+        });
         c.p2p.give_back(&[start]);
         started?;
 
