@@ -7,9 +7,9 @@
 //!   `j mod S`, and slice `j`'s matmul enqueued on that stream right after its event, so the
 //!   matmul of one slice runs while the next slices are on the wire.
 //!
-//! On the host device the matmul is a CPU kernel run in stream order (a host function on the
-//! stream); on a device with a kernel group that loads CUBIN (CUDA), a tiled kernel compiled
-//! by NVRTC and launched through the group.
+//! The matmul is `ferrocx_kernels::matmul`: on the host device a CPU kernel run in stream
+//! order (a host function on the stream); on a device with a kernel group that loads CUBIN
+//! (CUDA), a tiled kernel compiled by NVRTC and launched through the group.
 //!
 //! ```text
 //! cargo build --release -p ferrocx-cli --bin ferrocx --example allgather_matmul
@@ -23,147 +23,12 @@
 
 use std::time::{Duration, Instant};
 
-use ferrocx::abi::{Capabilities, DataType, DevicePtr, ImageFormat, MemKind, Stream};
-use ferrocx::adaptor::{Device, DeviceBuffer, Function};
-use ferrocx::comm::p2p::launch_host;
+use ferrocx::abi::{DataType, DevicePtr, MemKind};
+use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::Communicator;
+use ferrocx_kernels::matmul::Matmul;
 
 type Error = Box<dyn std::error::Error>;
-
-/// The matmul kernel of the CUDA path: `c[m x n] = a[m x k] · b[k x n]`, row-major f32, in
-/// 16 x 16 tiles.
-const MATMUL_CU: &str = r#"
-extern "C" __global__ void fx_matmul_f32(const float* __restrict__ a,
-                                         const float* __restrict__ b,
-                                         float* __restrict__ c,
-                                         unsigned m, unsigned n, unsigned k) {
-    __shared__ float ta[16][17];
-    __shared__ float tb[16][17];
-    unsigned row = blockIdx.y * 16 + threadIdx.y;
-    unsigned col = blockIdx.x * 16 + threadIdx.x;
-    float acc = 0.f;
-    for (unsigned t = 0; t < k; t += 16) {
-        ta[threadIdx.y][threadIdx.x] =
-            (row < m && t + threadIdx.x < k) ? a[(size_t)row * k + t + threadIdx.x] : 0.f;
-        tb[threadIdx.y][threadIdx.x] =
-            (t + threadIdx.y < k && col < n) ? b[(size_t)(t + threadIdx.y) * n + col] : 0.f;
-        __syncthreads();
-        #pragma unroll
-        for (int i = 0; i < 16; ++i) acc += ta[threadIdx.y][i] * tb[i][threadIdx.x];
-        __syncthreads();
-    }
-    if (row < m && col < n) c[(size_t)row * n + col] = acc;
-}
-"#;
-
-/// The matmul of the device: a CPU kernel on the host device, a CUDA kernel elsewhere.
-enum Matmul {
-    Host,
-    Cuda(Function),
-}
-
-impl Matmul {
-    fn new(dev: &Device) -> Result<Matmul, Error> {
-        let index = dev.get_device()?;
-        let caps = dev.caps();
-        let ordinal = caps
-            .ordinal(index)
-            .ok_or_else(|| format!("device {index} of `{}` is not listed", dev.name()))?;
-        if ordinal
-            .capabilities()
-            .contains(Capabilities::HOST_ADDRESSABLE | Capabilities::HOST_FUNC)
-        {
-            return Ok(Matmul::Host);
-        }
-        let kernels = dev.kernel().ok_or_else(|| {
-            format!(
-                "the device adaptor `{}` has neither host functions on host memory nor a kernel group",
-                dev.name()
-            )
-        })?;
-        if !ordinal.loads(ImageFormat::CUBIN) || ordinal.arch() == 0 {
-            return Err(format!("`{}` loads no CUBIN image", dev.name()).into());
-        }
-        let cubin = ferrocx_kernels::cuda::compile_source("matmul.cu", MATMUL_CU, ordinal.arch())?;
-        let module = kernels.load(&cubin, ImageFormat::CUBIN)?;
-        Ok(Matmul::Cuda(module.function("fx_matmul_f32")?))
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Matmul::Host => "CPU kernel (a host function on the stream)",
-            Matmul::Cuda(_) => "CUDA kernel (NVRTC, launched through the kernel group)",
-        }
-    }
-
-    /// Enqueues `c = a · b` on `stream` (`a`: m x k, `b`: k x n, `c`: m x n, row-major f32).
-    ///
-    /// # Safety
-    /// The three buffers are memory of `dev` holding what the shapes say, alive and untouched
-    /// by other work until the stream has run the matmul.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn enqueue(
-        &self,
-        dev: &Device,
-        stream: Stream,
-        a: DevicePtr,
-        b: DevicePtr,
-        c: DevicePtr,
-        (m, n, k): (usize, usize, usize),
-    ) -> Result<(), Error> {
-        match self {
-            Matmul::Host => {
-                let (a, b, c) = (a.0 as usize, b.0 as usize, c.0 as usize);
-                launch_host(dev, stream, move || {
-                    // SAFETY: on the host device a device address is this process's; the
-                    // buffers hold the shapes' elements and live until the stream ran this
-                    // (the caller's contract).
-                    let (a, b, c) = unsafe {
-                        (
-                            std::slice::from_raw_parts(a as *const f32, m * k),
-                            std::slice::from_raw_parts(b as *const f32, k * n),
-                            std::slice::from_raw_parts_mut(c as *mut f32, m * n),
-                        )
-                    };
-                    cpu_matmul(a, b, c, m, n, k);
-                })?;
-            }
-            Matmul::Cuda(f) => {
-                let (mut pa, mut pb, mut pc) = (a.0, b.0, c.0);
-                let (mut um, mut un, mut uk) = (m as u32, n as u32, k as u32);
-                let mut args = [
-                    (&mut pa as *mut u64).cast(),
-                    (&mut pb as *mut u64).cast(),
-                    (&mut pc as *mut u64).cast(),
-                    (&mut um as *mut u32).cast(),
-                    (&mut un as *mut u32).cast(),
-                    (&mut uk as *mut u32).cast(),
-                ];
-                let grid = [n.div_ceil(16) as u32, m.div_ceil(16) as u32, 1];
-                // SAFETY: one pointer per parameter of `fx_matmul_f32`, each to a value of its
-                // type (device addresses as u64, sizes as u32); the buffers hold the shapes'
-                // elements until the launch completes (the caller's contract); `stream` is a
-                // stream of the module's device.
-                unsafe { f.launch(grid, [16, 16, 1], 0, &mut args, stream) }?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// `c = a · b`, row-major, in i-k-j order (the CPU kernel).
-fn cpu_matmul(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) {
-    c.fill(0.0);
-    for i in 0..m {
-        let row = &mut c[i * n..(i + 1) * n];
-        for kk in 0..k {
-            let x = a[i * k + kk];
-            for (out, &w) in row.iter_mut().zip(&b[kk * n..(kk + 1) * n]) {
-                *out += x * w;
-            }
-        }
-    }
-}
 
 /// Rank `r`'s activations: small integers, so every product sum is exact in f32.
 fn x_of(r: usize, m: usize, k: usize) -> Vec<f32> {
@@ -265,9 +130,7 @@ fn main() -> Result<(), Error> {
             matmul.enqueue(
                 dev,
                 comm.stream(),
-                x_full.ptr(),
-                wb.ptr(),
-                y.ptr(),
+                [x_full.ptr(), wb.ptr(), y.ptr()],
                 (world * m, n, k),
             )?;
         }
@@ -283,13 +146,11 @@ fn main() -> Result<(), Error> {
                 matmul.enqueue(
                     dev,
                     s.stream,
-                    s.ptr,
-                    wb.ptr(),
-                    at(y, s.rank * m * n),
+                    [s.ptr, wb.ptr(), at(y, s.rank * m * n)],
                     (m, n, k),
                 )
             }
-            .map_err(|e| ferrocx::comm::CommError::PointToPoint(e.to_string()))
+            .map_err(ferrocx::comm::CommError::PointToPoint)
         };
         // SAFETY: the buffers hold what the shapes say and live past the synchronize.
         let h = unsafe {

@@ -87,7 +87,10 @@ fn the_allgather_matmul_example_checks_both_ways() {
             stdout.contains("pipelined all_gather_p2p (route ccl) + per-slice matmul: correct"),
             "{stdout}"
         );
-        assert!(stdout.contains("plain all_gather + matmul: correct"), "{stdout}");
+        assert!(
+            stdout.contains("plain all_gather + matmul: correct"),
+            "{stdout}"
+        );
     }
     // A bad option is named.
     let out = Command::new(example("allgather_matmul"))
