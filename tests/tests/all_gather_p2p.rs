@@ -280,3 +280,65 @@ fn all_gather_p2p_4_ranks() {
         }
     }
 }
+
+/// A consumer starts on a slice before the others arrive: on 4 ranks, one rank (neither 0 nor
+/// 0's first peer) calls the all-gather only once rank 0 has seen its first peer's slice
+/// arrive, which it would never see (each rank waiting on the other until the store's
+/// deadline) if a slice waited for the whole gather.
+fn early_main() {
+    let comm = communicator();
+    let (me, world) = (comm.rank(), comm.world());
+    assert_eq!(world, 4);
+    let first = schedule(world, 0)[0];
+    let late = (1..world).find(|&r| r != first).expect("a third rank");
+    let dev = comm.device();
+    let count = 1001;
+    for (k, route) in [Route::Ccl, Route::WindowReads].into_iter().enumerate() {
+        let all: Vec<Vec<u8>> = (0..world)
+            .map(|r| input(50 + k as u64, r, count * 4))
+            .collect();
+        let send = DeviceBuffer::from_host(dev, &all[me], MemKind::DEVICE).expect("upload");
+        let recv = DeviceBuffer::new(dev, world * count * 4, MemKind::DEVICE).expect("alloc");
+        let call = comm.call().via(route);
+        // One call with every rank in step first (the window-reads route registers its staging
+        // window at its first call: a collective step).
+        // SAFETY: both buffers live past the synchronize.
+        unsafe { call.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
+            .expect("all_gather_p2p")
+            .synchronize()
+            .expect("synchronize");
+        let key = format!("early/{route}");
+        if me == late {
+            comm.store().get(&key).unwrap_or_else(|e| {
+                panic!("{route}: rank 0 did not see slice {first} before rank {late} joined: {e}")
+            });
+        }
+        // SAFETY: as above.
+        let h = unsafe { call.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
+            .expect("all_gather_p2p");
+        if me == 0 {
+            h.synchronize_slice(first).expect("first slice");
+            let mut got = vec![0u8; count * 4];
+            recv.copy_to_host_at(first * count * 4, &mut got)
+                .expect("download");
+            assert!(got == all[first], "{route}: slice {first}");
+            comm.store().set(&key, b"seen").expect("store set");
+        }
+        h.synchronize().expect("synchronize");
+        drop(h);
+        assert_eq!(recv.to_vec().expect("download"), all.concat(), "{route}");
+    }
+    comm.barrier().expect("barrier");
+    println!("RANK OK");
+}
+
+#[test]
+fn a_slice_arrives_before_a_late_rank_joins_4_ranks() {
+    const T: &str = "a_slice_arrives_before_a_late_rank_joins_4_ranks";
+    match rank_of(T) {
+        Some(_) => early_main(),
+        None => {
+            Job::new(T, 4).run();
+        }
+    }
+}
