@@ -6,7 +6,8 @@
 //! stream order right after its event (a host function enqueued on the slice's stream by the
 //! per-slice hook), and on the host right after its event completes: the data is in place
 //! when the event fires, and the events of one stream fire in issue order (of every stream,
-//! where the CCL runs the exchanges one after another).
+//! where the CCL runs the exchanges one after another). On 4 ranks, a slice arrives before a
+//! late rank has even called the gather. Bad arguments get errors naming them.
 
 mod window_ranks;
 

@@ -12,6 +12,10 @@
 //! ([`crate::window::collectives`]: the sym-heap fallback and small messages), or (for jobs
 //! across clusters) the cross-cluster plan.
 //!
+//! All-gather as point-to-point transfers on a few streams of the communicator, each slice's
+//! arrival an event a consumer waits for ([`p2p`]): [`Communicator::all_gather_p2p`],
+//! [`Call::all_gather_p2p`], [`Call::all_gather_p2p_each`].
+//!
 //! Windows ([`crate::window`]): [`Communicator::alloc_symmetric`],
 //! [`Communicator::register_window`] and [`Communicator::deregister_window`].
 

@@ -446,7 +446,7 @@ impl<'a> Call<'a> {
     /// Enqueues `recv[r * send_count..]` = rank r's `send`, as one grouped receive and send
     /// per peer `j` on the communicator's stream `j mod streams` and a device copy of this
     /// rank's own slice, all after the work enqueued so far on this call's stream (see the
-    /// [module docs](self::super::p2p) for the order and the routes). Returns at once with
+    /// [module docs](self) for the order and the routes). Returns at once with
     /// the event of each slice's arrival: a consumer waits for slice `j` alone
     /// ([`AllGatherP2p::wait_slice`]) and starts before the other slices arrive. Nothing is
     /// ordered back onto this call's stream: use [`AllGatherP2p::wait_all`] for that.
@@ -455,9 +455,9 @@ impl<'a> Call<'a> {
     /// rank calls it with the same `send_count` and `dtype`.
     ///
     /// # Safety
-    /// `send` holds `send_count` elements and `recv` `world * send_count`, as the
-    /// [`call` module docs](super::call) say, until every slice's event has fired; `send` may
-    /// be this rank's slice of `recv` (in place).
+    /// `send` holds `send_count` elements and `recv` `world * send_count` under the buffer
+    /// contract of every collective ([`Call::all_gather`]), until every slice's event has
+    /// fired; `send` may be this rank's slice of `recv` (in place).
     pub unsafe fn all_gather_p2p(
         &self,
         send: DevicePtr,
