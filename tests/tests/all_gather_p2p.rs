@@ -7,7 +7,8 @@
 //! per-slice hook), and on the host right after its event completes: the data is in place
 //! when the event fires, and the events of one stream fire in issue order (of every stream,
 //! where the CCL runs the exchanges one after another). On 4 ranks, a slice arrives before a
-//! late rank has even called the gather. Bad arguments get errors naming them.
+//! late rank has even called the gather. A job across clusters takes the cross-cluster plan's
+//! all-gather. Bad arguments get errors naming them.
 
 mod window_ranks;
 
@@ -340,6 +341,41 @@ fn a_slice_arrives_before_a_late_rank_joins_4_ranks() {
         Some(_) => early_main(),
         None => {
             Job::new(T, 4).run();
+        }
+    }
+}
+
+/// Across clusters the gather is the cross-cluster plan's (every slice's event after it).
+fn clusters_main() {
+    let comm = communicator();
+    let (me, world) = (comm.rank(), comm.world());
+    let dev = comm.device();
+    for (case, count) in [(70u64, 1usize), (71, 999)] {
+        let all: Vec<Vec<u8>> = (0..world).map(|r| input(case, r, count * 8)).collect();
+        let send = DeviceBuffer::from_host(dev, &all[me], MemKind::DEVICE).expect("upload");
+        let recv = DeviceBuffer::new(dev, world * count * 8, MemKind::DEVICE).expect("alloc");
+        // SAFETY: both buffers live past the synchronize.
+        let h = unsafe { comm.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F64, 2) }
+            .expect("all_gather_p2p");
+        assert_eq!(h.route(), Route::Clusters);
+        h.synchronize().expect("synchronize");
+        drop(h);
+        assert_eq!(recv.to_vec().expect("download"), all.concat(), "{count}");
+    }
+    comm.barrier().expect("barrier");
+    println!("RANK OK");
+}
+
+#[test]
+fn across_two_clusters_the_plan_gathers_3_ranks() {
+    const T: &str = "across_two_clusters_the_plan_gathers_3_ranks";
+    match rank_of(T) {
+        Some(_) => clusters_main(),
+        None => {
+            Job::new(T, 3)
+                .clusters(&[("a", "0,2"), ("b", "1")])
+                .bridge_key("chunk_bytes", "4096")
+                .run();
         }
     }
 }

@@ -104,7 +104,9 @@ pub struct Slice {
     pub count: usize,
     /// The communicator's stream that fills it (stream `rank mod S`).
     pub stream: Stream,
-    /// Recorded on `stream` right after the slice is in place.
+    /// Recorded on `stream` right after the slice is in place. It belongs to the
+    /// [`AllGatherP2p`] handle: once the handle drops, a later call may record it again (waits
+    /// enqueued before then still see this call's record).
     pub event: Event,
 }
 
