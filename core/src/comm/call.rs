@@ -120,11 +120,12 @@ impl<'a> Call<'a> {
         match route {
             Route::Ccl => Ok(enqueue()?),
             Route::Clusters => Err(self.comm.across_clusters(op)),
-            Route::Window(_) | Route::Store | Route::WindowReads => {
-                Err(CommError::Topology(format!(
-                    "{op} cannot take the route `{route}`: only all_reduce and barrier run there"
-                )))
-            }
+            Route::Window(_) | Route::Store => Err(CommError::Topology(format!(
+                "{op} cannot take the route `{route}`: only all_reduce and barrier run there"
+            ))),
+            Route::WindowReads => Err(CommError::Topology(format!(
+                "{op} cannot take the route `{route}`: only all_gather_p2p runs there"
+            ))),
         }
     }
 
