@@ -239,6 +239,18 @@ fn rank_main() {
         e.to_string().contains("cannot take the route `store`"),
         "{e}"
     );
+    // SAFETY: as above.
+    let e = unsafe {
+        comm.call()
+            .via(Route::WindowReads)
+            .all_gather(buf.ptr(), buf.ptr(), 1, DataType::F32)
+    }
+    .expect_err("all_gather on the window reads refused");
+    assert!(
+        e.to_string()
+            .contains("all_gather cannot take the route `window-reads`: only all_gather_p2p"),
+        "{e}"
+    );
     comm.barrier().expect("barrier");
     let text = String::from_utf8(log.0.lock().unwrap().clone()).expect("utf-8 log");
     for route in ["ccl", "window-reads"] {
