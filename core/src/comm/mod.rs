@@ -304,7 +304,7 @@ impl Communicator {
             },
             barrier_word: Mutex::new(None),
             hetero,
-            p2p: p2p::P2pState::new(device_for_p2p),
+            p2p: p2p::P2pState::new(device_for_p2p, local_device),
             _server: server,
         })
     }

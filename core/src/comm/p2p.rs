@@ -254,6 +254,8 @@ struct Staging {
 /// What the point-to-point all-gathers of a communicator keep between calls.
 pub(super) struct P2pState {
     device: Device,
+    /// The device this rank works on (made current before a stream or event is made).
+    index: i32,
     streams: Mutex<Vec<Stream>>,
     events: Mutex<Vec<Event>>,
     staging: Mutex<Option<Staging>>,
@@ -261,9 +263,10 @@ pub(super) struct P2pState {
 }
 
 impl P2pState {
-    pub(super) fn new(device: Device) -> P2pState {
+    pub(super) fn new(device: Device, index: i32) -> P2pState {
         P2pState {
             device,
+            index,
             streams: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
             staging: Mutex::new(None),
@@ -274,6 +277,9 @@ impl P2pState {
     /// The first `n` streams, made where missing.
     fn streams(&self, n: usize) -> Result<Vec<Stream>, AdaptorError> {
         let mut s = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if s.len() < n {
+            self.device.set_device(self.index)?;
+        }
         while s.len() < n {
             s.push(self.device.stream_create()?);
         }
@@ -287,7 +293,11 @@ impl P2pState {
         while out.len() < n {
             match pool.pop() {
                 Some(e) => out.push(e),
-                None => match self.device.event_create(1) {
+                None => match self
+                    .device
+                    .set_device(self.index)
+                    .and_then(|()| self.device.event_create(1))
+                {
                     Ok(e) => out.push(e),
                     Err(err) => {
                         pool.extend(out);
