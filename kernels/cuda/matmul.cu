@@ -11,13 +11,13 @@ extern "C" __global__ void fx_matmul_f32(const float* __restrict__ a,
     float acc = 0.f;
     for (unsigned t = 0; t < k; t += 16) {
         ta[threadIdx.y][threadIdx.x] =
-            (row < m && t + threadIdx.x < k) ? a[(size_t)row * k + t + threadIdx.x] : 0.f;
+            (row < m && t + threadIdx.x < k) ? a[(unsigned long long)row * k + t + threadIdx.x] : 0.f;
         tb[threadIdx.y][threadIdx.x] =
-            (t + threadIdx.y < k && col < n) ? b[(size_t)(t + threadIdx.y) * n + col] : 0.f;
+            (t + threadIdx.y < k && col < n) ? b[(unsigned long long)(t + threadIdx.y) * n + col] : 0.f;
         __syncthreads();
         #pragma unroll
         for (int i = 0; i < 16; ++i) acc += ta[threadIdx.y][i] * tb[i][threadIdx.x];
         __syncthreads();
     }
-    if (row < m && col < n) c[(size_t)row * n + col] = acc;
+    if (row < m && col < n) c[(unsigned long long)row * n + col] = acc;
 }
