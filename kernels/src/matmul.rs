@@ -160,4 +160,20 @@ mod tests {
     fn the_source_defines_the_kernel_launched() {
         assert!(MATMUL_CU.contains("extern \"C\" __global__ void fx_matmul_f32("));
     }
+
+    /// Where NVRTC can be opened (no GPU needed), the kernel compiles to a CUBIN for the
+    /// architectures the GPU runs use (as the window kernels' test, it says so and passes where
+    /// NVRTC is absent).
+    #[test]
+    fn the_cuda_kernel_compiles_with_nvrtc() {
+        if let Err(e) = crate::cuda::nvrtc_version() {
+            println!("skipped: {e}");
+            return;
+        }
+        for arch in [80, 90] {
+            let cubin = crate::cuda::compile_source("matmul.cu", MATMUL_CU, arch)
+                .unwrap_or_else(|e| panic!("sm_{arch}: {e}"));
+            assert!(cubin.starts_with(b"\x7fELF"), "sm_{arch}: not an ELF image");
+        }
+    }
 }
