@@ -44,10 +44,13 @@ cargo build --release -q -p ferrocx-adaptor-cuda-plugin -p ferrocx-adaptor-nccl-
 cp target/release/libferrocx_adaptor_cuda.so target/release/libferrocx_adaptor_nccl.so "$out/plugins/"
 cargo build --release -q -p ferrocx-cli --example window
 cp target/release/examples/window "$out/"
+# The pipelined all-gather + matmul example (links the host adaptor; CUDA and NCCL as plugins).
+cargo build --release -q -p ferrocx-cli --example allgather_matmul
+cp target/release/examples/allgather_matmul "$out/"
 cp -r configs scripts/gpu-run.sh scripts/torch-allreduce.py "$out/"
 # The CLI has the adaptors built in and the window example finds them through
 # FERROCX_PLUGIN_PATH: the bundle's configs name no plugin directory (../target/release does not
 # exist there).
 sed -i 's|^plugin_dirs = .*|plugin_dirs = []|' "$out"/configs/*.toml
-strip "$out/ferrocx" "$out/window" "$out"/tests/* "$out"/benches/* "$out"/plugins/* 2>/dev/null || true
+strip "$out/ferrocx" "$out/window" "$out/allgather_matmul" "$out"/tests/* "$out"/benches/* "$out"/plugins/* 2>/dev/null || true
 du -sh "$out"

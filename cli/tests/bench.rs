@@ -344,3 +344,137 @@ fn repeats_report_the_median_and_say_so() {
     assert_eq!(doc["direct"], serde_json::Value::Null);
     assert_eq!(doc["results"][0]["rows"][0]["in_place"]["wrong"], 0);
 }
+
+#[test]
+fn all_gather_p2p_on_three_ranks_checks_every_size_in_both_placements() {
+    let out = bench(
+        &[
+            "-n",
+            "3",
+            "--op",
+            "all_gather",
+            "--algo",
+            "p2p",
+            "--streams",
+            "2",
+            "-b",
+            "12",
+            "-e",
+            "300K",
+            "-f",
+            "7",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--check-iters",
+            "2",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let rows = rows(&stdout);
+    assert_eq!(rows.len(), 6, "{stdout}");
+    for r in &rows {
+        assert_eq!((r[8].as_str(), r[12].as_str()), ("0", "0"), "{r:?}");
+    }
+    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+}
+
+#[test]
+fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
+    for algo in ["ccl", "p2p"] {
+        let out = bench(
+            &[
+                "-n",
+                "2",
+                "--op",
+                "all_gather",
+                "--overlap",
+                "--algo",
+                algo,
+                "-b",
+                "1K",
+                "-e",
+                "40K",
+                "-f",
+                "4",
+                "--iters",
+                "2",
+                "--warmup",
+                "1",
+                "--matmul-k",
+                "24",
+                "--matmul-n",
+                "9",
+                "--streams",
+                "3",
+            ],
+            &[],
+        );
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        assert!(
+            stdout.contains(&format!("all_gather (--algo {algo}, 3 stream(s)) + matmul")),
+            "{stdout}"
+        );
+        // 1K, 4K, 16K: rows of 24 f32 per rank on 2 ranks (192 bytes each).
+        let rows: Vec<Vec<&str>> = stdout
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 3, "{stdout}");
+        for (r, size) in rows.iter().zip([1024usize, 4096, 16384]) {
+            assert_eq!(r.len(), 7, "{r:?}");
+            let m = size / 192;
+            assert_eq!(
+                (num(r[0]) as usize, num(r[1]) as usize),
+                (m * 192, m),
+                "{r:?}"
+            );
+            let (g, mm, p, ratio) = (num(r[2]), num(r[3]), num(r[4]), num(r[5]));
+            assert!(g > 0.0 && mm > 0.0 && p > 0.0, "{r:?}");
+            assert!((ratio - (g + mm) / p).abs() < 0.01 + ratio * 0.01, "{r:?}");
+            assert_eq!(r[6], "0", "{r:?}");
+        }
+    }
+}
+
+#[test]
+fn p2p_and_overlap_arguments_are_checked_before_anything_is_launched() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["-n", "2", "--op", "all_reduce", "--algo", "p2p"],
+            "--algo p2p runs all_gather only, not --op all_reduce",
+        ),
+        (
+            &["-n", "2", "--op", "broadcast", "--overlap"],
+            "--overlap times all_gather with a matmul, not --op broadcast",
+        ),
+        (
+            &[
+                "-n",
+                "2",
+                "--op",
+                "all_gather",
+                "--overlap",
+                "--dtype",
+                "f64",
+            ],
+            "--overlap multiplies f32",
+        ),
+        (
+            &["-n", "2", "--op", "all_gather", "--streams", "0"],
+            "--streams",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = bench(args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+    }
+}

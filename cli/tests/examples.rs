@@ -58,6 +58,53 @@ fn the_all_reduce_example_runs_every_route_and_the_ring_on_3_ranks() {
     }
 }
 
+/// The pipelined all-gather + matmul on 1, 3 and 4 ranks (odd shapes, 1 to 3 streams): the
+/// example checks both ways against its reference on every rank and fails otherwise.
+#[test]
+fn the_allgather_matmul_example_checks_both_ways() {
+    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configs/local.toml");
+    for (ranks, streams) in [("1", "2"), ("3", "2"), ("4", "3"), ("3", "1")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ferrocx"))
+            .args(["launch", "-n", ranks, "--"])
+            .arg(example("allgather_matmul"))
+            .args(["--m", "17", "--k", "33", "--n", "29", "--iters", "1"])
+            .args(["--streams", streams])
+            .env("FERROCX_CONFIG", &config)
+            .env_remove("FERROCX_LOG")
+            .output()
+            .expect("run ferrocx launch");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let world: usize = ranks.parse().unwrap();
+        for rank in 0..world {
+            assert!(
+                stdout.contains(&format!("[{rank}] rank {rank}: both ways correct")),
+                "{stdout}"
+            );
+        }
+        assert!(
+            stdout.contains("pipelined all_gather_p2p (route ccl) + per-slice matmul: correct"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("plain all_gather + matmul: correct"),
+            "{stdout}"
+        );
+    }
+    // A bad option is named.
+    let out = Command::new(example("allgather_matmul"))
+        .args(["--m", "0"])
+        .output()
+        .expect("run the example");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--m: expected a positive integer, not 0"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `ferrocx bench` on a job across two clusters (1 + 3 ranks, host adaptors in both) runs
 /// unchanged: every op's results checked, through the cross-cluster plans (the bench's forced
 /// CCL route does not cut a cluster off from the others).

@@ -104,6 +104,10 @@ pub enum Route {
     /// The cross-cluster plan of a job that spans clusters (each cluster's CCL plus the bridge
     /// between clusters, see [`crate::hetero`]): every call of a job that spans clusters.
     Clusters,
+    /// Reads of the peers' memory through a window of the communicator, in stream order (the
+    /// point-to-point all-gather where the CCL has no `send`/`recv`, see
+    /// [`crate::comm::p2p`]).
+    WindowReads,
 }
 
 impl fmt::Display for Route {
@@ -113,6 +117,7 @@ impl fmt::Display for Route {
             Route::Window(a) => write!(f, "window {a}"),
             Route::Store => f.write_str("store"),
             Route::Clusters => f.write_str("clusters"),
+            Route::WindowReads => f.write_str("window-reads"),
         }
     }
 }
@@ -204,6 +209,22 @@ impl Router {
             // The window algorithms run all-reduce only; an absent entry fails in the CCL call
             // with the adaptor's name and the operation.
             _ => Route::Ccl,
+        }
+    }
+
+    /// Where a point-to-point all-gather ([`crate::comm::p2p`]) goes: the cross-cluster plan
+    /// for a job across clusters; the CCL's grouped `send`/`recv` where it has both; else
+    /// reads of the peers' windows where `reads_run` (the device's memory is host-addressable
+    /// and it runs host functions); else the CCL, whose missing entry fails naming it.
+    pub fn all_gather_p2p(&self, reads_run: bool) -> Route {
+        if self.clusters > 1 {
+            Route::Clusters
+        } else if self.ccl.has(Collective::Send) && self.ccl.has(Collective::Recv) {
+            Route::Ccl
+        } else if reads_run {
+            Route::WindowReads
+        } else {
+            Route::Ccl
         }
     }
 
@@ -423,6 +444,19 @@ mod tests {
         for c in Collective::ALL {
             assert_eq!(r.route(c, 8, DataType::F32, None), Route::Clusters, "{c}");
         }
+    }
+
+    #[test]
+    fn a_p2p_all_gather_takes_the_ccl_then_the_window_reads() {
+        let both = router(&[Collective::Send, Collective::Recv], false);
+        assert_eq!(both.all_gather_p2p(true), Route::Ccl);
+        let send_only = router(&[Collective::Send], false);
+        assert_eq!(send_only.all_gather_p2p(true), Route::WindowReads);
+        assert_eq!(send_only.all_gather_p2p(false), Route::Ccl);
+        let mut across = both.clone();
+        across.clusters = 2;
+        assert_eq!(across.all_gather_p2p(true), Route::Clusters);
+        assert_eq!(Route::WindowReads.to_string(), "window-reads");
     }
 
     #[test]

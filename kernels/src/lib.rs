@@ -60,6 +60,7 @@ pub mod element;
 mod engine;
 pub(crate) mod host;
 pub mod layout;
+pub mod matmul;
 pub mod select;
 
 /// Keeps this crate's provider in the program: call it once (anywhere) in a program that

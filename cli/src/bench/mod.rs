@@ -16,6 +16,7 @@ mod data;
 mod direct;
 mod front;
 mod ops;
+mod overlap;
 mod plot;
 mod progress;
 mod table;
@@ -91,9 +92,26 @@ pub struct BenchArgs {
     /// sends it, as a program's call goes), `window` (ferrocx's window algorithm the size
     /// picks: one-shot, two-shot, then the ring), or one of `one-shot`, `two-shot`, `ring`
     /// forced. Other ops always run on the CCL. With --direct, NCCL called directly is timed
-    /// next to it in the same run.
+    /// next to it in the same run. For all_gather, `p2p` runs `all_gather_p2p` (grouped
+    /// receive/send per peer on --streams streams).
     #[arg(long, value_enum, default_value = "ccl")]
     pub algo: AlgoArg,
+    /// Streams of `--algo p2p` and of `--overlap`'s pipelined gather.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub streams: u32,
+    /// all_gather only: per size, time the all-gather (by --algo), a matmul of the gathered
+    /// rows (`--matmul-k` columns) by a `--matmul-k` x `--matmul-n` matrix, and the two
+    /// pipelined (`all_gather_p2p`, each slice's matmul on its stream after its event), and
+    /// print (t_all_gather + t_matmul) / t_pipelined.
+    #[arg(long)]
+    pub overlap: bool,
+    /// `--overlap`: columns of the gathered rows (rows per rank: the size over 4 bytes, the
+    /// ranks and this).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub matmul_k: u32,
+    /// `--overlap`: columns of the matmul's output.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub matmul_n: u32,
     /// Timed runs per size and placement; the median is reported (default: 1, or 5 with
     /// --direct).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -178,6 +196,8 @@ pub enum AlgoArg {
     TwoShot,
     /// Window ring.
     Ring,
+    /// all_gather as grouped point-to-point transfers on several streams (`all_gather_p2p`).
+    P2p,
 }
 
 impl AlgoArg {
@@ -186,7 +206,7 @@ impl AlgoArg {
     pub fn window(self) -> Option<Option<ferrocx::window::collectives::WindowAlgo>> {
         use ferrocx::window::collectives::WindowAlgo;
         match self {
-            AlgoArg::Ccl | AlgoArg::Auto => None,
+            AlgoArg::Ccl | AlgoArg::Auto | AlgoArg::P2p => None,
             AlgoArg::Window => Some(None),
             AlgoArg::OneShot => Some(Some(WindowAlgo::OneShot)),
             AlgoArg::TwoShot => Some(Some(WindowAlgo::TwoShot)),
@@ -202,6 +222,7 @@ impl AlgoArg {
             AlgoArg::OneShot => "one-shot",
             AlgoArg::TwoShot => "two-shot",
             AlgoArg::Ring => "ring",
+            AlgoArg::P2p => "p2p",
         }
     }
 }
@@ -410,6 +431,33 @@ impl BenchArgs {
         if usize::try_from(self.max_bytes).is_err() {
             return Err(format!("-e {}: too large for this machine", self.max_bytes));
         }
+        let gather_only = self.op == OpArg::AllGather;
+        if self.algo == AlgoArg::P2p && !gather_only {
+            return Err(format!(
+                "--algo p2p runs all_gather only, not --op {}: add --op all_gather",
+                self.op.name()
+            ));
+        }
+        if self.overlap {
+            if !gather_only {
+                return Err(format!(
+                    "--overlap times all_gather with a matmul, not --op {}: add --op all_gather",
+                    self.op.name()
+                ));
+            }
+            if !matches!(self.algo, AlgoArg::Ccl | AlgoArg::Auto | AlgoArg::P2p) {
+                return Err(format!(
+                    "--overlap times the all-gather by --algo ccl, auto or p2p, not {}",
+                    self.algo.name()
+                ));
+            }
+            if self.dtype != DtypeArg::F32 {
+                return Err("--overlap multiplies f32: drop --dtype or pass --dtype f32".into());
+            }
+            if self.graph || self.direct {
+                return Err("--overlap runs without --graph and --direct".into());
+            }
+        }
         Ok(())
     }
 
@@ -437,6 +485,12 @@ impl BenchArgs {
         push("--check-iters", self.check_iters.to_string());
         push("--repeats", self.repeats().to_string());
         push("--algo", self.algo.name().into());
+        push("--streams", self.streams.to_string());
+        push("--matmul-k", self.matmul_k.to_string());
+        push("--matmul-n", self.matmul_n.to_string());
+        if self.overlap {
+            a.push("--overlap".into());
+        }
         if self.graph {
             a.push("--graph".into());
         }

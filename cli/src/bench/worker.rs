@@ -225,6 +225,23 @@ impl Bench<'_> {
                 let call = self.comm.call();
                 let call = match (op, self.args.algo) {
                     (_, AlgoArg::Auto) => call,
+                    (Op::AllGather, AlgoArg::P2p) => {
+                        // SAFETY: the bench's buffers hold the geometry of the largest size
+                        // and are freed only after the stream is synchronized; `join` orders
+                        // the communicator's stream after every slice, so that synchronize
+                        // covers the gather.
+                        let h = unsafe {
+                            call.all_gather_p2p(
+                                send,
+                                recv,
+                                g.count,
+                                self.dtype,
+                                self.args.streams as usize,
+                            )?
+                        };
+                        h.join(self.comm.stream())?;
+                        return Ok(());
+                    }
                     (Op::AllReduce, AlgoArg::Window) => {
                         // SAFETY: the bench's buffers hold the geometry of the largest size
                         // and are freed only after the stream is synchronized.
@@ -716,6 +733,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
             0 => usage_error(&why),
             _ => ExitCode::from(super::USAGE_EXIT),
         });
+    }
+    if args.overlap {
+        return super::overlap::run(args, &comm);
     }
     let ops = args.op.ops();
     let root = args.root as usize;

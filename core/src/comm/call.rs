@@ -31,9 +31,9 @@ use super::{CommError, Communicator};
 /// Cheap to make: it borrows the communicator.
 #[derive(Clone, Copy)]
 pub struct Call<'a> {
-    comm: &'a Communicator,
-    stream: Stream,
-    route: Option<Route>,
+    pub(super) comm: &'a Communicator,
+    pub(super) stream: Stream,
+    pub(super) route: Option<Route>,
 }
 
 fn bytes_of(count: usize, dtype: DataType) -> usize {
@@ -122,6 +122,9 @@ impl<'a> Call<'a> {
             Route::Clusters => Err(self.comm.across_clusters(op)),
             Route::Window(_) | Route::Store => Err(CommError::Topology(format!(
                 "{op} cannot take the route `{route}`: only all_reduce and barrier run there"
+            ))),
+            Route::WindowReads => Err(CommError::Topology(format!(
+                "{op} cannot take the route `{route}`: only all_gather_p2p runs there"
             ))),
         }
     }

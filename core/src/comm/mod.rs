@@ -12,12 +12,18 @@
 //! ([`crate::window::collectives`]: the sym-heap fallback and small messages), or (for jobs
 //! across clusters) the cross-cluster plan.
 //!
+//! All-gather as point-to-point transfers on a few streams of the communicator, each slice's
+//! arrival an event a consumer waits for ([`p2p`]): [`Communicator::all_gather_p2p`],
+//! [`Call::all_gather_p2p`], [`Call::all_gather_p2p_each`].
+//!
 //! Windows ([`crate::window`]): [`Communicator::alloc_symmetric`],
 //! [`Communicator::register_window`] and [`Communicator::deregister_window`].
 
 mod call;
+pub mod p2p;
 
 pub use call::Call;
+pub use p2p::{AllGatherP2p, Slice, DEFAULT_P2P_STREAMS};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -68,6 +74,9 @@ pub enum CommError {
     /// A collective across clusters failed.
     #[error(transparent)]
     Hetero(#[from] HeteroError),
+    /// A point-to-point all-gather ([`p2p`]) was refused or failed.
+    #[error("{0}")]
+    PointToPoint(String),
 }
 
 /// What a communicator works with, probed once when it was made: its adaptors' capabilities
@@ -101,6 +110,8 @@ pub struct Communicator {
     barrier_word: Mutex<Option<DevicePtr>>,
     /// The cross-cluster side of a job that spans clusters (`None`: one cluster).
     hetero: Option<Hetero>,
+    /// The streams, events and staging window of the point-to-point all-gathers.
+    p2p: p2p::P2pState,
     _server: Option<Arc<StoreServer>>,
 }
 
@@ -264,6 +275,7 @@ impl Communicator {
             clusters,
         };
         tracing::debug!(rank = me, world, cluster = %cluster.name, device = sel.device.name(), ccl = sel.ccl.name(), "communicator ready");
+        let device_for_p2p = sel.device.clone();
         Ok(Communicator {
             rank: me,
             world,
@@ -292,6 +304,7 @@ impl Communicator {
             },
             barrier_word: Mutex::new(None),
             hetero,
+            p2p: p2p::P2pState::new(device_for_p2p, local_device),
             _server: server,
         })
     }
@@ -766,6 +779,7 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         // Teardown failures are not actionable here; the adaptor logs them.
         let _ = self.device.stream_synchronize(self.stream);
+        self.p2p.teardown();
         // The plans' streams drain before the cluster communicator goes.
         drop(self.hetero.take());
         let word = self

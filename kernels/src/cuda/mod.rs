@@ -273,6 +273,16 @@ pub fn compile(arch: u32, dir: Option<&std::path::Path>) -> Result<(Vec<u8>, boo
     Ok((cubin, false))
 }
 
+/// Compiles `source`, one CUDA C++ translation unit named `name` that includes nothing, for
+/// `sm_<arch>` with NVRTC (the options of the window kernels): a CUBIN that a device's kernel
+/// group loads. For a program's own kernels (the `allgather_matmul` example's matmul); not
+/// cached. A compile error carries NVRTC's log.
+pub fn compile_source(name: &str, source: &str, arch: u32) -> Result<Vec<u8>, String> {
+    let nv = nvrtc::load()?;
+    nv.compile(name, source, &[], &options(arch))
+        .map_err(|e| format!("compiling {name} for sm_{arch} with {}: {e}", nv.path))
+}
+
 /// The kernels, loaded through the device adaptor's kernel group onto the device the caller
 /// works on (the module stays loaded while a function of it is held).
 pub(crate) struct Module {

@@ -1,0 +1,295 @@
+//! `ferrocx bench --op all_gather --overlap`: how much of an all-gather a pipelined consumer
+//! hides. Per size (the bytes of the gathered activations, f32), every rank holds `rows` rows
+//! of `--matmul-k` columns, and three things are timed (host clock around `--iters` of each
+//! and a synchronize, after `--warmup`; the slowest rank's time):
+//!
+//! - `t_all_gather`: the all-gather alone (`--algo ccl`/`auto`: `all_gather`; `p2p`:
+//!   `all_gather_p2p` on `--streams` streams);
+//! - `t_matmul`: the matmul of the gathered rows by a `k x n` matrix
+//!   ([`ferrocx_kernels::matmul`]), on the communicator's stream;
+//! - `t_pipelined`: `all_gather_p2p_each` with slice `j`'s matmul on slice `j`'s stream right
+//!   after its event.
+//!
+//! The overlap is `(t_all_gather + t_matmul) / t_pipelined`: 1 when nothing overlaps, up to 2
+//! when the two take equal time and hide each other completely. The pipelined output is checked
+//! against the plain one (all-gather then one matmul), element by element.
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp};
+use ferrocx::adaptor::DeviceBuffer;
+use ferrocx::comm::{CommError, Communicator, Slice};
+use ferrocx::route::Route;
+use ferrocx_kernels::matmul::Matmul;
+
+use super::{show_size, sizes, AlgoArg, BenchArgs};
+
+/// The three times of one size, in microseconds per operation.
+struct Times {
+    gather: f64,
+    matmul: f64,
+    pipelined: f64,
+}
+
+/// Buffers of one size.
+struct Buffers {
+    x: DeviceBuffer,
+    x_full: DeviceBuffer,
+    w: DeviceBuffer,
+    y: DeviceBuffer,
+    y_plain: DeviceBuffer,
+}
+
+struct Overlap<'a> {
+    comm: &'a Communicator,
+    args: &'a BenchArgs,
+    matmul: Matmul,
+    k: usize,
+    n: usize,
+}
+
+impl Overlap<'_> {
+    /// Enqueues the all-gather alone, by `--algo`, ordered before later work of the stream.
+    fn gather(&self, b: &Buffers, count: usize) -> Result<(), Box<dyn Error>> {
+        let call = self.comm.call();
+        // SAFETY: the buffers hold `count` and `world * count` f32 and live until the stream
+        // is synchronized.
+        unsafe {
+            match self.args.algo {
+                AlgoArg::P2p => {
+                    let h = call.all_gather_p2p(
+                        b.x.ptr(),
+                        b.x_full.ptr(),
+                        count,
+                        DataType::F32,
+                        self.args.streams as usize,
+                    )?;
+                    h.join(self.comm.stream())?;
+                }
+                AlgoArg::Auto => {
+                    call.all_gather(b.x.ptr(), b.x_full.ptr(), count, DataType::F32)?
+                }
+                _ => call.via(Route::Ccl).all_gather(
+                    b.x.ptr(),
+                    b.x_full.ptr(),
+                    count,
+                    DataType::F32,
+                )?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues the matmul of every gathered row into `y`.
+    fn matmul(&self, b: &Buffers, y: &DeviceBuffer, rows: usize) -> Result<(), Box<dyn Error>> {
+        let (k, n) = (self.k, self.n);
+        // SAFETY: `x_full` holds `rows x k`, `w` `k x n` and `y` `rows x n` f32, alive until
+        // the stream is synchronized.
+        unsafe {
+            self.matmul.enqueue(
+                self.comm.device(),
+                self.comm.stream(),
+                [b.x_full.ptr(), b.w.ptr(), y.ptr()],
+                (rows, n, k),
+            )?
+        };
+        Ok(())
+    }
+
+    /// Enqueues the pipelined gather and per-slice matmuls, the communicator's stream after
+    /// them.
+    fn pipelined(&self, b: &Buffers, m: usize) -> Result<(), Box<dyn Error>> {
+        let (k, n) = (self.k, self.n);
+        let dev = self.comm.device();
+        let hook = |s: &Slice| {
+            let y = DevicePtr(b.y.ptr().0 + (s.rank * m * n * 4) as u64);
+            // SAFETY: slice `s.rank` (m x k) is in place when its stream reaches this point;
+            // the rows of `y` it writes are its own; the buffers live until the synchronize.
+            unsafe {
+                self.matmul
+                    .enqueue(dev, s.stream, [s.ptr, b.w.ptr(), y], (m, n, k))
+            }
+            .map_err(CommError::PointToPoint)
+        };
+        // SAFETY: as in `gather`.
+        let h = unsafe {
+            self.comm.call().all_gather_p2p_each(
+                b.x.ptr(),
+                b.x_full.ptr(),
+                m * k,
+                DataType::F32,
+                self.args.streams as usize,
+                hook,
+            )?
+        };
+        h.join(self.comm.stream())?;
+        Ok(())
+    }
+
+    /// Microseconds per run of `work`: `--warmup` untimed, then `--iters` between the clock's
+    /// reads and a synchronize.
+    fn time(&self, work: &dyn Fn() -> Result<(), Box<dyn Error>>) -> Result<f64, Box<dyn Error>> {
+        for _ in 0..self.args.warmup {
+            work()?;
+        }
+        self.comm.synchronize()?;
+        self.comm.barrier()?;
+        let start = Instant::now();
+        for _ in 0..self.args.iters {
+            work()?;
+        }
+        self.comm.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e6 / f64::from(self.args.iters))
+    }
+
+    /// Element-wise maxima over the ranks.
+    fn slowest(&self, v: &[f64]) -> Result<Vec<f64>, Box<dyn Error>> {
+        let bytes: Vec<u8> = v.iter().flat_map(|t| t.to_ne_bytes()).collect();
+        let buf = DeviceBuffer::from_host(self.comm.device(), &bytes, MemKind::DEVICE)?;
+        // SAFETY: `buf` holds `v.len()` f64 and lives past the synchronize.
+        unsafe {
+            self.comm
+                .all_reduce(buf.ptr(), buf.ptr(), v.len(), DataType::F64, ReduceOp::MAX)?
+        };
+        self.comm.synchronize()?;
+        Ok(buf
+            .to_vec()?
+            .chunks_exact(8)
+            .map(|c| f64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect())
+    }
+
+    /// One size: `m` rows per rank. The times, and the most elements where a rank's
+    /// pipelined output differs from its plain one.
+    fn size(&self, m: usize) -> Result<(Times, u64), Box<dyn Error>> {
+        let (k, n, world) = (self.k, self.n, self.comm.world());
+        let dev = self.comm.device();
+        let me = self.comm.rank();
+        let x: Vec<u8> = (0..m * k)
+            .flat_map(|i| (((me * 131 + i * 7) % 9) as f32 - 4.0).to_ne_bytes())
+            .collect();
+        let w: Vec<u8> = (0..k * n)
+            .flat_map(|i| (((i * 5) % 7) as f32 - 3.0).to_ne_bytes())
+            .collect();
+        let mut b = Buffers {
+            x: DeviceBuffer::from_host(dev, &x, MemKind::DEVICE)?,
+            x_full: DeviceBuffer::new(dev, world * m * k * 4, MemKind::DEVICE)?,
+            w: DeviceBuffer::from_host(dev, &w, MemKind::DEVICE)?,
+            y: DeviceBuffer::new(dev, world * m * n * 4, MemKind::DEVICE)?,
+            y_plain: DeviceBuffer::new(dev, world * m * n * 4, MemKind::DEVICE)?,
+        };
+        let rows = world * m;
+        let gather = self.time(&|| self.gather(&b, m * k))?;
+        let matmul = self.time(&|| self.matmul(&b, &b.y_plain, rows))?;
+        let pipelined = self.time(&|| self.pipelined(&b, m))?;
+        // The check: the plain way's output against the pipelined one's.
+        self.gather(&b, m * k)?;
+        self.matmul(&b, &b.y_plain, rows)?;
+        self.comm.synchronize()?;
+        let plain = b.y_plain.to_vec()?;
+        b.y.fill(0xff)?;
+        self.pipelined(&b, m)?;
+        self.comm.synchronize()?;
+        let piped = b.y.to_vec()?;
+        let wrong = plain
+            .chunks_exact(4)
+            .zip(piped.chunks_exact(4))
+            .filter(|(a, b)| a != b)
+            .count();
+        // The most wrong elements on any rank: 0 only when every rank's output is right.
+        let all = self.slowest(&[gather, matmul, pipelined, wrong as f64])?;
+        let wrong = all[3] as u64;
+        Ok((
+            Times {
+                gather: all[0],
+                matmul: all[1],
+                pipelined: all[2],
+            },
+            wrong,
+        ))
+    }
+}
+
+/// Runs the overlap measurement on this rank; rank 0 prints the table.
+pub fn run(args: &BenchArgs, comm: &Communicator) -> Result<ExitCode, Box<dyn Error>> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let matmul = Matmul::new(comm.device())?;
+    let o = Overlap {
+        comm,
+        args,
+        matmul,
+        k: args.matmul_k as usize,
+        n: args.matmul_n as usize,
+    };
+    let sweep = sizes(args.min_bytes, args.max_bytes, args.step_factor);
+    let per_row = 4 * o.k * world;
+    let kept: Vec<u64> = sweep
+        .iter()
+        .copied()
+        .filter(|&s| s as usize >= per_row)
+        .collect();
+    if kept.is_empty() {
+        return Err(format!(
+            "--overlap: no size from -b {} to -e {} holds one row of --matmul-k {} f32 per \
+             rank on {world} ranks (at least {per_row} bytes): raise -e",
+            show_size(args.min_bytes),
+            show_size(args.max_bytes),
+            o.k
+        )
+        .into());
+    }
+    if rank == 0 {
+        println!(
+            "# ferrocx bench --overlap: all_gather (--algo {}, {} stream(s)) + matmul of f32 \
+             rows by {}x{} on {world} ranks; device {}, CCL {}, matmul: {}",
+            args.algo.name(),
+            args.streams,
+            o.k,
+            o.n,
+            comm.device().name(),
+            comm.ccl().name(),
+            o.matmul.name()
+        );
+        if kept.len() < sweep.len() {
+            println!("# sizes below {per_row} bytes (one row per rank) are skipped");
+        }
+        println!(
+            "# {:>12} {:>10} {:>16} {:>14} {:>16} {:>8} {:>7}",
+            "size(B)",
+            "rows/rank",
+            "t_all_gather(us)",
+            "t_matmul(us)",
+            "t_pipelined(us)",
+            "overlap",
+            "#wrong"
+        );
+    }
+    let mut wrong_total = 0;
+    for size in kept {
+        let m = size as usize / per_row;
+        let (t, wrong) = o.size(m)?;
+        wrong_total += wrong;
+        if rank == 0 {
+            let bytes = m * per_row;
+            println!(
+                "  {:>12} {:>10} {:>16.1} {:>14.1} {:>16.1} {:>8.2} {:>7}",
+                bytes,
+                m,
+                t.gather,
+                t.matmul,
+                t.pipelined,
+                (t.gather + t.matmul) / t.pipelined,
+                wrong
+            );
+        }
+    }
+    if wrong_total > 0 {
+        if rank == 0 {
+            eprintln!("ferrocx bench: {wrong_total} wrong element(s) in the pipelined output");
+        }
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,805 @@
+//! All-gather as coalesced point-to-point transfers on a few streams of the communicator, each
+//! slice's arrival an event, so that a consumer (a matmul of a tensor-parallel layer) starts on
+//! slice `j` while the other slices are still on the wire: [`Call::all_gather_p2p`].
+//!
+//! ```text
+//! caller's stream ──record──► start
+//!                               │ every stream below waits for it
+//! stream (rank mod S):  copy own slice ──record──► event[rank]
+//! stream (j mod S):     group { recv slice j from j; send own slice to j } ──record──► event[j]
+//!                       (peers in the order of a round-robin tournament: in round k every
+//!                        rank's peer has this rank as its round-k peer)
+//! ```
+//!
+//! # Why the tournament order
+//!
+//! A CCL runs the operations of one communicator in the order each rank issued them, whatever
+//! streams they are on (NCCL does; the host CCL does by its tickets). Were rank `r` to take
+//! its peers in the order `r+1, r+2, ...`, on three ranks rank 0 would exchange with 1 while 1
+//! exchanged with 2 and 2 with 0: a cycle, which deadlocks as soon as a message outgrows the
+//! CCL's buffers. In the circle method's rounds every rank's partner has the rank as its own
+//! partner, so each exchange finds its counterpart at the same step on the peer, whatever the
+//! world size (an odd world has one rank idle per round). Each exchange is one group of a
+//! receive and a send on the same link, so both directions of every link carry data at once.
+//!
+//! # Routes
+//!
+//! The call asks the communicator's [`Router`](crate::route::Router)
+//! ([`Router::all_gather_p2p`](crate::route::Router::all_gather_p2p)) and logs its choice in
+//! the `collective` span (`op="all_gather_p2p"`):
+//!
+//! - [`Route::Ccl`]: the CCL's `send` and `recv` in groups (`group_start`/`group_end`);
+//! - [`Route::WindowReads`], where the CCL has no point-to-point and the device's memory is
+//!   host-addressable with host functions (the host device): each rank copies its slice into
+//!   a staging window of the communicator and publishes it with a round number; the copy of
+//!   slice `j` is a host function on stream `j mod S` that waits for rank `j`'s round, reads
+//!   its staging memory directly and acknowledges it, so rank `j` overwrites its staging only
+//!   once every peer has read it. The staging window is registered at the first such call and
+//!   again (larger) when a call needs more: collective, the same on every rank;
+//! - [`Route::Clusters`] (a job across clusters): the cross-cluster plan's all-gather on the
+//!   caller's stream; every slice's event fires when the whole gather is done.
+//!
+//! The streams are the communicator's, made at the first call that needs them and kept; the
+//! events come from a pool of the communicator and go back when the handle
+//! ([`AllGatherP2p`]) drops.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::abi::{Capabilities, DataType, DevicePtr, Event, Stream};
+use crate::adaptor::{AdaptorError, Device};
+use crate::route::Route;
+use crate::window::collectives::Scratch;
+
+use super::{Call, CommError, Communicator};
+
+/// Streams an all-gather uses unless the caller says otherwise: two, so that one slice's
+/// transfer overlaps the consumer of the one before.
+pub const DEFAULT_P2P_STREAMS: usize = 2;
+
+/// Bytes between the staging window's signal words (one cache line each).
+const LINE: usize = 64;
+
+/// Peers of `rank` in the order of the exchanges, one per round of a round-robin tournament
+/// over `world` ranks (the circle method): in round `k`, rank `r`'s peer `p` has `r` as its own
+/// round-`k` peer. Every other rank appears once; on an odd world one round of each rank has
+/// no peer and is left out.
+pub fn schedule(world: usize, rank: usize) -> Vec<usize> {
+    if world < 2 || rank >= world {
+        return Vec::new();
+    }
+    // An even number of players; with an odd world, player `world` is the bye.
+    let players = world + world % 2;
+    let fixed = players - 1;
+    let mut peers = Vec::with_capacity(world - 1);
+    for round in 0..fixed {
+        let peer = if rank == fixed {
+            round
+        } else {
+            let p = (2 * round + fixed - rank % fixed) % fixed;
+            if p == rank {
+                fixed
+            } else {
+                p
+            }
+        };
+        if peer < world {
+            peers.push(peer);
+        }
+    }
+    peers
+}
+
+/// One slice of an all-gather's output: where it lies, the stream that fills it and the event
+/// that fires once it is in place.
+#[derive(Clone, Copy, Debug)]
+pub struct Slice {
+    /// The rank the slice comes from (its index in the output).
+    pub rank: usize,
+    /// Its address: `recv + rank * count` elements.
+    pub ptr: DevicePtr,
+    /// Its elements.
+    pub count: usize,
+    /// The communicator's stream that fills it (stream `rank mod S`).
+    pub stream: Stream,
+    /// Recorded on `stream` right after the slice is in place. It belongs to the
+    /// [`AllGatherP2p`] handle: once the handle drops, a later call may record it again (waits
+    /// enqueued before then still see this call's record).
+    pub event: Event,
+}
+
+/// An all-gather in flight ([`Call::all_gather_p2p`]): a [`Slice`] per rank, each with the
+/// event of its arrival. Dropping it hands the events back to the communicator's pool (waits
+/// already enqueued on them still see this call's records); it does not wait for anything.
+pub struct AllGatherP2p<'a> {
+    comm: &'a Communicator,
+    slices: Vec<Slice>,
+    order: Vec<usize>,
+    route: Route,
+}
+
+impl AllGatherP2p<'_> {
+    /// Slice `rank` (panics when `rank` is not below the world size).
+    pub fn slice(&self, rank: usize) -> Slice {
+        self.slices[rank]
+    }
+
+    /// Every slice, by rank.
+    pub fn slices(&self) -> &[Slice] {
+        &self.slices
+    }
+
+    /// The ranks in the order their slices were issued (this rank's own first, then its peers
+    /// in tournament order): the order in which they arrive when the streams run alike.
+    pub fn order(&self) -> &[usize] {
+        &self.order
+    }
+
+    /// The route the call took.
+    pub fn route(&self) -> Route {
+        self.route
+    }
+
+    /// Orders work enqueued on `stream` from now on after slice `rank`'s arrival.
+    pub fn wait_slice(&self, rank: usize, stream: Stream) -> Result<(), CommError> {
+        let s = self.get(rank)?;
+        Ok(self.comm.device.stream_wait_event(stream, s.event)?)
+    }
+
+    /// Orders work enqueued on `stream` from now on after every slice's arrival.
+    pub fn wait_all(&self, stream: Stream) -> Result<(), CommError> {
+        for s in &self.slices {
+            self.comm.device.stream_wait_event(stream, s.event)?;
+        }
+        Ok(())
+    }
+
+    /// Orders work enqueued on `stream` from now on after everything enqueued so far on the
+    /// slices' streams: the transfers, and the work a consumer put after them there (what
+    /// [`Call::all_gather_p2p_each`]'s hook enqueued).
+    pub fn join(&self, stream: Stream) -> Result<(), CommError> {
+        let mut used: Vec<Stream> = self.slices.iter().map(|s| s.stream).collect();
+        used.sort_unstable_by_key(|s| s.0 as usize);
+        used.dedup();
+        used.retain(|&s| s != stream);
+        let p2p = &self.comm.p2p;
+        let events = p2p.take(used.len())?;
+        let joined = used.iter().zip(&events).try_for_each(|(&s, &e)| {
+            self.comm.device.event_record(e, s)?;
+            self.comm.device.stream_wait_event(stream, e)
+        });
+        // Every wait on them is enqueued: they may be recorded again.
+        p2p.give_back(&events);
+        Ok(joined?)
+    }
+
+    /// Blocks until slice `rank` is in place; reports a failure of the transfers.
+    pub fn synchronize_slice(&self, rank: usize) -> Result<(), CommError> {
+        let s = self.get(rank)?;
+        self.comm.device.event_synchronize(s.event)?;
+        self.comm.p2p.failure.check()
+    }
+
+    /// Blocks until every slice is in place; reports a failure of the transfers.
+    pub fn synchronize(&self) -> Result<(), CommError> {
+        for s in &self.slices {
+            self.comm.device.event_synchronize(s.event)?;
+        }
+        self.comm.p2p.failure.check()
+    }
+
+    fn get(&self, rank: usize) -> Result<&Slice, CommError> {
+        self.slices.get(rank).ok_or_else(|| {
+            CommError::PointToPoint(format!(
+                "slice {rank} requested of an all-gather over {} ranks",
+                self.slices.len()
+            ))
+        })
+    }
+}
+
+impl Drop for AllGatherP2p<'_> {
+    fn drop(&mut self) {
+        let events: Vec<Event> = self.slices.iter().map(|s| s.event).collect();
+        self.comm.p2p.give_back(&events);
+    }
+}
+
+/// The first failure of a transfer run on a stream (a window read whose peer never published);
+/// later calls and [`AllGatherP2p::synchronize`] report it.
+#[derive(Default)]
+pub(super) struct Failure {
+    failed: AtomicBool,
+    message: Mutex<Option<String>>,
+}
+
+impl Failure {
+    fn set(&self, message: String) {
+        let mut m = self.message.lock().unwrap_or_else(|p| p.into_inner());
+        if m.is_none() {
+            *m = Some(message);
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    fn is_set(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    pub(super) fn check(&self) -> Result<(), CommError> {
+        if !self.is_set() {
+            return Ok(());
+        }
+        let m = self.message.lock().unwrap_or_else(|p| p.into_inner());
+        Err(CommError::PointToPoint(
+            m.clone()
+                .unwrap_or_else(|| "an earlier transfer failed".into()),
+        ))
+    }
+}
+
+/// The staging window of the window-reads route.
+struct Staging {
+    scratch: Scratch,
+    /// Bytes of data each rank's staging holds (after the signal lines).
+    capacity: usize,
+    /// The round of the last call (every rank's calls are numbered alike).
+    round: u64,
+    /// Every rank's staging memory, as this process addresses it.
+    peers: Vec<u64>,
+}
+
+/// What the point-to-point all-gathers of a communicator keep between calls.
+pub(super) struct P2pState {
+    device: Device,
+    /// The device this rank works on (made current before a stream or event is made).
+    index: i32,
+    streams: Mutex<Vec<Stream>>,
+    events: Mutex<Vec<Event>>,
+    staging: Mutex<Option<Staging>>,
+    pub(super) failure: Arc<Failure>,
+}
+
+impl P2pState {
+    pub(super) fn new(device: Device, index: i32) -> P2pState {
+        P2pState {
+            device,
+            index,
+            streams: Mutex::new(Vec::new()),
+            events: Mutex::new(Vec::new()),
+            staging: Mutex::new(None),
+            failure: Arc::new(Failure::default()),
+        }
+    }
+
+    /// The first `n` streams, made where missing.
+    fn streams(&self, n: usize) -> Result<Vec<Stream>, AdaptorError> {
+        let mut s = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if s.len() < n {
+            self.device.set_device(self.index)?;
+        }
+        while s.len() < n {
+            s.push(self.device.stream_create()?);
+        }
+        Ok(s[..n].to_vec())
+    }
+
+    /// `n` events from the pool, made where missing.
+    fn take(&self, n: usize) -> Result<Vec<Event>, AdaptorError> {
+        let mut pool = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            match pool.pop() {
+                Some(e) => out.push(e),
+                None => match self
+                    .device
+                    .set_device(self.index)
+                    .and_then(|()| self.device.event_create(1))
+                {
+                    Ok(e) => out.push(e),
+                    Err(err) => {
+                        pool.extend(out);
+                        return Err(err);
+                    }
+                },
+            }
+        }
+        Ok(out)
+    }
+
+    fn give_back(&self, events: &[Event]) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(events);
+    }
+
+    /// Waits for every stream (teardown, and before the staging window is replaced).
+    fn drain(&self) -> Result<(), AdaptorError> {
+        let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let mut first = Ok(());
+        for &s in streams.iter() {
+            let r = self.device.stream_synchronize(s);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
+    /// Drains the streams, then releases the staging window, the events and the streams
+    /// (before the communicator's CCL communicator goes).
+    pub(super) fn teardown(&self) {
+        let _ = self.drain();
+        drop(
+            self.staging
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        for e in self
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = self.device.event_destroy(e);
+        }
+        for s in self
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = self.device.stream_destroy(s);
+        }
+    }
+}
+
+/// Enqueues `work` on `stream` of `device` as a host function: it runs once, in stream order,
+/// on the stream's worker (the host device) or a thread of the runtime (CUDA). A CPU kernel
+/// in stream order, ordered with the device's work by events like any other.
+pub fn launch_host(
+    device: &Device,
+    stream: Stream,
+    work: impl FnOnce() + Send + 'static,
+) -> Result<(), CommError> {
+    type Work = Box<dyn FnOnce() + Send>;
+    unsafe extern "C" fn run(user: *mut c_void) {
+        // SAFETY: `user` is the box `launch_host` leaked for this one call.
+        let work = unsafe { Box::from_raw(user.cast::<Work>()) };
+        // A panic must not unwind into the adaptor's worker.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+    }
+    let f = device.tables().root.get().launch_host_func.ok_or_else(|| {
+        CommError::PointToPoint(format!(
+            "the device adaptor `{}` has no launch_host_func",
+            device.name()
+        ))
+    })?;
+    let boxed: Box<Work> = Box::new(Box::new(work));
+    let user = Box::into_raw(boxed).cast::<c_void>();
+    // SAFETY: a stream of this device, a function of the `HostFn` type, and a pointer the
+    // function takes back exactly once.
+    let status = unsafe { f(stream, Some(run), user) };
+    if status.is_success() {
+        return Ok(());
+    }
+    // SAFETY: refused, so the function never runs: the box is still ours.
+    drop(unsafe { Box::from_raw(user.cast::<Work>()) });
+    Err(CommError::PointToPoint(format!(
+        "{}: launch_host_func failed with {status}",
+        device.name()
+    )))
+}
+
+/// `true` where the window-reads route can run: memory the process addresses, and host
+/// functions on streams.
+fn reads_run_on(device: &Device) -> bool {
+    let caps = device.caps();
+    device
+        .get_device()
+        .ok()
+        .and_then(|d| caps.ordinal(d).map(|o| o.capabilities()))
+        .is_some_and(|c| c.contains(Capabilities::HOST_ADDRESSABLE | Capabilities::HOST_FUNC))
+}
+
+/// Waits until the word at `addr` reaches `value`, up to `deadline`: spins, yields, then
+/// sleeps in short steps.
+fn wait_word(addr: u64, value: u64, deadline: Instant) -> bool {
+    // SAFETY: `addr` is an 8-byte aligned signal word of a live staging window (the caller
+    // holds the window until its streams drain), written only atomically.
+    let word = unsafe { &*(addr as *const AtomicU64) };
+    let mut spins = 0u32;
+    loop {
+        if word.load(Ordering::Acquire) >= value {
+            return true;
+        }
+        spins += 1;
+        if spins < 256 {
+            std::hint::spin_loop();
+        } else if spins < 512 {
+            std::thread::yield_now();
+        } else {
+            if Instant::now() >= deadline {
+                return word.load(Ordering::Acquire) >= value;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+impl Communicator {
+    /// Enqueues an all-gather as point-to-point transfers on `streams` streams of the
+    /// communicator, after the work enqueued so far on the communicator's stream (see
+    /// [`Call::all_gather_p2p`]).
+    ///
+    /// # Safety
+    /// As [`Call::all_gather_p2p`].
+    pub unsafe fn all_gather_p2p(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        streams: usize,
+    ) -> Result<AllGatherP2p<'_>, CommError> {
+        // SAFETY: the caller's contract is the call's.
+        unsafe {
+            self.call()
+                .all_gather_p2p(send, recv, send_count, dtype, streams)
+        }
+    }
+}
+
+impl<'a> Call<'a> {
+    /// Enqueues `recv[r * send_count..]` = rank r's `send`, as one grouped receive and send
+    /// per peer `j` on the communicator's stream `j mod streams` and a device copy of this
+    /// rank's own slice, all after the work enqueued so far on this call's stream (see the
+    /// [module docs](self) for the order and the routes). Returns at once with
+    /// the event of each slice's arrival: a consumer waits for slice `j` alone
+    /// ([`AllGatherP2p::wait_slice`]) and starts before the other slices arrive. Nothing is
+    /// ordered back onto this call's stream: use [`AllGatherP2p::wait_all`] for that.
+    ///
+    /// `streams` is at least 1 ([`DEFAULT_P2P_STREAMS`] is a good start); collective: every
+    /// rank calls it with the same `send_count` and `dtype`.
+    ///
+    /// # Safety
+    /// `send` holds `send_count` elements and `recv` `world * send_count` under the buffer
+    /// contract of every collective ([`Call::all_gather`]), until every slice's event has
+    /// fired; `send` may be this rank's slice of `recv` (in place).
+    pub unsafe fn all_gather_p2p(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        streams: usize,
+    ) -> Result<AllGatherP2p<'a>, CommError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.all_gather_p2p_each(send, recv, send_count, dtype, streams, |_| Ok(())) }
+    }
+
+    /// As [`Call::all_gather_p2p`], and calls `each` with every slice right after its
+    /// transfer is enqueued (and its event recorded), in the order of [`AllGatherP2p::order`]:
+    /// work `each` enqueues on [`Slice::stream`] runs as soon as the slice is in place and
+    /// before the stream's later transfers, the way a pipelined consumer (a matmul per slice)
+    /// interleaves with the gather. An error from `each` stops the call (slices issued so far
+    /// still complete).
+    ///
+    /// # Safety
+    /// As [`Call::all_gather_p2p`].
+    pub unsafe fn all_gather_p2p_each(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        streams: usize,
+        mut each: impl FnMut(&Slice) -> Result<(), CommError>,
+    ) -> Result<AllGatherP2p<'a>, CommError> {
+        let c = self.comm;
+        let es = dtype.size().ok_or_else(|| {
+            CommError::PointToPoint(format!("all_gather_p2p: unknown data type {dtype:?}"))
+        })?;
+        if streams == 0 {
+            return Err(CommError::PointToPoint(
+                "all_gather_p2p: streams must be at least 1".into(),
+            ));
+        }
+        let bytes = send_count.checked_mul(es).ok_or_else(|| {
+            CommError::PointToPoint(format!(
+                "all_gather_p2p: {send_count} elements of {} bytes overflow",
+                es
+            ))
+        })?;
+        c.p2p.failure.check()?;
+        let reads = reads_run_on(&c.device);
+        let route = match self.route {
+            Some(_) if c.router.clusters > 1 => Route::Clusters,
+            Some(forced @ (Route::Ccl | Route::WindowReads)) => forced,
+            Some(other) => {
+                return Err(CommError::PointToPoint(format!(
+                    "all_gather_p2p cannot take the route `{other}`: only `ccl` and \
+                     `window-reads`"
+                )))
+            }
+            None => c.router.all_gather_p2p(reads),
+        };
+        let _span = tracing::debug_span!(
+            target: "ferrocx::route",
+            "collective",
+            op = "all_gather_p2p",
+            bytes,
+            dtype = dtype.name().unwrap_or("unknown"),
+            route = %route,
+            streams
+        )
+        .entered();
+        if route == Route::WindowReads && !reads {
+            return Err(CommError::PointToPoint(format!(
+                "all_gather_p2p: the window-reads route needs host-addressable memory and host \
+                 functions, which the device adaptor `{}` lacks",
+                c.device.name()
+            )));
+        }
+        let (me, world) = (c.rank, c.world);
+        let n = streams.min(world);
+        let pool = c.p2p.streams(n)?;
+        let events = c.p2p.take(world + 1)?;
+        let mut handle = AllGatherP2p {
+            comm: c,
+            slices: (0..world)
+                .map(|r| Slice {
+                    rank: r,
+                    ptr: DevicePtr(recv.0 + (r * bytes) as u64),
+                    count: send_count,
+                    stream: pool[r % n],
+                    event: events[r],
+                })
+                .collect(),
+            order: Vec::with_capacity(world),
+            route,
+        };
+        // The start event goes back at once: every wait on it is enqueued below.
+        let start = events[world];
+        let started = c.device.event_record(start, self.stream).and_then(|()| {
+            pool.iter()
+                .try_for_each(|&s| c.device.stream_wait_event(s, start))
+        });
+        c.p2p.give_back(&[start]);
+        started?;
+
+        if route == Route::Clusters {
+            // SAFETY: the caller's contract is the gather's.
+            unsafe { self.all_gather(send, recv, send_count, dtype) }?;
+            for s in &mut handle.slices {
+                s.stream = self.stream;
+            }
+            for r in std::iter::once(me).chain(schedule(world, me)) {
+                let s = handle.slices[r];
+                c.device.event_record(s.event, s.stream)?;
+                handle.order.push(r);
+                each(&s)?;
+            }
+            return Ok(handle);
+        }
+
+        let staging = if route == Route::WindowReads {
+            Some(self.stage(bytes)?)
+        } else {
+            None
+        };
+        let own = handle.slices[me];
+        match &staging {
+            Some((round, peers)) => {
+                self.publish(send, own, bytes, *round, peers)?;
+            }
+            None => {
+                if own.ptr != send && bytes > 0 {
+                    // SAFETY: the caller's contract: `send` and this rank's slice of `recv`
+                    // hold `bytes` and are distinct (equal is the in-place case, skipped).
+                    unsafe { c.device.mem_copy_async(own.ptr, send, bytes, own.stream) }?;
+                }
+            }
+        }
+        c.device.event_record(own.event, own.stream)?;
+        handle.order.push(me);
+        each(&own)?;
+
+        for peer in schedule(world, me) {
+            let slice = handle.slices[peer];
+            match &staging {
+                Some((round, peers)) => self.read(slice, bytes, *round, peers)?,
+                None if bytes > 0 => {
+                    let to = c.peer(peer)?;
+                    c.group(|| {
+                        // SAFETY: the caller's contract: the slice of `recv` and `send` hold
+                        // `send_count` elements until the slice's event fires.
+                        unsafe {
+                            c.ccl
+                                .recv(slice.ptr, send_count, dtype, to, c.comm, slice.stream)?;
+                            c.ccl
+                                .send(send, send_count, dtype, to, c.comm, slice.stream)?;
+                        }
+                        Ok(())
+                    })?;
+                }
+                None => {}
+            }
+            c.device.event_record(slice.event, slice.stream)?;
+            handle.order.push(peer);
+            each(&slice)?;
+        }
+        Ok(handle)
+    }
+
+    /// The staging window for `bytes` per rank (registered, or replaced by a larger one, on
+    /// every rank alike) and this call's round: `(round, every rank's staging address)`.
+    fn stage(&self, bytes: usize) -> Result<(u64, Vec<u64>), CommError> {
+        let c = self.comm;
+        let mut staging = c.p2p.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if staging.as_ref().is_none_or(|s| s.capacity < bytes) {
+            if staging.is_some() {
+                // Peers may still read the old window: every rank's transfers end, then all
+                // meet, before any rank lets it go.
+                c.p2p.drain()?;
+                c.host_barrier()?;
+                *staging = None;
+            }
+            let capacity = bytes.max(4096).next_power_of_two();
+            let scratch = c.scratch_window(LINE * (1 + c.world) + capacity)?;
+            let peers = scratch.peers().ok_or_else(|| {
+                CommError::PointToPoint(
+                    "all_gather_p2p: the staging window has no peer addresses".into(),
+                )
+            })?;
+            *staging = Some(Staging {
+                scratch,
+                capacity,
+                round: 0,
+                peers,
+            });
+        }
+        let s = staging.as_mut().expect("made above");
+        debug_assert!(s.scratch.size() >= LINE * (1 + c.world) + bytes);
+        s.round += 1;
+        Ok((s.round, s.peers.clone()))
+    }
+
+    /// Window reads: this rank's slice into its staging (once every peer acknowledged the
+    /// previous round) and into its slice of `recv`, then the round published.
+    fn publish(
+        &self,
+        send: DevicePtr,
+        own: Slice,
+        bytes: usize,
+        round: u64,
+        peers: &[u64],
+    ) -> Result<(), CommError> {
+        let c = self.comm;
+        let (me, world) = (c.rank, c.world);
+        let base = peers[me];
+        let (send, out) = (send.0, own.ptr.0);
+        let failure = c.p2p.failure.clone();
+        let timeout = c.timeout();
+        launch_host(&c.device, own.stream, move || {
+            if failure.is_set() {
+                return;
+            }
+            let deadline = Instant::now() + timeout;
+            for q in (0..world).filter(|&q| q != me) {
+                // Rank q's acknowledgement of this rank's previous round.
+                if !wait_word(base + (LINE * (1 + q)) as u64, round - 1, deadline) {
+                    failure.set(format!(
+                        "all_gather_p2p: rank {q} did not read rank {me}'s slice of round {} \
+                         within {timeout:?}",
+                        round - 1
+                    ));
+                    return;
+                }
+            }
+            let data = base + (LINE * (1 + world)) as u64;
+            // SAFETY: `send` holds `bytes` (the caller's contract) and the staging data area
+            // at least as many (sized by `stage`); no peer reads it until the round below is
+            // published, and every peer has finished with the previous round.
+            unsafe {
+                std::ptr::copy_nonoverlapping(send as *const u8, data as *mut u8, bytes);
+                if out != send {
+                    std::ptr::copy_nonoverlapping(send as *const u8, out as *mut u8, bytes);
+                }
+            }
+            // SAFETY: the first line of this rank's staging, an aligned signal word.
+            let word = unsafe { &*(base as *const AtomicU64) };
+            word.store(round, Ordering::Release);
+        })
+    }
+
+    /// Window reads: slice `slice.rank` read from that rank's staging once it published this
+    /// round, then acknowledged there.
+    fn read(&self, slice: Slice, bytes: usize, round: u64, peers: &[u64]) -> Result<(), CommError> {
+        let c = self.comm;
+        let (me, world, peer) = (c.rank, c.world, slice.rank);
+        let base = peers[peer];
+        let out = slice.ptr.0;
+        let failure = c.p2p.failure.clone();
+        let timeout = c.timeout();
+        launch_host(&c.device, slice.stream, move || {
+            if failure.is_set() {
+                return;
+            }
+            if !wait_word(base, round, Instant::now() + timeout) {
+                failure.set(format!(
+                    "all_gather_p2p: rank {peer} did not publish its slice of round {round} \
+                     within {timeout:?}"
+                ));
+                return;
+            }
+            let data = base + (LINE * (1 + world)) as u64;
+            // SAFETY: rank `peer` published `bytes` in its staging for this round and leaves
+            // them until this rank acknowledges; the slice of `recv` holds `bytes` (the
+            // caller's contract).
+            unsafe { std::ptr::copy_nonoverlapping(data as *const u8, out as *mut u8, bytes) };
+            // SAFETY: this rank's acknowledgement line in rank `peer`'s staging, an aligned
+            // signal word only this rank writes.
+            let ack = unsafe { &*((base + (LINE * (1 + me)) as u64) as *const AtomicU64) };
+            ack.store(round, Ordering::Release);
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::schedule;
+
+    #[test]
+    fn every_round_is_a_matching_and_every_peer_comes_once() {
+        for world in 1..=9 {
+            let all: Vec<Vec<usize>> = (0..world).map(|r| schedule(world, r)).collect();
+            for (r, peers) in all.iter().enumerate() {
+                let mut sorted = peers.clone();
+                sorted.sort_unstable();
+                let others: Vec<usize> = (0..world).filter(|&q| q != r).collect();
+                assert_eq!(sorted, others, "world {world} rank {r}");
+            }
+            // Round by round (with the byes put back), partners are mutual.
+            let players = world + world % 2;
+            let round_peer = |r: usize, k: usize| {
+                let full = super::schedule(players, r.min(players - 1));
+                full[k]
+            };
+            for k in 0..players - 1 {
+                for r in 0..world {
+                    let p = round_peer(r, k);
+                    if p < world {
+                        assert_eq!(round_peer(p, k), r, "world {world} round {k}");
+                    }
+                }
+            }
+            // On an odd world, the exchanges each rank keeps are in the same relative order
+            // as its partners', so a serial CCL never waits in a cycle.
+            for r in 0..world {
+                for (i, &p) in all[r].iter().enumerate() {
+                    let j = all[p].iter().position(|&x| x == r).expect("mutual");
+                    let rank_of_round = |q: usize, idx: usize| {
+                        let full = super::schedule(players, q);
+                        full.iter()
+                            .position(|&x| x == all[q][idx])
+                            .expect("in the full schedule")
+                    };
+                    assert_eq!(rank_of_round(r, i), rank_of_round(p, j));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn out_of_range_ranks_have_no_peers() {
+        assert!(schedule(4, 4).is_empty());
+        assert!(schedule(1, 0).is_empty());
+        assert_eq!(schedule(2, 0), vec![1]);
+        assert_eq!(schedule(2, 1), vec![0]);
+    }
+}

@@ -1,0 +1,393 @@
+//! The point-to-point all-gather (`Call::all_gather_p2p`) on the host backend, across real
+//! processes (the test executable re-run once per rank, see `window_ranks`): 2, 3 and 4 ranks,
+//! every route it takes there (the host CCL's grouped send/recv, and reads of the peers'
+//! staging windows), 1 to 3 streams, several element types and odd counts, on random data
+//! checked byte for byte against every rank's input computed here. Each slice is read in
+//! stream order right after its event (a host function enqueued on the slice's stream by the
+//! per-slice hook), and on the host right after its event completes: the data is in place
+//! when the event fires, and the events of one stream fire in issue order (of every stream,
+//! where the CCL runs the exchanges one after another). On 4 ranks, a slice arrives before a
+//! late rank has even called the gather. A job across clusters takes the cross-cluster plan's
+//! all-gather. Bad arguments get errors naming them.
+
+mod window_ranks;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use ferrocx::abi::{DataType, DevicePtr, Event, MemKind, Status};
+use ferrocx::adaptor::{Device, DeviceBuffer};
+use ferrocx::comm::p2p::{launch_host, schedule};
+use ferrocx::comm::{CommError, Communicator, Slice};
+use ferrocx::route::Route;
+use window_ranks::{communicator, rank_of, Job};
+
+/// Byte `i` of rank `rank`'s input of case `case`.
+fn byte(case: u64, rank: usize, i: usize) -> u8 {
+    let mut x = case
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((rank as u64) << 40 | i as u64);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 29;
+    x as u8
+}
+
+fn input(case: u64, rank: usize, bytes: usize) -> Vec<u8> {
+    (0..bytes).map(|i| byte(case, rank, i)).collect()
+}
+
+/// `true` when the event's most recent record has completed.
+fn fired(device: &Device, event: Event) -> bool {
+    let query = device
+        .tables()
+        .root
+        .get()
+        .event_query
+        .expect("the host device has event_query");
+    // SAFETY: an event of this device, live until the handle that holds it drops.
+    let status = unsafe { query(event) };
+    status == Status::SUCCESS
+}
+
+/// One all-gather of `count` elements of `dtype` on `route` over `streams` streams, every
+/// slice checked twice (in stream order after its event, and on the host once it fired).
+fn gather_case(
+    comm: &Communicator,
+    case: u64,
+    count: usize,
+    dtype: DataType,
+    streams: usize,
+    route: Route,
+    in_place: bool,
+) {
+    let (me, world) = (comm.rank(), comm.world());
+    let dev = comm.device();
+    let es = dtype.size().expect("a known type");
+    let bytes = count * es;
+    let all: Vec<Vec<u8>> = (0..world).map(|r| input(case, r, bytes)).collect();
+    let want: Arc<Vec<u8>> = Arc::new(all.concat());
+    let mut recv = DeviceBuffer::new(dev, (world * bytes).max(1), MemKind::DEVICE).expect("alloc");
+    // Garbage where the slices go, so a slice not written is seen.
+    recv.fill(0xA5).expect("fill");
+    let send = DeviceBuffer::from_host(dev, &all[me], MemKind::DEVICE).expect("upload");
+    let send_ptr = if in_place {
+        recv.copy_from_host_at(me * bytes, &all[me])
+            .expect("own slice");
+        DevicePtr(recv.ptr().0 + (me * bytes) as u64)
+    } else {
+        send.ptr()
+    };
+    let wrong: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let call = comm.call().via(route);
+    let what =
+        format!("{count} x {dtype:?} on {route} over {streams} stream(s), in place {in_place}");
+    let hook = |slice: &Slice| {
+        let (want, wrong, seen) = (want.clone(), wrong.clone(), seen.clone());
+        let (rank, ptr) = (slice.rank, slice.ptr.0 as usize);
+        let what = what.clone();
+        launch_host(dev, slice.stream, move || {
+            // SAFETY: on the host device a device address is this process's; the slice holds
+            // `bytes` and the handle's owner keeps it alive past the synchronize.
+            let got = unsafe { std::slice::from_raw_parts(ptr as *const u8, bytes) };
+            if got != &want[rank * bytes..(rank + 1) * bytes] {
+                wrong
+                    .lock()
+                    .unwrap()
+                    .push(format!("{what}: slice {rank} not in place after its event"));
+            }
+            seen.lock().unwrap().push(rank);
+        })
+    };
+    // SAFETY: `send` and `recv` hold what the call reads and writes, and live until the
+    // handle's synchronize below.
+    let handle =
+        unsafe { call.all_gather_p2p_each(send_ptr, recv.ptr(), count, dtype, streams, hook) }
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(handle.route(), route, "{what}");
+    // This rank's slice first, then its peers in the tournament's order.
+    let mut order = vec![me];
+    order.extend(schedule(world, me));
+    assert_eq!(handle.order(), &order[..], "{what}");
+    let mut host = vec![0u8; bytes];
+    for (i, &r) in handle.order().iter().enumerate() {
+        handle
+            .synchronize_slice(r)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        recv.copy_to_host_at(r * bytes, &mut host)
+            .expect("download");
+        assert!(
+            host == all[r],
+            "{what}: slice {r} wrong once its event fired"
+        );
+        let slice = handle.slice(r);
+        for &earlier in &handle.order()[..i] {
+            let e = handle.slice(earlier);
+            // One stream runs its slices in order; the host CCL runs the exchanges one after
+            // another, so there every earlier slice has arrived.
+            // (This rank's own slice is a device copy, outside the CCL's order.)
+            if e.stream == slice.stream || (route == Route::Ccl && earlier != me) {
+                assert!(
+                    fired(dev, e.event),
+                    "{what}: slice {earlier} after slice {r}"
+                );
+            }
+        }
+    }
+    handle
+        .synchronize()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    // The hooks' host functions ran after the events, so wait for the streams too.
+    for r in 0..world {
+        dev.stream_synchronize(handle.slice(r).stream)
+            .expect("stream");
+    }
+    drop(handle);
+    let wrong = wrong.lock().unwrap();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..world).collect::<Vec<_>>(), "{what}");
+    assert_eq!(recv.to_vec().expect("download"), *want, "{what}");
+}
+
+/// A writer into a shared buffer, for the span log.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn rank_main() {
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("ferrocx::route=debug")
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::NEW)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let comm = communicator();
+    // The host CCL has send and recv: the router takes them.
+    assert_eq!(comm.router().all_gather_p2p(true), Route::Ccl);
+    tracing::subscriber::with_default(subscriber, || {
+        let mut case = 1;
+        for route in [Route::Ccl, Route::WindowReads] {
+            for (dtype, counts) in [
+                (DataType::F32, &[1usize, 7, 1000, 4099][..]),
+                (DataType::BF16, &[3, 1025][..]),
+                (DataType::I8, &[1, 4097][..]),
+                (DataType::F64, &[5, 333][..]),
+                (DataType::U64, &[2, 77][..]),
+            ] {
+                for &count in counts {
+                    for streams in [1, 2, 3] {
+                        case += 1;
+                        gather_case(&comm, case, count, dtype, streams, route, false);
+                    }
+                }
+            }
+            // In place, and a larger message that regrows the staging window.
+            gather_case(&comm, 900 + case, 4099, DataType::F32, 2, route, true);
+            gather_case(&comm, 901 + case, 300_001, DataType::U8, 2, route, false);
+            gather_case(&comm, 902 + case, 17, DataType::F32, 2, route, false);
+        }
+        // The communicator's own stream, the router's route.
+        let dev = comm.device();
+        let count = 123;
+        let all: Vec<Vec<u8>> = (0..comm.world()).map(|r| input(7, r, count * 4)).collect();
+        let send =
+            DeviceBuffer::from_host(dev, &all[comm.rank()], MemKind::DEVICE).expect("upload");
+        let recv =
+            DeviceBuffer::new(dev, comm.world() * count * 4, MemKind::DEVICE).expect("alloc");
+        // SAFETY: both buffers live past the synchronize.
+        let h = unsafe { comm.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
+            .expect("all_gather_p2p");
+        assert_eq!(h.route(), Route::Ccl);
+        h.wait_all(comm.stream()).expect("wait_all");
+        drop(h);
+        comm.synchronize().expect("synchronize");
+        assert_eq!(recv.to_vec().expect("download"), all.concat());
+    });
+    // Bad input: a clear error, nothing enqueued.
+    let buf = DeviceBuffer::new(comm.device(), 64, MemKind::DEVICE).expect("alloc");
+    // SAFETY: refused before anything is enqueued.
+    let e = unsafe { comm.all_gather_p2p(buf.ptr(), buf.ptr(), 1, DataType::F32, 0) }
+        .err()
+        .expect("0 streams refused");
+    assert!(
+        matches!(&e, CommError::PointToPoint(m) if m.contains("streams must be at least 1")),
+        "{e}"
+    );
+    // SAFETY: as above.
+    let e = unsafe {
+        comm.call()
+            .via(Route::Store)
+            .all_gather_p2p(buf.ptr(), buf.ptr(), 1, DataType::F32, 1)
+    }
+    .err()
+    .expect("the store route refused");
+    assert!(
+        e.to_string().contains("cannot take the route `store`"),
+        "{e}"
+    );
+    // SAFETY: as above.
+    let e = unsafe {
+        comm.call()
+            .via(Route::WindowReads)
+            .all_gather(buf.ptr(), buf.ptr(), 1, DataType::F32)
+    }
+    .expect_err("all_gather on the window reads refused");
+    assert!(
+        e.to_string()
+            .contains("all_gather cannot take the route `window-reads`: only all_gather_p2p"),
+        "{e}"
+    );
+    comm.barrier().expect("barrier");
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).expect("utf-8 log");
+    for route in ["ccl", "window-reads"] {
+        assert!(
+            text.contains(&format!("collective{{op=\"all_gather_p2p\" bytes=16396 dtype=\"f32\" route={route} streams=2}}")),
+            "no span of all_gather_p2p on {route} in:\n{text}"
+        );
+    }
+    println!("RANK OK");
+}
+
+#[test]
+fn all_gather_p2p_2_ranks() {
+    const T: &str = "all_gather_p2p_2_ranks";
+    match rank_of(T) {
+        Some(_) => rank_main(),
+        None => {
+            Job::new(T, 2).run();
+        }
+    }
+}
+
+#[test]
+fn all_gather_p2p_3_ranks() {
+    const T: &str = "all_gather_p2p_3_ranks";
+    match rank_of(T) {
+        Some(_) => rank_main(),
+        None => {
+            Job::new(T, 3).run();
+        }
+    }
+}
+
+#[test]
+fn all_gather_p2p_4_ranks() {
+    const T: &str = "all_gather_p2p_4_ranks";
+    match rank_of(T) {
+        Some(_) => rank_main(),
+        None => {
+            Job::new(T, 4).run();
+        }
+    }
+}
+
+/// A consumer starts on a slice before the others arrive: on 4 ranks, one rank (neither 0 nor
+/// 0's first peer) calls the all-gather only once rank 0 has seen its first peer's slice
+/// arrive, which it would never see (each rank waiting on the other until the store's
+/// deadline) if a slice waited for the whole gather.
+fn early_main() {
+    let comm = communicator();
+    let (me, world) = (comm.rank(), comm.world());
+    assert_eq!(world, 4);
+    let first = schedule(world, 0)[0];
+    let late = (1..world).find(|&r| r != first).expect("a third rank");
+    let dev = comm.device();
+    let count = 1001;
+    for (k, route) in [Route::Ccl, Route::WindowReads].into_iter().enumerate() {
+        let all: Vec<Vec<u8>> = (0..world)
+            .map(|r| input(50 + k as u64, r, count * 4))
+            .collect();
+        let send = DeviceBuffer::from_host(dev, &all[me], MemKind::DEVICE).expect("upload");
+        let recv = DeviceBuffer::new(dev, world * count * 4, MemKind::DEVICE).expect("alloc");
+        let call = comm.call().via(route);
+        // One call with every rank in step first (the window-reads route registers its staging
+        // window at its first call: a collective step).
+        // SAFETY: both buffers live past the synchronize.
+        unsafe { call.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
+            .expect("all_gather_p2p")
+            .synchronize()
+            .expect("synchronize");
+        let key = format!("early/{route}");
+        if me == late {
+            comm.store().get(&key).unwrap_or_else(|e| {
+                panic!("{route}: rank 0 did not see slice {first} before rank {late} joined: {e}")
+            });
+        }
+        // SAFETY: as above.
+        let h = unsafe { call.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
+            .expect("all_gather_p2p");
+        if me == 0 {
+            h.synchronize_slice(first).expect("first slice");
+            let mut got = vec![0u8; count * 4];
+            recv.copy_to_host_at(first * count * 4, &mut got)
+                .expect("download");
+            assert!(got == all[first], "{route}: slice {first}");
+            comm.store().set(&key, b"seen").expect("store set");
+        }
+        h.synchronize().expect("synchronize");
+        drop(h);
+        assert_eq!(recv.to_vec().expect("download"), all.concat(), "{route}");
+    }
+    comm.barrier().expect("barrier");
+    println!("RANK OK");
+}
+
+#[test]
+fn a_slice_arrives_before_a_late_rank_joins_4_ranks() {
+    const T: &str = "a_slice_arrives_before_a_late_rank_joins_4_ranks";
+    match rank_of(T) {
+        Some(_) => early_main(),
+        None => {
+            Job::new(T, 4).run();
+        }
+    }
+}
+
+/// Across clusters the gather is the cross-cluster plan's (every slice's event after it).
+fn clusters_main() {
+    let comm = communicator();
+    let (me, world) = (comm.rank(), comm.world());
+    let dev = comm.device();
+    for (case, count) in [(70u64, 1usize), (71, 999)] {
+        let all: Vec<Vec<u8>> = (0..world).map(|r| input(case, r, count * 8)).collect();
+        let send = DeviceBuffer::from_host(dev, &all[me], MemKind::DEVICE).expect("upload");
+        let recv = DeviceBuffer::new(dev, world * count * 8, MemKind::DEVICE).expect("alloc");
+        // SAFETY: both buffers live past the synchronize.
+        let h = unsafe { comm.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F64, 2) }
+            .expect("all_gather_p2p");
+        assert_eq!(h.route(), Route::Clusters);
+        h.synchronize().expect("synchronize");
+        drop(h);
+        assert_eq!(recv.to_vec().expect("download"), all.concat(), "{count}");
+    }
+    comm.barrier().expect("barrier");
+    println!("RANK OK");
+}
+
+#[test]
+fn across_two_clusters_the_plan_gathers_3_ranks() {
+    const T: &str = "across_two_clusters_the_plan_gathers_3_ranks";
+    match rank_of(T) {
+        Some(_) => clusters_main(),
+        None => {
+            Job::new(T, 3)
+                .clusters(&[("a", "0,2"), ("b", "1")])
+                .bridge_key("chunk_bytes", "4096")
+                .run();
+        }
+    }
+}
