@@ -1,0 +1,672 @@
+//! The MPI CCL under `mpiexec` (the `mpich` wheel's, on loopback): every collective on random
+//! data against a reference each rank computes itself from every rank's seed, with 2, 3 and 4
+//! ranks, every type and op, several sizes (odd ones included), in place and not; grouped
+//! sends and receives; a dead rank failing the others within the timeout; and the errors of a
+//! missing library, an unknown ABI and a communicator larger than the MPI world.
+//!
+//! The ranks are this test binary run again by `mpiexec` with `FERROCX_MPI_TEST_ROLE` set; they
+//! go through the core's `Communicator` (config `device = "host"`, `ccl = "mpi"`, store at
+//! `MASTER_PORT`), forcing every call onto the CCL.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp};
+use ferrocx::comm::Communicator;
+use ferrocx::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use ferrocx::route::Route;
+
+const ROLE: &str = "FERROCX_MPI_TEST_ROLE";
+const SEED: &str = "FERROCX_MPI_TEST_SEED";
+
+/// `mpiexec` from `PATH` (the test script puts the virtual environment's `bin` first) or
+/// `$FERROCX_VENV/bin`; a clear failure when neither has it.
+fn mpiexec() -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Some(v) = std::env::var_os("FERROCX_VENV") {
+        dirs.insert(0, PathBuf::from(v).join("bin"));
+    }
+    dirs.into_iter()
+        .map(|d| d.join("mpiexec"))
+        .find(|p| p.is_file())
+        .expect(
+            "mpiexec was not found on PATH or in $FERROCX_VENV/bin: run the tests with \
+             `bash scripts/test.sh`, which installs MPI (the mpich wheel) and puts it on PATH",
+        )
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn config(dir: &tempfile::TempDir, timeout_ms: u64) -> PathBuf {
+    let p = dir.path().join("mpi.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[runtime]\ntimeout_ms = {timeout_ms}\n\n[[cluster]]\nname = \"cpu\"\ndevice = \
+             \"host\"\nccl = \"mpi\"\nfallback = \"none\"\nmulticast = \"off\"\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Runs `n` ranks of role `role` under mpiexec; returns the output (killed after `limit`).
+fn launch(n: usize, role: &str, timeout_ms: u64, extra: &[&str], limit: Duration) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, timeout_ms);
+    let seed = format!("{}", std::process::id() as u64 * 7919 + n as u64);
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(mpiexec());
+    cmd.args(extra)
+        .arg("-n")
+        .arg(n.to_string())
+        .args(["-genv", ROLE, role])
+        .args(["-genv", SEED, &seed])
+        .args(["-genv", "MASTER_ADDR", "127.0.0.1"])
+        .args(["-genv", "MASTER_PORT", &free_port().to_string()])
+        .args(["-genv", "FERROCX_JOB_ID", &format!("mpitest{seed}")])
+        .args(["-genv", "FERROCX_JOB_TOKEN", "mpi-test"])
+        .args(["-genv", "FERROCX_CONFIG", cfg.to_str().unwrap()])
+        .arg(&exe)
+        .args(["--exact", "rank_entry", "--nocapture", "--test-threads=1"])
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start mpiexec");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        start.elapsed() <= limit,
+        "mpiexec -n {n} ({role}) did not finish within {limit:?}:\n{}",
+        text(&out)
+    );
+    out
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn collectives(n: usize) {
+    let out = launch(n, "collectives", 20_000, &[], Duration::from_secs(90));
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for r in 0..n {
+        assert!(
+            t.contains(&format!("rank {r} of {n}: all cases match")),
+            "rank {r} did not finish:\n{t}"
+        );
+    }
+}
+
+#[test]
+fn every_collective_matches_the_reference_on_2_ranks() {
+    collectives(2);
+}
+
+#[test]
+fn every_collective_matches_the_reference_on_3_ranks() {
+    collectives(3);
+}
+
+#[test]
+fn every_collective_matches_the_reference_on_4_ranks() {
+    collectives(4);
+}
+
+#[test]
+fn a_dead_rank_fails_the_others_within_the_timeout() {
+    let out = launch(
+        2,
+        "dead",
+        1500,
+        &["-disable-auto-cleanup"],
+        Duration::from_secs(40),
+    );
+    let t = text(&out);
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("survivor:"))
+        .unwrap_or_else(|| panic!("rank 0 reported nothing:\n{t}"));
+    assert!(
+        line.contains("TIMEOUT") || line.contains("PEER_FAILURE"),
+        "{line}\n{t}"
+    );
+    assert!(line.contains("all_reduce"), "{line}");
+    let ms: u64 = line
+        .rsplit("after ")
+        .next()
+        .and_then(|s| s.trim_end_matches(" ms").parse().ok())
+        .unwrap_or_else(|| panic!("no time in {line}"));
+    // The deadline is 1.5 s: the failure comes after it, not long after.
+    assert!((1000..15_000).contains(&ms), "{line}");
+}
+
+/// Runs this binary's `rank_entry` alone (no mpiexec) with `env`, returning its output.
+fn alone(role: &str, env: &[(&str, &str)], remove: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, 3000);
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "rank_entry", "--nocapture"])
+        .env(ROLE, role)
+        .env("FERROCX_CONFIG", &cfg)
+        .env_remove("PMI_RANK")
+        .env_remove("PMI_SIZE");
+    for k in remove {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    text(&out)
+}
+
+#[test]
+fn no_mpi_library_is_an_error_naming_what_was_tried() {
+    let t = alone(
+        "init",
+        &[("FERROCX_MPI_LIBRARY", "/nonexistent/libmpi.so.99")],
+        &[],
+    );
+    assert!(
+        t.contains("/nonexistent/libmpi.so.99") && t.contains("no MPI library"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_library_of_unknown_abi_is_refused_naming_it() {
+    let t = alone("init", &[("FERROCX_MPI_LIBRARY", "libc.so.6")], &[]);
+    let line = t.lines().find(|l| l.starts_with("init:")).unwrap_or(&t);
+    assert!(
+        line.contains("libc.so.6") && line.contains("unknown MPI ABI"),
+        "{t}"
+    );
+    assert!(line.contains("standard") && line.contains("mpich"), "{t}");
+}
+
+#[test]
+fn a_communicator_larger_than_the_mpi_world_is_refused() {
+    // Two ranks by the launcher's variables, but each process is an MPI world of one.
+    let port = free_port().to_string();
+    let t0 = std::thread::spawn({
+        let port = port.clone();
+        move || {
+            alone(
+                "outside",
+                &[
+                    ("RANK", "0"),
+                    ("WORLD_SIZE", "2"),
+                    ("MASTER_PORT", &port),
+                    ("FERROCX_JOB_ID", "mpioutside"),
+                ],
+                &[],
+            )
+        }
+    });
+    let t1 = alone(
+        "outside",
+        &[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_PORT", &port),
+            ("FERROCX_JOB_ID", "mpioutside"),
+        ],
+        &[],
+    );
+    let t0 = t0.join().unwrap();
+    // Rank 1 is outside a world of one; rank 0 is inside it, but its communicator of two is not.
+    for (t, says) in [
+        (t0, "does not fit in the MPI world"),
+        (
+            t1,
+            "rank 1 of 2 (from the launcher's variables) is outside the MPI world",
+        ),
+    ] {
+        let line = t.lines().find(|l| l.starts_with("outside:")).unwrap_or(&t);
+        assert!(line.contains(says) && line.contains("mpiexec -n 2"), "{t}");
+        assert!(line.contains("libmpi"), "the library is not named: {t}");
+    }
+}
+
+// ---- the ranks ------------------------------------------------------------------------------
+
+/// The body of every rank: does nothing unless started by one of the tests above.
+#[test]
+fn rank_entry() {
+    host::link();
+    ferrocx_adaptor_mpi::link();
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    match role.as_str() {
+        "collectives" => rank_collectives(),
+        "dead" => rank_dead(),
+        "init" => {
+            let e = Communicator::from_env().err().map(|e| e.to_string());
+            println!("init: {}", e.unwrap_or_else(|| "ok".into()));
+        }
+        "outside" => {
+            let e = Communicator::from_env().err().map(|e| e.to_string());
+            println!("outside: {}", e.unwrap_or_else(|| "ok".into()));
+        }
+        r => panic!("unknown role {r}"),
+    }
+    let _ = std::io::stdout().flush();
+}
+
+/// A small deterministic generator (splitmix64).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.next() % (hi - lo + 1) as u64) as i64
+    }
+}
+
+fn unsigned(d: DataType) -> bool {
+    matches!(d, DataType::U8 | DataType::U32 | DataType::U64)
+}
+
+/// Integer values every type holds exactly, in a range where `ranks` of them sum (or
+/// multiply) without overflow.
+fn values(seed: u64, rank: usize, case: usize, n: usize, d: DataType, op: ReduceOp) -> Vec<i64> {
+    let mut r = Rng(seed ^ ((rank as u64) << 40) ^ ((case as u64) << 8));
+    let (lo, hi) = match (op, unsigned(d)) {
+        (ReduceOp::PROD, true) => (0, 2),
+        (ReduceOp::PROD, false) => (-2, 2),
+        (_, true) => (0, 30),
+        (_, false) => (-30, 30),
+    };
+    (0..n).map(|_| r.range(lo, hi)).collect()
+}
+
+fn enc(d: DataType, v: &[i64]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &x in v {
+        match d {
+            DataType::F32 => out.extend((x as f32).to_ne_bytes()),
+            DataType::F64 => out.extend((x as f64).to_ne_bytes()),
+            DataType::F16 => out.extend(f32_to_f16(x as f32).to_ne_bytes()),
+            DataType::BF16 => out.extend(f32_to_bf16(x as f32).to_ne_bytes()),
+            DataType::I8 => out.extend((x as i8).to_ne_bytes()),
+            DataType::U8 => out.extend((x as u8).to_ne_bytes()),
+            DataType::I32 => out.extend((x as i32).to_ne_bytes()),
+            DataType::U32 => out.extend((x as u32).to_ne_bytes()),
+            DataType::I64 => out.extend(x.to_ne_bytes()),
+            DataType::U64 => out.extend((x as u64).to_ne_bytes()),
+            _ => unreachable!(),
+        }
+    }
+    out
+}
+
+/// The reference reduction of `vals` (one vector per rank), encoded as `d`.
+fn reference(d: DataType, op: ReduceOp, vals: &[Vec<i64>]) -> Vec<u8> {
+    let n = vals[0].len();
+    let p = vals.len();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let col = vals.iter().map(|v| v[i]);
+        let sum: i64 = vals.iter().map(|v| v[i]).sum();
+        let x = match op {
+            ReduceOp::SUM | ReduceOp::AVG => sum,
+            ReduceOp::PROD => col.product(),
+            ReduceOp::MIN => col.min().unwrap(),
+            _ => col.max().unwrap(),
+        };
+        let float = matches!(
+            d,
+            DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16
+        );
+        if op == ReduceOp::PROD && float {
+            // In floating point a zero product keeps the sign of the factors (-0).
+            let f: f64 = vals.iter().map(|v| v[i] as f64).product();
+            match d {
+                DataType::F32 => out.extend((f as f32).to_ne_bytes()),
+                DataType::F64 => out.extend(f.to_ne_bytes()),
+                DataType::F16 => out.extend(f32_to_f16(f as f32).to_ne_bytes()),
+                _ => out.extend(f32_to_bf16(f as f32).to_ne_bytes()),
+            }
+            continue;
+        }
+        if op != ReduceOp::AVG {
+            out.extend(enc(d, &[x]));
+            continue;
+        }
+        match d {
+            DataType::F32 => out.extend((sum as f32 / p as f32).to_ne_bytes()),
+            DataType::F64 => out.extend((sum as f64 / p as f64).to_ne_bytes()),
+            DataType::F16 => out.extend(f32_to_f16(sum as f32 / p as f32).to_ne_bytes()),
+            DataType::BF16 => out.extend(f32_to_bf16(sum as f32 / p as f32).to_ne_bytes()),
+            _ => out.extend(enc(d, &[sum / p as i64])),
+        }
+    }
+    out
+}
+
+fn show(d: DataType, b: &[u8]) -> String {
+    let s = d.size().unwrap();
+    let v: Vec<String> = b
+        .chunks(s)
+        .take(8)
+        .map(|c| match d {
+            DataType::F16 => f16_to_f32(u16::from_ne_bytes([c[0], c[1]])).to_string(),
+            DataType::BF16 => bf16_to_f32(u16::from_ne_bytes([c[0], c[1]])).to_string(),
+            _ => format!("{c:?}"),
+        })
+        .collect();
+    v.join(",")
+}
+
+/// Host-device memory of the communicator, filled with `data`.
+struct Buf {
+    ptr: DevicePtr,
+    len: usize,
+}
+
+fn alloc(comm: &Communicator, data: &[u8], len: usize) -> Buf {
+    let ptr = comm
+        .device()
+        .mem_alloc(len.max(1), MemKind::DEVICE)
+        .expect("host device memory");
+    // SAFETY: the host device's memory is host memory of at least `len` bytes.
+    let s = unsafe { std::slice::from_raw_parts_mut(ptr.0 as *mut u8, len.max(1)) };
+    s.fill(0xA5);
+    s[..data.len()].copy_from_slice(data);
+    Buf { ptr, len }
+}
+
+fn read(b: &Buf) -> Vec<u8> {
+    // SAFETY: as in `alloc`.
+    unsafe { std::slice::from_raw_parts(b.ptr.0 as *const u8, b.len) }.to_vec()
+}
+
+fn at(b: &Buf, off: usize) -> DevicePtr {
+    DevicePtr(b.ptr.0 + off as u64)
+}
+
+fn rank_collectives() {
+    let seed: u64 = std::env::var(SEED).unwrap().parse().unwrap();
+    let comm = Communicator::from_env().expect("communicator");
+    let (me, p) = (comm.rank(), comm.world());
+    assert_eq!(comm.ccl().name(), "mpi");
+    let mut case = 0usize;
+    let mut fails: Vec<String> = Vec::new();
+    let mut check = |what: String, got: &[u8], want: &[u8], d: DataType| {
+        if got != want {
+            fails.push(format!(
+                "{what}: got [{}] want [{}]",
+                show(d, got),
+                show(d, want)
+            ));
+        }
+    };
+    let call = || comm.call().via(Route::Ccl);
+    let sizes = [1usize, 7, 1001];
+    // Reductions: every type and op.
+    for d in DataType::ALL {
+        let s = d.size().unwrap();
+        for op in ReduceOp::ALL {
+            for (k, &n) in sizes.iter().enumerate() {
+                if k == 2 && op != ReduceOp::SUM && d != DataType::F16 {
+                    continue;
+                }
+                case += 1;
+                let vals: Vec<Vec<i64>> = (0..p).map(|r| values(seed, r, case, n, d, op)).collect();
+                let want = reference(d, op, &vals);
+                let mine = enc(d, &vals[me]);
+                // all_reduce, out of place and (odd cases) in place.
+                let send = alloc(&comm, &mine, n * s);
+                let inplace = case % 2 == 1;
+                let recv = if inplace {
+                    None
+                } else {
+                    Some(alloc(&comm, &[], n * s))
+                };
+                let rp = recv.as_ref().map_or(send.ptr, |b| b.ptr);
+                // SAFETY: both buffers hold `n` elements of `d`.
+                unsafe { call().all_reduce(send.ptr, rp, n, d, op) }.expect("all_reduce");
+                comm.synchronize().expect("synchronize");
+                let got = read(recv.as_ref().unwrap_or(&send));
+                check(
+                    format!("all_reduce {d:?} {op:?} n={n} inplace={inplace}"),
+                    &got,
+                    &want,
+                    d,
+                );
+                // reduce to the last rank.
+                let root = p - 1;
+                let send = alloc(&comm, &mine, n * s);
+                let recv = alloc(&comm, &[], n * s);
+                // SAFETY: as above.
+                unsafe { call().reduce(send.ptr, recv.ptr, n, d, op, root) }.expect("reduce");
+                comm.synchronize().expect("synchronize");
+                if me == root {
+                    check(format!("reduce {d:?} {op:?} n={n}"), &read(&recv), &want, d);
+                }
+                // reduce_scatter: every rank gives p*n, gets its block of n.
+                let vals: Vec<Vec<i64>> = (0..p)
+                    .map(|r| values(seed ^ 0x55, r, case, n * p, d, op))
+                    .collect();
+                let want_all = reference(d, op, &vals);
+                let send = alloc(&comm, &enc(d, &vals[me]), n * p * s);
+                let recv = alloc(&comm, &[], n * s);
+                // SAFETY: `send` holds p*n elements, `recv` n.
+                unsafe { call().reduce_scatter(send.ptr, recv.ptr, n, d, op) }
+                    .expect("reduce_scatter");
+                comm.synchronize().expect("synchronize");
+                check(
+                    format!("reduce_scatter {d:?} {op:?} n={n}"),
+                    &read(&recv),
+                    &want_all[me * n * s..(me + 1) * n * s],
+                    d,
+                );
+            }
+        }
+    }
+    // Data movement: a few types (bytes are bytes), odd sizes.
+    for d in [DataType::F16, DataType::I32, DataType::F64, DataType::U8] {
+        let s = d.size().unwrap();
+        for &n in &[1usize, 13, 4099] {
+            case += 1;
+            let vals: Vec<Vec<u8>> = (0..p)
+                .map(|r| {
+                    enc(
+                        d,
+                        &values(seed ^ 0xAA, r, case, n * p + 8 * p, d, ReduceOp::SUM),
+                    )
+                })
+                .collect();
+            let blk = n * s;
+            // all_gather (in place on odd cases): rank r's first block.
+            let want: Vec<u8> = (0..p).flat_map(|r| vals[r][..blk].to_vec()).collect();
+            let recv = alloc(&comm, &[], blk * p);
+            let inplace = case % 2 == 1;
+            let send = if inplace {
+                // SAFETY: `recv` has p blocks; this rank's block is filled before the call.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        vals[me].as_ptr(),
+                        (recv.ptr.0 as *mut u8).add(me * blk),
+                        blk,
+                    )
+                };
+                None
+            } else {
+                Some(alloc(&comm, &vals[me][..blk], blk))
+            };
+            let sp = send.as_ref().map_or(at(&recv, me * blk), |b| b.ptr);
+            // SAFETY: sizes as allocated.
+            unsafe { call().all_gather(sp, recv.ptr, n, d) }.expect("all_gather");
+            comm.synchronize().expect("synchronize");
+            check(
+                format!("all_gather {d:?} n={n} inplace={inplace}"),
+                &read(&recv),
+                &want,
+                d,
+            );
+            // broadcast from rank 1 % p.
+            let root = 1 % p;
+            let send = alloc(&comm, &vals[me][..blk], blk);
+            let recv = alloc(&comm, &[], blk);
+            // SAFETY: sizes as allocated.
+            unsafe { call().broadcast(send.ptr, recv.ptr, n, d, root) }.expect("broadcast");
+            comm.synchronize().expect("synchronize");
+            check(
+                format!("broadcast {d:?} n={n}"),
+                &read(&recv),
+                &vals[root][..blk],
+                d,
+            );
+            // gather to rank 0.
+            let send = alloc(&comm, &vals[me][..blk], blk);
+            let recv = alloc(&comm, &[], blk * p);
+            // SAFETY: sizes as allocated.
+            unsafe { call().gather(send.ptr, recv.ptr, n, d, 0) }.expect("gather");
+            comm.synchronize().expect("synchronize");
+            if me == 0 {
+                check(format!("gather {d:?} n={n}"), &read(&recv), &want, d);
+            }
+            // scatter from the last rank: rank r gets block r of the root's p blocks.
+            let root = p - 1;
+            let send = alloc(&comm, &vals[me][..blk * p], blk * p);
+            let recv = alloc(&comm, &[], blk);
+            // SAFETY: sizes as allocated.
+            unsafe { call().scatter(send.ptr, recv.ptr, n, d, root) }.expect("scatter");
+            comm.synchronize().expect("synchronize");
+            check(
+                format!("scatter {d:?} n={n}"),
+                &read(&recv),
+                &vals[root][me * blk..(me + 1) * blk],
+                d,
+            );
+            // all_to_all: block j of rank r goes to rank j.
+            let send = alloc(&comm, &vals[me][..blk * p], blk * p);
+            let recv = alloc(&comm, &[], blk * p);
+            // SAFETY: sizes as allocated.
+            unsafe { call().all_to_all(send.ptr, recv.ptr, n, d) }.expect("all_to_all");
+            comm.synchronize().expect("synchronize");
+            let want: Vec<u8> = (0..p)
+                .flat_map(|r| vals[r][me * blk..(me + 1) * blk].to_vec())
+                .collect();
+            check(format!("all_to_all {d:?} n={n}"), &read(&recv), &want, d);
+            // all_to_allv: rank r sends (r + j) % 3 + k elements to rank j, packed in order.
+            let cnt = |r: usize, j: usize| (r + j) % 3 + n % 5;
+            let displ = |r: usize, j: usize, to: bool| -> usize {
+                (0..j).map(|x| if to { cnt(r, x) } else { cnt(x, r) }).sum()
+            };
+            let sc: Vec<usize> = (0..p).map(|j| cnt(me, j)).collect();
+            let sd: Vec<usize> = (0..p).map(|j| displ(me, j, true)).collect();
+            let rc: Vec<usize> = (0..p).map(|j| cnt(j, me)).collect();
+            let rd: Vec<usize> = (0..p).map(|j| displ(me, j, false)).collect();
+            let stot: usize = sc.iter().sum();
+            let rtot: usize = rc.iter().sum();
+            let send = alloc(&comm, &vals[me][..stot * s], stot * s);
+            let recv = alloc(&comm, &[], rtot * s);
+            // SAFETY: counts and displacements within the buffers.
+            unsafe { call().all_to_allv(send.ptr, &sc, &sd, recv.ptr, &rc, &rd, d) }
+                .expect("all_to_allv");
+            comm.synchronize().expect("synchronize");
+            let want: Vec<u8> = (0..p)
+                .flat_map(|j| {
+                    let off = displ(j, me, true) * s;
+                    vals[j][off..off + cnt(j, me) * s].to_vec()
+                })
+                .collect();
+            check(format!("all_to_allv {d:?} n={n}"), &read(&recv), &want, d);
+            // A ring of grouped send/recv: send to the right, receive from the left.
+            let right = (me + 1) % p;
+            let left = (me + p - 1) % p;
+            let send = alloc(&comm, &vals[me][..blk], blk);
+            let recv = alloc(&comm, &[], blk);
+            comm.group(|| {
+                let c = call();
+                // SAFETY: sizes as allocated.
+                unsafe {
+                    c.send(send.ptr, n, d, right)?;
+                    c.recv(recv.ptr, n, d, left)
+                }
+            })
+            .expect("grouped send/recv");
+            comm.synchronize().expect("synchronize");
+            check(
+                format!("send/recv ring {d:?} n={n}"),
+                &read(&recv),
+                &vals[left][..blk],
+                d,
+            );
+        }
+    }
+    if fails.is_empty() {
+        println!("rank {me} of {p}: all cases match ({case} cases)");
+    } else {
+        for f in fails.iter().take(20) {
+            println!("rank {me} MISMATCH {f}");
+        }
+        std::process::exit(1);
+    }
+}
+
+fn rank_dead() {
+    let comm = Communicator::from_env().expect("communicator");
+    let me = comm.rank();
+    let n = 1024;
+    let buf = alloc(&comm, &vec![1u8; n * 4], n * 4);
+    if me == 1 {
+        // Dies without a word once the communicator exists.
+        println!("rank 1 dies");
+        let _ = std::io::stdout().flush();
+        // SAFETY: ends this process at once, as a crash would.
+        unsafe { libc::_exit(3) };
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    // SAFETY: `buf` holds `n` f32.
+    let r = unsafe {
+        comm.call()
+            .via(Route::Ccl)
+            .all_reduce(buf.ptr, buf.ptr, n, DataType::F32, ReduceOp::SUM)
+    }
+    .and_then(|_| comm.synchronize());
+    let ms = start.elapsed().as_millis();
+    match r {
+        Ok(()) => println!("survivor: the all_reduce completed without its peer after {ms} ms"),
+        Err(e) => println!("survivor: {e} after {ms} ms"),
+    }
+    let _ = std::io::stdout().flush();
+    // SAFETY: ends this process without waiting for the dead peer (MPI_Finalize would).
+    unsafe { libc::_exit(0) };
+}
