@@ -373,11 +373,13 @@ impl MpiComm {
 
     /// One more operation enqueued.
     pub fn begin(&self) {
+        self.mpi.active.fetch_add(1, Ordering::AcqRel);
         self.pending.fetch_add(1, Ordering::AcqRel);
     }
 
     /// One operation completed.
     pub fn end(&self) {
+        self.mpi.active.fetch_sub(1, Ordering::AcqRel);
         if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             let _g = self.idle_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.idle.notify_all();

@@ -86,6 +86,12 @@ fn submit(comm: Arc<MpiComm>, stream: Stream, what: &'static str, start: Start) 
     if comm.aborted.load(Ordering::Acquire) {
         return Err(Error::new(Status::ABORTED, "the communicator was aborted"));
     }
+    if comm.mpi.finalized.load(Ordering::Acquire) {
+        return Err(Error::new(
+            Status::NOT_INITIALIZED,
+            format!("{what}: MPI was finalised"),
+        ));
+    }
     comm.begin();
     let op = Op { comm, what, start };
     let op = match GROUP.with(|g| {
@@ -159,6 +165,9 @@ impl CclAdaptor for MpiCcl {
     fn comm_abort(&self, c: Comm) -> Result<()> {
         let comm = take(c)?;
         comm.aborted.store(true, Ordering::Release);
+        // The peers may be left waiting on this communicator: `MPI_Finalize`, which waits for
+        // every process, is skipped from now on (as it is after a timeout).
+        comm.mpi.tainted.store(true, Ordering::Release);
         comm.fail(&Error::new(Status::ABORTED, "the communicator was aborted"));
         Ok(())
     }
@@ -453,7 +462,7 @@ impl CclAdaptor for MpiCcl {
     fn mem_register(&self, c: Comm, _buf: DevicePtr, _bytes: usize) -> Result<RegHandle> {
         get(c)?;
         // MPI needs no registration: a non-null token that deregisters as a no-op.
-        Ok(RegHandle(1 as *mut std::ffi::c_void))
+        Ok(RegHandle(std::ptr::dangling_mut::<std::ffi::c_void>()))
     }
     fn mem_deregister(&self, c: Comm, _handle: RegHandle) -> Result<()> {
         get(c).map(|_| ())

@@ -377,12 +377,11 @@ fn out<T: Handle>(h: &mut H, f: impl FnOnce(*mut T) -> Rc) -> Rc {
     rc
 }
 
-// SAFETY (every method below): each forwards to the MPI function of its name with the same
-// arguments, the handles converted to the library's own type; the caller upholds that
-// function's contract.
-#[allow(clippy::undocumented_unsafe_blocks)]
+// Each method forwards to the MPI function of its name with the same arguments, the handles
+// converted to the library's own type.
 impl<T: Handle> Api for Fns<T> {
     unsafe fn init_thread(&self, required: c_int, provided: *mut c_int) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe {
             (self.init_thread)(
                 std::ptr::null_mut(),
@@ -393,52 +392,67 @@ impl<T: Handle> Api for Fns<T> {
         }
     }
     unsafe fn initialized(&self, flag: *mut c_int) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.initialized)(flag) }
     }
     unsafe fn finalized(&self, flag: *mut c_int) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.finalized)(flag) }
     }
     unsafe fn finalize(&self) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.finalize)() }
     }
     unsafe fn query_thread(&self, provided: *mut c_int) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.query_thread)(provided) }
     }
     unsafe fn library_version(&self, buf: *mut c_char, len: *mut c_int) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.library_version)(buf, len) }
     }
     unsafe fn get_version(&self, major: *mut c_int, minor: *mut c_int) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.get_version)(major, minor) }
     }
     unsafe fn comm_rank(&self, comm: H, rank: *mut c_int) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.comm_rank)(T::from_h(comm), rank) }
     }
     unsafe fn comm_size(&self, comm: H, size: *mut c_int) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.comm_size)(T::from_h(comm), size) }
     }
     unsafe fn comm_group(&self, comm: H, group: &mut H) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(group, |g| unsafe { (self.comm_group)(T::from_h(comm), g) })
     }
     unsafe fn group_incl(&self, group: H, n: c_int, ranks: *const c_int, o: &mut H) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(o, |g| unsafe {
             (self.group_incl)(T::from_h(group), n, ranks, g)
         })
     }
     unsafe fn group_free(&self, group: &mut H) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(group, |g| unsafe { (self.group_free)(g) })
     }
     unsafe fn comm_create_group(&self, comm: H, group: H, tag: c_int, o: &mut H) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(o, |c| unsafe {
             (self.comm_create_group)(T::from_h(comm), T::from_h(group), tag, c)
         })
     }
     unsafe fn comm_free(&self, comm: &mut H) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(comm, |c| unsafe { (self.comm_free)(c) })
     }
     unsafe fn comm_set_errhandler(&self, comm: H, handler: H) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.comm_set_errhandler)(T::from_h(comm), T::from_h(handler)) }
     }
     unsafe fn error_string(&self, code: c_int, buf: *mut c_char, len: *mut c_int) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         unsafe { (self.error_string)(code, buf, len) }
     }
     unsafe fn isend(
@@ -451,6 +465,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |r| unsafe {
             (self.isend)(buf, n, T::from_h(dt), dest, tag, T::from_h(comm), r)
         })
@@ -465,12 +480,14 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |r| unsafe {
             (self.irecv)(buf, n, T::from_h(dt), src, tag, T::from_h(comm), r)
         })
     }
     unsafe fn test(&self, req: &mut H, flag: &mut c_int) -> Rc {
         let mut status = [0u8; STATUS_BYTES];
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |r| unsafe {
             (self.test)(r, flag, status.as_mut_ptr().cast())
         })
@@ -485,6 +502,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |q| unsafe {
             (self.iallreduce)(s, r, n, T::from_h(dt), T::from_h(op), T::from_h(comm), q)
         })
@@ -500,6 +518,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |q| unsafe {
             (self.iallgather)(
                 s,
@@ -523,6 +542,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |q| unsafe {
             (self.ireduce_scatter_block)(s, r, n, T::from_h(dt), T::from_h(op), T::from_h(comm), q)
         })
@@ -536,6 +556,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |q| unsafe {
             (self.ibcast)(buf, n, T::from_h(dt), root, T::from_h(comm), q)
         })
@@ -551,6 +572,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |q| unsafe {
             (self.ireduce)(
                 s,
@@ -576,6 +598,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |q| unsafe {
             (self.igather)(
                 s,
@@ -602,6 +625,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |q| unsafe {
             (self.iscatter)(
                 s,
@@ -627,6 +651,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |q| unsafe {
             (self.ialltoall)(
                 s,
@@ -653,6 +678,7 @@ impl<T: Handle> Api for Fns<T> {
         comm: H,
         req: &mut H,
     ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
         out::<T>(req, |q| unsafe {
             (self.ialltoallv)(
                 s,

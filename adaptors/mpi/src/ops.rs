@@ -350,8 +350,8 @@ fn start_red(
     req: &mut H,
 ) -> c_int {
     let api = &comm.mpi.lib.api;
-    // SAFETY (all three): the buffers hold what the operation needs (the ABI's contract, or
-    // temporaries kept until completion); handles are the library's.
+    // SAFETY: (all three calls) the buffers hold what the operation needs (the ABI's
+    // contract, or temporaries kept until completion); the handles are the library's.
     unsafe {
         if scatter {
             api.ireduce_scatter_block(vp(s), vp(o), cnt, r.dt, r.op, comm.comm, req)
@@ -395,7 +395,7 @@ pub(crate) fn movement(send: usize, recv: usize, n: usize, dtype: DataType, kind
         let mut req: H = 0;
         let mut s = send;
         let mut o = recv;
-        // SAFETY (every arm): the buffers hold what the operation needs (the ABI's contract),
+        // SAFETY: (every arm) the buffers hold what the operation needs (the ABI's contract),
         // copies are kept until completion, the handles are the library's.
         let rc = unsafe {
             match kind {

@@ -2,7 +2,7 @@
 //! lock every MPI call is made under, and waits on requests with a deadline.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,8 @@ pub(crate) struct Mpi {
     pub tainted: AtomicBool,
     /// `MPI_Finalize` was called.
     pub finalized: AtomicBool,
+    /// Operations enqueued and not completed, over every communicator.
+    pub active: AtomicUsize,
 }
 
 static MPI: OnceLock<Mpi> = OnceLock::new();
@@ -166,8 +168,26 @@ pub(crate) fn init(options: &Options) -> Result<&'static Mpi> {
         owns_init,
         tainted: AtomicBool::new(false),
         finalized: AtomicBool::new(false),
+        active: AtomicUsize::new(0),
     };
-    Ok(MPI.get_or_init(|| m))
+    let m = MPI.get_or_init(|| m);
+    if m.owns_init {
+        // A rank that exits without MPI_Finalize makes launchers (Hydra, Open MPI's) end the
+        // whole job: finalise at exit, unless a request was left pending or work is queued.
+        // SAFETY: registers a function of this library, run once at exit (or at unload).
+        if unsafe { libc::atexit(finalize_at_exit) } != 0 {
+            tracing::warn!("atexit failed: MPI_Finalize will not run at exit");
+        }
+    }
+    Ok(m)
+}
+
+extern "C" fn finalize_at_exit() {
+    if let Some(m) = MPI.get() {
+        if m.active.load(Ordering::Acquire) == 0 {
+            let _ = m.finalize();
+        }
+    }
 }
 
 impl Mpi {
