@@ -42,12 +42,21 @@ fn the_mpi_plugin_conforms_on_one_rank_through_the_driver() {
     mpiexec();
     let so = ferrocx_tests::mpi_plugin();
     let o = ferrocx()
-        .args(["conformance", "--plugin", so.to_str().unwrap(), "--ranks", "1"])
+        .args([
+            "conformance",
+            "--plugin",
+            so.to_str().unwrap(),
+            "--ranks",
+            "1",
+        ])
         .output()
         .unwrap();
     let out = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
-    assert!(out.contains("0 failed") && out.contains("CONFORMANT"), "{out}");
+    assert!(
+        out.contains("0 failed") && out.contains("CONFORMANT"),
+        "{out}"
+    );
     let row = out
         .lines()
         .find(|l| l.contains("all_reduce bf16 avg"))
@@ -78,7 +87,12 @@ fn conformance_under_mpiexec(n: usize) {
     let o = Command::new(mpiexec())
         // The abort check leaves ranks that skip MPI_Finalize (a peer may still wait on them):
         // Hydra must not end the others when the first of them exits.
-        .args(["-prepend-rank", "-disable-auto-cleanup", "-n", &n.to_string()])
+        .args([
+            "-prepend-rank",
+            "-disable-auto-cleanup",
+            "-n",
+            &n.to_string(),
+        ])
         .args(["-genv", "FERROCX_CONFORMANCE_ROLE", "rank"])
         .args(["-genv", "FERROCX_CONFORMANCE_WORLD", &n.to_string()])
         .args(["-genv", "FERROCX_CONFORMANCE_UNIQUE_IDS", &ids])
@@ -137,7 +151,9 @@ fn info_says_why_mpi_is_unavailable() {
         .output()
         .unwrap();
     let out = text(&o);
-    let at = out.find("  mpi  [built-in]").unwrap_or_else(|| panic!("{out}"));
+    let at = out
+        .find("  mpi  [built-in]")
+        .unwrap_or_else(|| panic!("{out}"));
     let block = &out[at..];
     let line = block
         .lines()
