@@ -60,6 +60,11 @@ ferrocx::register_builtin!(BuiltinAdaptor {
     ..BuiltinAdaptor::EMPTY
 });
 
+/// The MPI library this process opened (its file and ABI), once `init` succeeded.
+pub fn loaded_library() -> Option<(String, Abi)> {
+    state::mpi().ok().map(|m| (m.lib.path.clone(), m.lib.abi))
+}
+
 /// Makes sure this crate is linked (and its built-in registration kept) by a program that
 /// otherwise names nothing from it.
 pub fn link() {}

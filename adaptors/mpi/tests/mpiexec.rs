@@ -61,22 +61,43 @@ fn config(dir: &tempfile::TempDir, timeout_ms: u64) -> PathBuf {
 
 /// Runs `n` ranks of role `role` under mpiexec; returns the output (killed after `limit`).
 fn launch(n: usize, role: &str, timeout_ms: u64, extra: &[&str], limit: Duration) -> Output {
+    launch_with(&mpiexec(), "-genv", n, role, timeout_ms, extra, limit)
+}
+
+/// As [`launch`], with the launcher `exe` whose option setting a variable for every rank is
+/// `genv` (Hydra's `-genv NAME VALUE`; Open MPI's `-x NAME=VALUE`).
+fn launch_with(
+    exe: &std::path::Path,
+    genv: &str,
+    n: usize,
+    role: &str,
+    timeout_ms: u64,
+    extra: &[&str],
+    limit: Duration,
+) -> Output {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(&dir, timeout_ms);
     let seed = format!("{}", std::process::id() as u64 * 7919 + n as u64);
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = Command::new(mpiexec());
-    cmd.args(extra)
-        .arg("-n")
-        .arg(n.to_string())
-        .args(["-genv", ROLE, role])
-        .args(["-genv", SEED, &seed])
-        .args(["-genv", "MASTER_ADDR", "127.0.0.1"])
-        .args(["-genv", "MASTER_PORT", &free_port().to_string()])
-        .args(["-genv", "FERROCX_JOB_ID", &format!("mpitest{seed}")])
-        .args(["-genv", "FERROCX_JOB_TOKEN", "mpi-test"])
-        .args(["-genv", "FERROCX_CONFIG", cfg.to_str().unwrap()])
-        .arg(&exe)
+    let me = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(exe);
+    cmd.args(extra).arg("-n").arg(n.to_string());
+    let port = free_port().to_string();
+    let job = format!("mpitest{seed}");
+    for (k, v) in [
+        (ROLE, role),
+        (SEED, &seed),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", &port),
+        ("FERROCX_JOB_ID", &job),
+        ("FERROCX_JOB_TOKEN", "mpi-test"),
+        ("FERROCX_CONFIG", cfg.to_str().unwrap()),
+    ] {
+        match genv {
+            "-x" => cmd.arg("-x").arg(format!("{k}={v}")),
+            _ => cmd.args([genv, k, v]),
+        };
+    }
+    cmd.arg(&me)
         .args(["--exact", "rank_entry", "--nocapture", "--test-threads=1"])
         .env_remove("RANK")
         .env_remove("WORLD_SIZE")
@@ -114,7 +135,11 @@ fn text(o: &Output) -> String {
 
 fn collectives(n: usize) {
     let out = launch(n, "collectives", 20_000, &[], Duration::from_secs(90));
-    let t = text(&out);
+    expect_all_match(&out, n, "libmpi_abi.so.1 (standard)");
+}
+
+fn expect_all_match(out: &Output, n: usize, library: &str) {
+    let t = text(out);
     assert!(out.status.success(), "{t}");
     for r in 0..n {
         assert!(
@@ -122,6 +147,48 @@ fn collectives(n: usize) {
             "rank {r} did not finish:\n{t}"
         );
     }
+    assert!(t.contains(&format!("with {library}")), "not run on {library}:\n{t}");
+}
+
+#[test]
+fn every_collective_matches_the_reference_on_mpichs_own_abi() {
+    // The wheel's libmpi.so.12: MPICH's int handles rather than the standard ABI's.
+    let out = launch(
+        3,
+        "collectives",
+        20_000,
+        &["-genv", "FERROCX_MPI_LIBRARY", "libmpi.so.12"],
+        Duration::from_secs(90),
+    );
+    expect_all_match(&out, 3, "libmpi.so.12 (mpich)");
+}
+
+#[test]
+fn every_collective_matches_the_reference_on_open_mpi_where_installed() {
+    // Open MPI is not part of the test set-up (no wheel ships it): run where the system has it.
+    let Some(orterun) = ["/usr/bin/mpiexec.openmpi", "/usr/bin/orterun"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    else {
+        eprintln!("Open MPI is not installed here (mpiexec.openmpi): not run");
+        return;
+    };
+    let out = launch_with(
+        &orterun,
+        "-x",
+        3,
+        "collectives",
+        20_000,
+        &[
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-x",
+            "FERROCX_MPI_LIBRARY=libmpi.so.40",
+        ],
+        Duration::from_secs(90),
+    );
+    expect_all_match(&out, 3, "libmpi.so.40 (openmpi)");
 }
 
 #[test]
@@ -630,8 +697,16 @@ fn rank_collectives() {
             );
         }
     }
+    let (lib, abi) = ferrocx_adaptor_mpi::loaded_library().expect("MPI is initialised");
     if fails.is_empty() {
-        println!("rank {me} of {p}: all cases match ({case} cases)");
+        println!(
+            "rank {me} of {p}: all cases match ({case} cases) with {} ({})",
+            std::path::Path::new(&lib)
+                .file_name()
+                .unwrap()
+                .to_string_lossy(),
+            abi.name()
+        );
     } else {
         for f in fails.iter().take(20) {
             println!("rank {me} MISMATCH {f}");
