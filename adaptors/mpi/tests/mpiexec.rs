@@ -147,7 +147,10 @@ fn expect_all_match(out: &Output, n: usize, library: &str) {
             "rank {r} did not finish:\n{t}"
         );
     }
-    assert!(t.contains(&format!("with {library}")), "not run on {library}:\n{t}");
+    assert!(
+        t.contains(&format!("with {library}")),
+        "not run on {library}:\n{t}"
+    );
 }
 
 #[test]
