@@ -237,6 +237,186 @@ fn a_dead_rank_fails_the_others_within_the_timeout() {
     assert!((1000..15_000).contains(&ms), "{line}");
 }
 
+#[test]
+fn a_communicator_over_some_ranks_needs_nothing_of_the_others() {
+    // MPI world of 4; world ranks 1..4 make a communicator of 3, world rank 0 never calls in.
+    let out = launch(4, "subset", 10_000, &[], Duration::from_secs(60));
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for r in 1..4 {
+        assert!(
+            t.contains(&format!(
+                "world rank {r}: rank {} of 3, all_reduce matches",
+                r - 1
+            )),
+            "world rank {r}:\n{t}"
+        );
+    }
+    assert!(t.contains("world rank 0: stayed out"), "{t}");
+}
+
+/// Two simulated hosts: network namespaces joined by a veth pair (addresses only inside them),
+/// each with its own IPC, mount (its own `/dev/shm`), UTS and PID namespaces. Hydra starts its
+/// proxy on the other "host" through a launcher that enters that host's namespaces, in place of
+/// ssh. Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN), `ip` and `unshare`.
+struct Hosts {
+    ns: [String; 2],
+    dir: tempfile::TempDir,
+}
+
+const HOST_LAUNCHER: &str = r#"#!/bin/sh
+# Hydra's ssh launcher stand-in: [-x] <host> <command line>. Runs the command line in that
+# host's network namespace, with IPC, mount, UTS and PID namespaces and a /dev/shm of its own.
+[ "$1" = "-x" ] && shift
+host=$1; shift
+ns=$(echo "$FX_HOSTS" | tr ' ' '
+' | grep "^$host=" | cut -d= -f2)
+[ -n "$ns" ] || { echo "no namespace for host $host" >&2; exit 1; }
+exec ip netns exec "$ns" unshare --ipc --mount --uts --pid --fork --mount-proc     sh -c 'mount -t tmpfs -o size=256m tmpfs /dev/shm && hostname "$0" && eval "$1"' "$ns" "$*"
+"#;
+
+impl Hosts {
+    /// Makes the two hosts, or says which step failed.
+    fn new() -> Result<Hosts, String> {
+        let id = std::process::id();
+        let ns = [format!("fxa{id}"), format!("fxb{id}")];
+        let run = |args: &[&str]| -> Result<(), String> {
+            let o = Command::new(args[0])
+                .args(&args[1..])
+                .output()
+                .map_err(|e| format!("{}: {e}", args.join(" ")))?;
+            if o.status.success() {
+                Ok(())
+            } else {
+                Err(format!("{}: {}", args.join(" "), text(&o).trim()))
+            }
+        };
+        run(&["ip", "netns", "add", &ns[0]])?;
+        let hosts = Hosts {
+            ns: ns.clone(),
+            dir: tempfile::tempdir().map_err(|e| e.to_string())?,
+        };
+        run(&["ip", "netns", "add", &ns[1]])?;
+        let (va, vb) = (format!("v{}", ns[0]), format!("v{}", ns[1]));
+        run(&[
+            "ip", "link", "add", &va, "type", "veth", "peer", "name", &vb,
+        ])?;
+        for (v, n, a) in [(&va, &ns[0], "10.77.0.1/24"), (&vb, &ns[1], "10.77.0.2/24")] {
+            run(&["ip", "link", "set", v, "netns", n])?;
+            run(&["ip", "-n", n, "addr", "add", a, "dev", v])?;
+            run(&["ip", "-n", n, "link", "set", v, "up"])?;
+            run(&["ip", "-n", n, "link", "set", "lo", "up"])?;
+        }
+        let l = hosts.dir.path().join("launcher.sh");
+        std::fs::write(&l, HOST_LAUNCHER).map_err(|e| e.to_string())?;
+        run(&["chmod", "+x", l.to_str().unwrap()])?;
+        Ok(hosts)
+    }
+
+    /// Bytes received by host A's end of the veth pair.
+    fn rx_bytes(&self) -> u64 {
+        let p = format!("/sys/class/net/v{}/statistics/rx_bytes", self.ns[0]);
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.ns[0], "cat", &p])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for n in &self.ns {
+            // Deleting a namespace deletes its end of the veth pair, and so the pair.
+            let _ = Command::new("ip").args(["netns", "delete", n]).output();
+        }
+    }
+}
+
+#[test]
+fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: network namespaces cannot be made here; not run");
+        return;
+    }
+    let hosts = Hosts::new().unwrap_or_else(|e| panic!("making the two hosts failed: {e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, 20_000);
+    let launcher = hosts.dir.path().join("launcher.sh");
+    let before = hosts.rx_bytes();
+    let me = std::env::current_exe().unwrap();
+    let seed = format!("{}", std::process::id());
+    // mpiexec runs on host A, in host A's namespaces, as the proxies do.
+    let out = Command::new("timeout")
+        .arg("120")
+        .args(["ip", "netns", "exec", &hosts.ns[0]])
+        .args([
+            "unshare",
+            "--ipc",
+            "--mount",
+            "--uts",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+        ])
+        .args([
+            "sh",
+            "-c",
+            "mount -t tmpfs -o size=256m tmpfs /dev/shm && hostname hostA && exec \"$@\"",
+            "sh",
+        ])
+        .arg(mpiexec())
+        .args(["-launcher", "ssh", "-launcher-exec"])
+        .arg(&launcher)
+        .args([
+            "-localhost",
+            "10.77.0.1",
+            "-hosts",
+            "10.77.0.1:2,10.77.0.2:2",
+            "-n",
+            "4",
+        ])
+        .args(["-genv", ROLE, "collectives", "-genv", SEED, &seed])
+        .args([
+            "-genv",
+            "MASTER_ADDR",
+            "10.77.0.1",
+            "-genv",
+            "MASTER_PORT",
+            "29640",
+        ])
+        .args([
+            "-genv",
+            "FERROCX_JOB_ID",
+            "twohosts",
+            "-genv",
+            "FERROCX_JOB_TOKEN",
+            "t",
+        ])
+        .args(["-genv", "FERROCX_CONFIG", cfg.to_str().unwrap()])
+        .arg(&me)
+        .args(["--exact", "rank_entry", "--nocapture", "--test-threads=1"])
+        .env(
+            "FX_HOSTS",
+            format!("10.77.0.1={} 10.77.0.2={}", hosts.ns[0], hosts.ns[1]),
+        )
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    expect_all_match(&out, 4, "libmpi_abi.so.1 (standard)");
+    // Ranks 2 and 3 ran on host B: the collectives crossed the veth pair.
+    let crossed = hosts.rx_bytes() - before;
+    assert!(
+        crossed > 100_000,
+        "only {crossed} bytes reached host A over the veth pair:\n{}",
+        text(&out)
+    );
+}
+
 /// Runs this binary's `rank_entry` alone (no mpiexec) with `env`, returning its output.
 fn alone(role: &str, env: &[(&str, &str)], remove: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
@@ -338,6 +518,7 @@ fn rank_entry() {
     match role.as_str() {
         "collectives" => rank_collectives(),
         "dead" => rank_dead(),
+        "subset" => rank_subset(),
         "init" => {
             let e = Communicator::from_env().err().map(|e| e.to_string());
             println!("init: {}", e.unwrap_or_else(|| "ok".into()));
@@ -716,6 +897,59 @@ fn rank_collectives() {
         }
         std::process::exit(1);
     }
+}
+
+/// World rank 0 stays out; world ranks 1..4 make a communicator of three straight through the
+/// adaptor (the id names world rank 1 as the root; its random part comes from the seed).
+fn rank_subset() {
+    use ferrocx::registry::Registry;
+    let world: usize = std::env::var("PMI_RANK").unwrap().parse().unwrap();
+    let reg = Registry::with_builtins();
+    let ccl = reg.ccl("mpi").and_then(|e| e.ccl()).expect("the mpi CCL");
+    let dev = reg
+        .device("host")
+        .and_then(|e| e.device())
+        .expect("the host device");
+    dev.init(&[]).unwrap();
+    ccl.init_with(&[]).unwrap();
+    if world == 0 {
+        std::thread::sleep(Duration::from_millis(500));
+        println!("world rank 0: stayed out");
+        return;
+    }
+    let mut uid = b"fxm1".to_vec();
+    uid.extend_from_slice(&1u32.to_le_bytes());
+    let mut rng = Rng(std::env::var(SEED).unwrap().parse().unwrap());
+    for _ in 0..2 {
+        uid.extend_from_slice(&rng.next().to_le_bytes());
+    }
+    let rank = world - 1;
+    let comm = ccl
+        .comm_init_rank(rank as i32, 3, 0, &uid, 10_000, &[])
+        .expect("comm_init_rank over world ranks 1..4");
+    let stream = dev.stream_create().unwrap();
+    let n = 777;
+    let vals: Vec<Vec<i64>> = (0..3)
+        .map(|r| values(9, r, 1, n, DataType::I64, ReduceOp::SUM))
+        .collect();
+    let want = reference(DataType::I64, ReduceOp::SUM, &vals);
+    let buf = dev.mem_alloc(n * 8, MemKind::DEVICE).unwrap();
+    // SAFETY: `buf` is host memory of n * 8 bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            enc(DataType::I64, &vals[rank]).as_ptr(),
+            buf.0 as *mut u8,
+            n * 8,
+        )
+    };
+    // SAFETY: `buf` holds `n` i64, in place; synchronized before it is read.
+    unsafe { ccl.all_reduce(buf, buf, n, DataType::I64, ReduceOp::SUM, comm, stream) }.unwrap();
+    dev.stream_synchronize(stream).unwrap();
+    // SAFETY: as above.
+    let got = unsafe { std::slice::from_raw_parts(buf.0 as *const u8, n * 8) };
+    assert_eq!(got, &want[..], "world rank {world}");
+    ccl.comm_destroy(comm).unwrap();
+    println!("world rank {world}: rank {rank} of 3, all_reduce matches");
 }
 
 fn rank_dead() {
