@@ -276,7 +276,6 @@ pub(crate) fn reduction(
 ) -> Start {
     Box::new(move |comm: &MpiComm| {
         let m = comm.mpi;
-        let api = &m.lib.api;
         let r = red(comm, dtype, op)?;
         let size = esize(dtype)?;
         let p = comm.nranks;
@@ -319,7 +318,6 @@ pub(crate) fn reduction(
                 None
             }
         };
-        let _ = api;
         let mut pending = if is_root {
             finish_red(r, recv, n, p, wide)
         } else {

@@ -417,6 +417,32 @@ fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
     );
 }
 
+#[test]
+fn mpiexec_without_a_store_port_is_told_how_to_pass_one() {
+    // Hydra gives the ranks (PMI_RANK, PMI_SIZE) but not the store's address.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, 5000);
+    let out = Command::new(mpiexec())
+        .args(["-n", "2", "-genv", ROLE, "init"])
+        .args(["-genv", "FERROCX_CONFIG", cfg.to_str().unwrap()])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "rank_entry", "--nocapture"])
+        .env_remove("MASTER_PORT")
+        .env_remove("MASTER_ADDR")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let t = text(&out);
+    let lines: Vec<&str> = t.lines().filter(|l| l.starts_with("init:")).collect();
+    assert_eq!(lines.len(), 2, "{t}");
+    for l in lines {
+        assert!(
+            l.contains("MASTER_PORT") && l.contains("mpiexec -genv MASTER_ADDR"),
+            "{l}"
+        );
+    }
+}
+
 /// Runs this binary's `rank_entry` alone (no mpiexec) with `env`, returning its output.
 fn alone(role: &str, env: &[(&str, &str)], remove: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
