@@ -265,14 +265,16 @@ pub(crate) fn wait(
             m.tainted.store(true, Ordering::Release);
             return Err(WaitEnd::Timeout);
         }
+        // MPI progresses only inside its calls: test often at first, then back off to sleeps
+        // of at most 200 µs (a long wait costs little CPU, a short one little latency).
         round = round.saturating_add(1);
-        if round < 64 {
+        if round < 32 {
             std::hint::spin_loop();
-        } else if round < 256 {
+        } else if round < 2048 {
             std::thread::yield_now();
         } else {
-            let us = u64::from((round - 256).min(200)) * 5;
-            std::thread::sleep(Duration::from_micros(us.max(20)));
+            let us = u64::from((round - 2048).min(190)) + 10;
+            std::thread::sleep(Duration::from_micros(us));
         }
     }
 }
