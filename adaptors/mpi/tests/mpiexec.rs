@@ -92,6 +92,10 @@ fn launch_with(
         ("FERROCX_JOB_TOKEN", "mpi-test"),
         ("FERROCX_CONFIG", cfg.to_str().unwrap()),
     ] {
+        // A config given in `extra` replaces the default one.
+        if k == "FERROCX_CONFIG" && extra.contains(&"FERROCX_CONFIG") {
+            continue;
+        }
         match genv {
             "-x" => cmd.arg("-x").arg(format!("{k}={v}")),
             _ => cmd.args([genv, k, v]),
@@ -253,6 +257,42 @@ fn a_communicator_over_some_ranks_needs_nothing_of_the_others() {
         );
     }
     assert!(t.contains("world rank 0: stayed out"), "{t}");
+}
+
+#[test]
+fn two_clusters_on_mpi_make_their_communicators_side_by_side_and_bridge() {
+    // World ranks 0-1 and 2-3 are two clusters, each with its own MPI communicator (made at the
+    // same time, each by its own ranks only); the shared-memory bridge joins them.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("two.toml");
+    std::fs::write(
+        &cfg,
+        "[runtime]\ntimeout_ms = 20000\n\n\
+         [[cluster]]\nname = \"a\"\nranks = \"0-1\"\ndevice = \"host\"\nccl = \"mpi\"\n\
+         fallback = \"none\"\nmulticast = \"off\"\n\n\
+         [[cluster]]\nname = \"b\"\nranks = \"2-3\"\ndevice = \"host\"\nccl = \"mpi\"\n\
+         fallback = \"none\"\nmulticast = \"off\"\n\n[bridge]\nccl = \"host\"\n",
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap().to_string();
+    let out = launch(
+        4,
+        "hetero",
+        20_000,
+        &["-genv", "FERROCX_CONFIG", &cfg],
+        Duration::from_secs(60),
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for r in 0..4 {
+        assert!(
+            t.contains(&format!(
+                "rank {r} of 4 (cluster {}): across clusters, all match",
+                if r < 2 { "a" } else { "b" }
+            )),
+            "rank {r}:\n{t}"
+        );
+    }
 }
 
 /// Two simulated hosts: network namespaces joined by a veth pair (addresses only inside them),
@@ -545,6 +585,7 @@ fn rank_entry() {
         "collectives" => rank_collectives(),
         "dead" => rank_dead(),
         "subset" => rank_subset(),
+        "hetero" => rank_hetero(),
         "init" => {
             let e = Communicator::from_env().err().map(|e| e.to_string());
             println!("init: {}", e.unwrap_or_else(|| "ok".into()));
@@ -976,6 +1017,63 @@ fn rank_subset() {
     assert_eq!(got, &want[..], "world rank {world}");
     ccl.comm_destroy(comm).unwrap();
     println!("world rank {world}: rank {rank} of 3, all_reduce matches");
+}
+
+/// A job across two clusters on MPI: all-reduce, all-gather and broadcast over the whole world.
+fn rank_hetero() {
+    let seed: u64 = std::env::var(SEED).unwrap().parse().unwrap();
+    let comm = Communicator::from_env().expect("communicator");
+    let (me, p) = (comm.rank(), comm.world());
+    assert_eq!(comm.ccl().name(), "mpi");
+    let mut fails = Vec::new();
+    for (case, (d, op, n)) in [
+        (DataType::F32, ReduceOp::SUM, 1001usize),
+        (DataType::I32, ReduceOp::MAX, 7),
+        (DataType::F64, ReduceOp::MIN, 4099),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let s = d.size().unwrap();
+        let vals: Vec<Vec<i64>> = (0..p).map(|r| values(seed, r, case, n, d, op)).collect();
+        let want = reference(d, op, &vals);
+        let send = alloc(&comm, &enc(d, &vals[me]), n * s);
+        let recv = alloc(&comm, &[], n * s);
+        // SAFETY: both buffers hold `n` elements of `d`.
+        unsafe { comm.all_reduce(send.ptr, recv.ptr, n, d, op) }.expect("all_reduce");
+        comm.synchronize().expect("synchronize");
+        if read(&recv) != want {
+            fails.push(format!("all_reduce {d:?} {op:?} n={n}"));
+        }
+        let blk = n * s;
+        let mine = enc(d, &vals[me]);
+        let send = alloc(&comm, &mine, blk);
+        let recv = alloc(&comm, &[], blk * p);
+        // SAFETY: `send` holds one block, `recv` p blocks.
+        unsafe { comm.all_gather(send.ptr, recv.ptr, n, d) }.expect("all_gather");
+        comm.synchronize().expect("synchronize");
+        let want: Vec<u8> = (0..p).flat_map(|r| enc(d, &vals[r])).collect();
+        if read(&recv) != want {
+            fails.push(format!("all_gather {d:?} n={n}"));
+        }
+        let root = (case + 1) % p;
+        let buf = alloc(&comm, &mine, blk);
+        // SAFETY: `buf` holds one block, in place.
+        unsafe { comm.broadcast(buf.ptr, buf.ptr, n, d, root) }.expect("broadcast");
+        comm.synchronize().expect("synchronize");
+        if read(&buf) != enc(d, &vals[root]) {
+            fails.push(format!("broadcast {d:?} n={n} root={root}"));
+        }
+    }
+    if fails.is_empty() {
+        println!(
+            "rank {me} of {p} (cluster {}): across clusters, all match",
+            comm.cluster()
+        );
+    } else {
+        println!("rank {me} MISMATCH {fails:?}");
+        std::process::exit(1);
+    }
 }
 
 fn rank_dead() {
