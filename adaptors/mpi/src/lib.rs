@@ -199,6 +199,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(count, 1, 1, "all_reduce")?;
         ops::red(&comm, dtype, op)?;
         let s = ops::reduction(
             send.0 as usize,
@@ -221,6 +222,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(send_count, ops::esize(dtype)?, comm.nranks, "all_gather")?;
         ops::esize(dtype)?;
         let s = ops::movement(
             send.0 as usize,
@@ -242,6 +244,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(recv_count, 1, comm.nranks, "reduce_scatter")?;
         ops::red(&comm, dtype, op)?;
         let s = ops::reduction(
             send.0 as usize,
@@ -265,6 +268,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(count, ops::esize(dtype)?, 1, "broadcast")?;
         let root = rank_of(&comm, root, "root")?;
         ops::esize(dtype)?;
         let s = ops::movement(
@@ -288,6 +292,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(count, 1, 1, "reduce")?;
         let root = rank_of(&comm, root, "root")?;
         ops::red(&comm, dtype, op)?;
         let s = ops::reduction(
@@ -312,6 +317,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(send_count, ops::esize(dtype)?, comm.nranks, "gather")?;
         let root = rank_of(&comm, root, "root")?;
         ops::esize(dtype)?;
         let s = ops::movement(
@@ -334,6 +340,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(recv_count, ops::esize(dtype)?, comm.nranks, "scatter")?;
         let root = rank_of(&comm, root, "root")?;
         ops::esize(dtype)?;
         let s = ops::movement(
@@ -355,6 +362,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(count, ops::esize(dtype)?, comm.nranks, "all_to_all")?;
         ops::esize(dtype)?;
         let s = ops::movement(
             send.0 as usize,
@@ -395,6 +403,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(count, ops::esize(dtype)?, 1, "send")?;
         let peer = rank_of(&comm, peer, "peer")?;
         ops::esize(dtype)?;
         let s = ops::p2p(buf.0 as usize, count, dtype, peer, true);
@@ -410,6 +419,7 @@ impl CclAdaptor for MpiCcl {
         stream: Stream,
     ) -> Result<()> {
         let comm = get(c)?;
+        ops::check_fits(count, ops::esize(dtype)?, 1, "recv")?;
         let peer = rank_of(&comm, peer, "peer")?;
         ops::esize(dtype)?;
         let s = ops::p2p(buf.0 as usize, count, dtype, peer, false);

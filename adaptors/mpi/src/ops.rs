@@ -97,6 +97,18 @@ pub(crate) fn icount(n: usize, what: &str) -> Result<c_int> {
     })
 }
 
+/// Checks at enqueue that an operation's largest MPI count fits MPI's `int`: `count` units of
+/// `unit` bytes (1 for a count in elements) times `times` (the ranks, for a buffer of every
+/// rank's blocks). A refused call leaves the communicator usable.
+pub(crate) fn check_fits(count: usize, unit: usize, times: usize, what: &str) -> Result<()> {
+    count
+        .checked_mul(unit)
+        .and_then(|n| n.checked_mul(times))
+        .ok_or_else(|| Error::invalid_argument(format!("{what}: count {count} overflows")))
+        .and_then(|n| icount(n, what))
+        .map(|_| ())
+}
+
 /// Element size of a known type.
 pub(crate) fn esize(dtype: DataType) -> Result<usize> {
     dtype

@@ -753,6 +753,13 @@ fn rank_collectives() {
         }
     };
     let call = || comm.call().via(Route::Ccl);
+    // A count beyond MPI's int is refused when enqueued, naming the limit, and the
+    // communicator stays usable (the cases below run on it).
+    let small = alloc(&comm, &[], 16);
+    // SAFETY: refused before any element is touched (the count is checked at enqueue).
+    let e = unsafe { call().all_gather(small.ptr, small.ptr, (1usize << 31) / 4, DataType::F32) }
+        .expect_err("a count past MPI's int");
+    assert!(e.to_string().contains("exceeds MPI's int count"), "{e}");
     let sizes = [1usize, 7, 1001];
     // Reductions: every type and op.
     for d in DataType::ALL {
