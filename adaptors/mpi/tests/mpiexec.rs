@@ -528,6 +528,29 @@ fn a_library_of_unknown_abi_is_refused_naming_it() {
 }
 
 #[test]
+fn mpi_initialised_below_the_thread_level_needed_is_refused() {
+    // Another part of the program (mpi4py, a C library) initialised MPI with
+    // MPI_THREAD_FUNNELED: the adaptor finds MPI initialised and its level too low.
+    let lib = mpiexec().parent().unwrap().join("../lib/libmpi_abi.so.1");
+    let lib = std::fs::canonicalize(&lib).expect("the mpich wheel's libmpi_abi.so.1");
+    let t = alone(
+        "low-level",
+        &[("FERROCX_MPI_LIBRARY", lib.to_str().unwrap())],
+        &[],
+    );
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("low-level:"))
+        .unwrap_or(&t);
+    assert!(
+        line.contains("libmpi_abi.so.1")
+            && line.contains("MPI_THREAD_FUNNELED")
+            && line.contains("MPI_THREAD_SERIALIZED"),
+        "{t}"
+    );
+}
+
+#[test]
 fn a_communicator_larger_than_the_mpi_world_is_refused() {
     // Two ranks by the launcher's variables, but each process is an MPI world of one.
     let port = free_port().to_string();
@@ -590,6 +613,7 @@ fn rank_entry() {
             let e = Communicator::from_env().err().map(|e| e.to_string());
             println!("init: {}", e.unwrap_or_else(|| "ok".into()));
         }
+        "low-level" => rank_low_level(),
         "outside" => {
             let e = Communicator::from_env().err().map(|e| e.to_string());
             println!("outside: {}", e.unwrap_or_else(|| "ok".into()));
@@ -597,6 +621,38 @@ fn rank_entry() {
         r => panic!("unknown role {r}"),
     }
     let _ = std::io::stdout().flush();
+}
+
+/// Initialises MPI itself at MPI_THREAD_FUNNELED, then makes a communicator.
+fn rank_low_level() {
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    let path = std::env::var("FERROCX_MPI_LIBRARY").unwrap();
+    // SAFETY: opening the MPI library runs its initialisers only.
+    let lib = unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) }.unwrap();
+    type InitThread = unsafe extern "C" fn(
+        *mut std::ffi::c_int,
+        *mut std::ffi::c_void,
+        std::ffi::c_int,
+        *mut std::ffi::c_int,
+    ) -> std::ffi::c_int;
+    // SAFETY: MPI_Init_thread has this signature in the standard ABI.
+    let init: libloading::os::unix::Symbol<InitThread> =
+        unsafe { lib.get(b"MPI_Init_thread\0") }.unwrap();
+    let mut provided = -1;
+    // MPI_THREAD_FUNNELED is 1024 in the standard ABI.
+    // SAFETY: MPI is not initialised; null argc/argv are allowed.
+    let rc = unsafe {
+        init(
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            1024,
+            &mut provided,
+        )
+    };
+    assert_eq!((rc, provided), (0, 1024));
+    let e = Communicator::from_env().err().map(|e| e.to_string());
+    println!("low-level: {}", e.unwrap_or_else(|| "ok".into()));
+    std::mem::forget(lib);
 }
 
 /// A small deterministic generator (splitmix64).
