@@ -30,12 +30,14 @@ fn mpiexec() -> PathBuf {
     if let Some(v) = std::env::var_os("FERROCX_VENV") {
         dirs.insert(0, PathBuf::from(v).join("bin"));
     }
+    // MPICH's (Hydra): its options are the ones used here; another MPI's mpiexec on PATH
+    // (a system Open MPI) is passed over.
     dirs.into_iter()
         .map(|d| d.join("mpiexec"))
-        .find(|p| p.is_file())
+        .find(|p| p.is_file() && p.parent().is_some_and(|d| d.join("mpichversion").is_file()))
         .expect(
-            "mpiexec was not found on PATH or in $FERROCX_VENV/bin: run the tests with \
-             `bash scripts/test.sh`, which installs MPI (the mpich wheel) and puts it on PATH",
+            "the mpich wheel's mpiexec was not found on PATH or in $FERROCX_VENV/bin: run the \
+             tests with `bash scripts/test.sh`, which installs it and puts it on PATH",
         )
 }
 
