@@ -239,8 +239,9 @@ fn a_dead_rank_fails_the_others_within_the_timeout() {
         .next()
         .and_then(|s| s.trim_end_matches(" ms").parse().ok())
         .unwrap_or_else(|| panic!("no time in {line}"));
-    // The deadline is 1.5 s: the failure comes after it, not long after.
-    assert!((1000..15_000).contains(&ms), "{line}");
+    // The deadline is 1.5 s: the failure comes by then (MPI may see the peer gone sooner),
+    // plus scheduling slack on a loaded machine; never a hang.
+    assert!(ms < 15_000, "{line}");
 }
 
 #[test]
