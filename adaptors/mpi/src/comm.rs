@@ -135,6 +135,8 @@ pub(crate) fn create(m: &'static Mpi, init: &CommInit<'_>) -> Result<MpiComm> {
         0 => DEFAULT_TIMEOUT,
         ms => Duration::from_millis(ms),
     };
+    m.longest_timeout_ms
+        .fetch_max(timeout.as_millis() as u64, Ordering::AcqRel);
     let deadline = Instant::now() + timeout;
     let tag = 1 + (u16::from_le_bytes([uid[8], uid[9]]) as c_int % 32000);
     let secret = &uid[8..24];

@@ -2,7 +2,7 @@
 //! lock every MPI call is made under, and waits on requests with a deadline.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,8 @@ pub(crate) struct Mpi {
     pub finalized: AtomicBool,
     /// Operations enqueued and not completed, over every communicator.
     pub active: AtomicUsize,
+    /// The longest timeout of the communicators made (bounds the wait for MPI_Finalize at exit).
+    pub longest_timeout_ms: AtomicU64,
 }
 
 static MPI: OnceLock<Mpi> = OnceLock::new();
@@ -169,6 +171,7 @@ pub(crate) fn init(options: &Options) -> Result<&'static Mpi> {
         tainted: AtomicBool::new(false),
         finalized: AtomicBool::new(false),
         active: AtomicUsize::new(0),
+        longest_timeout_ms: AtomicU64::new(0),
     };
     let m = MPI.get_or_init(|| m);
     if m.owns_init {
@@ -182,11 +185,29 @@ pub(crate) fn init(options: &Options) -> Result<&'static Mpi> {
     Ok(m)
 }
 
+/// At exit: `MPI_Finalize` (which waits for every process of the job) on a helper thread, given
+/// up after the longest timeout of this process's communicators: a peer that died or skipped it
+/// must not keep this process from exiting.
 extern "C" fn finalize_at_exit() {
-    if let Some(m) = MPI.get() {
-        if m.active.load(Ordering::Acquire) == 0 {
+    let Some(m) = MPI.get() else {
+        return;
+    };
+    if m.active.load(Ordering::Acquire) != 0 {
+        return;
+    }
+    let limit = Duration::from_millis(m.longest_timeout_ms.load(Ordering::Acquire).max(1000));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("ferrocx-mpi-finalize".into())
+        .spawn(move || {
             let _ = m.finalize();
-        }
+            let _ = tx.send(());
+        });
+    if spawned.is_ok() && rx.recv_timeout(limit).is_err() {
+        eprintln!(
+            "ferrocx: MPI_Finalize did not return within {} ms (a peer is gone?); exiting without it",
+            limit.as_millis()
+        );
     }
 }
 
