@@ -504,7 +504,10 @@ fn a_rank_whose_peer_died_still_exits() {
     let t = text(&out);
     assert!(t.contains("survivor: exiting"), "{t}");
     // MPI_Finalize waits for the dead peer; the wait is given up after the timeout.
-    assert!(t.contains("MPI_Finalize did not return within 1500 ms"), "{t}");
+    assert!(
+        t.contains("MPI_Finalize did not return within 1500 ms"),
+        "{t}"
+    );
     assert!(start.elapsed() < Duration::from_secs(40), "{t}");
 }
 
