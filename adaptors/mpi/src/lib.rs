@@ -139,7 +139,7 @@ impl CclAdaptor for MpiCcl {
             return Ok(());
         }
         match state::mpi() {
-            Ok(m) => m.finalize(),
+            Ok(m) => m.finalize_bounded(),
             Err(_) => Ok(()),
         }
     }

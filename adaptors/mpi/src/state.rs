@@ -185,9 +185,7 @@ pub(crate) fn init(options: &Options) -> Result<&'static Mpi> {
     Ok(m)
 }
 
-/// At exit: `MPI_Finalize` (which waits for every process of the job) on a helper thread, given
-/// up after the longest timeout of this process's communicators: a peer that died or skipped it
-/// must not keep this process from exiting.
+/// At exit: [`Mpi::finalize_bounded`], unless work is still queued.
 extern "C" fn finalize_at_exit() {
     let Some(m) = MPI.get() else {
         return;
@@ -195,19 +193,8 @@ extern "C" fn finalize_at_exit() {
     if m.active.load(Ordering::Acquire) != 0 {
         return;
     }
-    let limit = Duration::from_millis(m.longest_timeout_ms.load(Ordering::Acquire).max(1000));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("ferrocx-mpi-finalize".into())
-        .spawn(move || {
-            let _ = m.finalize();
-            let _ = tx.send(());
-        });
-    if spawned.is_ok() && rx.recv_timeout(limit).is_err() {
-        eprintln!(
-            "ferrocx: MPI_Finalize did not return within {} ms (a peer is gone?); exiting without it",
-            limit.as_millis()
-        );
+    if let Err(e) = m.finalize_bounded() {
+        eprintln!("ferrocx: {}; exiting without it", e.message());
     }
 }
 
@@ -224,6 +211,31 @@ impl Mpi {
         // SAFETY: MPI is initialised and not finalised; no request of ours is pending.
         let rc = unsafe { self.lib.api.finalize() };
         self.check(rc, "MPI_Finalize")
+    }
+
+    /// [`Mpi::finalize`] (which waits for every process of the job) on a helper thread, given
+    /// up after the longest timeout of this process's communicators (`TIMEOUT`): a peer that
+    /// died or skipped it must not keep this process waiting.
+    pub fn finalize_bounded(&'static self) -> Result<()> {
+        let limit =
+            Duration::from_millis(self.longest_timeout_ms.load(Ordering::Acquire).max(1000));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("ferrocx-mpi-finalize".into())
+            .spawn(move || {
+                let _ = tx.send(self.finalize());
+            })
+            .map_err(|e| Error::system("spawn the MPI_Finalize thread", e))?;
+        match rx.recv_timeout(limit) {
+            Ok(r) => r,
+            Err(_) => Err(Error::new(
+                Status::TIMEOUT,
+                format!(
+                    "MPI_Finalize did not return within {} ms (a peer is gone?)",
+                    limit.as_millis()
+                ),
+            )),
+        }
     }
 
     /// `Ok` for `MPI_SUCCESS`, else a vendor error naming the call and the library.
