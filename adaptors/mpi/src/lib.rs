@@ -16,7 +16,15 @@
 //!   the host device's stream worker, which then tests it until it completes, the
 //!   communicator's deadline passes (`TIMEOUT`, naming the operation) or it is aborted; the
 //!   calling thread only enqueues. f16 and bf16 are reduced in f32; `avg` is a sum divided by
-//!   the number of ranks. Grouped sends and receives are started together in one stream task.
+//!   the number of ranks. Grouped sends and receives are started together in one stream task
+//!   (as with NCCL, a send and a receive that depend on each other must be grouped). Counts are
+//!   MPI's `int`: a larger one is refused when enqueued.
+//! - A wait that fails (deadline, abort, an error MPI reports) leaves its request pending: the
+//!   communicator keeps the error (later calls fail with it) and is never freed, and
+//!   `MPI_Finalize` is skipped. Otherwise, if this adaptor initialised MPI, `MPI_Finalize` runs
+//!   at exit (or at the `finalize` entry once no communicator is left), on a helper thread given
+//!   up after the longest timeout: Hydra and Open MPI's launcher end a job one of whose ranks
+//!   exits without it, and a dead peer must not keep a rank from exiting.
 //!
 //! Linked into a program it is a built-in adaptor named `mpi` (CCL only; it pairs with the
 //! `host` device); `adaptors/mpi/plugin` builds it as `libferrocx_adaptor_mpi.so`, which also
