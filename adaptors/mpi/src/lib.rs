@@ -11,7 +11,8 @@
 //!   MPI call is made under one lock. `MPI_COMM_WORLD` and every communicator return errors
 //!   (`MPI_ERRORS_RETURN`) rather than abort.
 //! - A communicator spans some ranks of the MPI world (a cluster): it is made with
-//!   `MPI_Comm_create_group`, the ranks outside it never call in (see [`comm`]).
+//!   `MPI_Comm_create_group`, the ranks outside it never call in (the members exchange their
+//!   world ranks with the root named in the unique id over `MPI_COMM_WORLD` first).
 //! - Every operation is a non-blocking MPI call (`MPI_Iallreduce`, …) started in stream order by
 //!   the host device's stream worker, which then tests it until it completes, the
 //!   communicator's deadline passes (`TIMEOUT`, naming the operation) or it is aborted; the
