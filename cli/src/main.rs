@@ -122,6 +122,8 @@ fn init_logging() {
 fn main() -> ExitCode {
     // The host backend is built in: it runs on any machine.
     ferrocx_adaptor_host::link();
+    // The MPI CCL is built in too: it opens an MPI library only when a cluster uses it.
+    ferrocx_adaptor_mpi::link();
     // The window collectives (`Communicator::all_reduce_window`, `bench --algo window`).
     ferrocx_kernels::link();
     #[cfg(feature = "cuda")]

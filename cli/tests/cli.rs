@@ -95,10 +95,11 @@ fn info_json_is_machine_readable() {
         .iter()
         .map(|a| a["name"].as_str().unwrap_or(""))
         .collect();
-    // The host backend is built in; the plugin follows it.
-    assert_eq!(names, ["host", "testc"]);
+    // The host backend and the MPI CCL are built in; the plugin follows them.
+    assert_eq!(names, ["host", "mpi", "testc"]);
     assert_eq!(v["adaptors"][0]["source"], "built-in");
-    let a = &v["adaptors"][1];
+    assert_eq!(v["adaptors"][1]["source"], "built-in");
+    let a = &v["adaptors"][2];
     assert_eq!(a["groups"][1], "ferrocx_device_flatmap_v1");
     assert_eq!(a["device_probe"]["info"]["device_count"], 2);
     assert_eq!(a["ccl_probe"]["version"], 20800);
@@ -159,7 +160,7 @@ fn config_check_names_file_line_and_key_of_an_unknown_adaptor() {
     assert!(stderr.contains(&format!("{}:7", cfg.display())), "{stderr}");
     assert!(stderr.contains("cluster[0].ccl"), "{stderr}");
     assert!(stderr.contains("\"nccl\" is not available"), "{stderr}");
-    assert!(stderr.contains("available: host, testc"), "{stderr}");
+    assert!(stderr.contains("available: host, mpi, testc"), "{stderr}");
 }
 
 #[test]

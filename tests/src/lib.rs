@@ -53,6 +53,12 @@ pub fn host_plugin() -> PathBuf {
     beside_exe("host")
 }
 
+/// Path of the MPI CCL's drop-in plugin (with the host device it runs on), built by cargo beside
+/// the running executable.
+pub fn mpi_plugin() -> PathBuf {
+    beside_exe("mpi")
+}
+
 fn beside_exe(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe.parent().expect("executable has a directory");

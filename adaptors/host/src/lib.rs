@@ -53,6 +53,17 @@ ferrocx::register_builtin!(BuiltinAdaptor {
     ..BuiltinAdaptor::EMPTY
 });
 
+/// Enqueues `task` on the host device's stream `stream` (null: the default stream): it runs in
+/// stream order on the stream's worker thread, and an error it returns stays on the stream until
+/// `stream_synchronize` reports it. For CCL adaptors that pair with the host device (the MPI
+/// CCL) and run their operations in the device's stream order.
+pub fn enqueue_on_stream(
+    stream: ferrocx::abi::Stream,
+    task: Box<dyn FnOnce() -> ferrocx_plugin_sdk::Result<()> + Send>,
+) -> ferrocx_plugin_sdk::Result<()> {
+    stream::get(stream)?.enqueue(task)
+}
+
 /// Makes sure this crate is linked (and its built-in registration kept) by a program that
 /// otherwise names nothing from it.
 pub fn link() {}

@@ -139,7 +139,9 @@ impl Store {
         let port = port.ok_or_else(|| BootstrapError::MissingEnv {
             var: ENV_MASTER_PORT.to_owned(),
             reason: format!(
-                "rank {} of {} needs the store's port (torchrun and ferrocx launch set it)",
+                "rank {} of {} needs the store's port (torchrun and ferrocx launch set it; MPI \
+                 launchers do not: pass it to every rank with rank 0's host, `mpiexec -genv \
+                 MASTER_ADDR <host> -genv MASTER_PORT <port>`, Open MPI's `-x MASTER_PORT=<port>`)",
                 rank.rank, rank.world_size
             ),
         })?;
