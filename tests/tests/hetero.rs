@@ -354,9 +354,11 @@ fn two_plus_three_ranks_every_collective() {
         println!("RANK OK");
         return;
     }
-    // Plans of two chunks or more handed to the enqueuer thread.
+    // Plans of two chunks or more handed to the enqueuer thread; the plan through the
+    // clusters' CCLs (both clusters are on the host device: the flat plan by default).
     Job::new("two_plus_three_ranks_every_collective", 5)
         .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "2")
+        .env("FERROCX_BRIDGE_PLAN", "clusters")
         .clusters(&[("a", "0,2"), ("b", "1,3,4")])
         .bridge_key("ccl", "\"host\"")
         .bridge_key("chunk_bytes", "4096")
@@ -520,6 +522,7 @@ fn offhost_clusters_beside_host_ones_every_collective() {
         .cluster_adaptors("b", "offhost", "offhost")
         .bridge_key("chunk_bytes", "4096")
         .bridge_key("depth", "2")
+        .env("FERROCX_BRIDGE_PLAN", "clusters")
         .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "2")
         .run();
 }
@@ -704,9 +707,21 @@ fn held() -> (usize, usize, [u64; 3], Vec<String>) {
 
 #[test]
 fn a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing() {
+    // The flat plan (one cluster of one rank, one on the host device): the failure strikes a
+    // bridge step, named as the stage asked for.
     failure_at_each_stage(
         "a_failure_at_each_stage_fails_every_rank_alike_and_leaks_nothing",
         "4",
+        "auto",
+    );
+}
+
+#[test]
+fn a_failure_at_each_stage_of_the_plan_through_the_clusters() {
+    failure_at_each_stage(
+        "a_failure_at_each_stage_of_the_plan_through_the_clusters",
+        "4",
+        "clusters",
     );
 }
 
@@ -717,12 +732,14 @@ fn a_failure_at_each_stage_enqueued_by_the_enqueuer_thread() {
     failure_at_each_stage(
         "a_failure_at_each_stage_enqueued_by_the_enqueuer_thread",
         "1",
+        "clusters",
     );
 }
 
 /// Injects a failure at each stage of an all-reduce of 3 chunks; `async_chunks` is
-/// `FERROCX_BRIDGE_ASYNC_CHUNKS` (plans of that many chunks go to the enqueuer thread).
-fn failure_at_each_stage(test: &str, async_chunks: &str) {
+/// `FERROCX_BRIDGE_ASYNC_CHUNKS` (plans of that many chunks go to the enqueuer thread), `plan`
+/// `FERROCX_BRIDGE_PLAN`.
+fn failure_at_each_stage(test: &str, async_chunks: &str, plan: &str) {
     if let Some(rank) = rank_of(test) {
         let n = 3001;
         let dtype = DataType::F32;
@@ -808,6 +825,7 @@ fn failure_at_each_stage(test: &str, async_chunks: &str) {
         .bridge_key("chunk_bytes", "4096")
         .timeout_ms(3000)
         .env("FERROCX_BRIDGE_ASYNC_CHUNKS", async_chunks)
+        .env("FERROCX_BRIDGE_PLAN", plan)
         .run();
     // Per case, the same error on every rank.
     for f in &done {

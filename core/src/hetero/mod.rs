@@ -1065,6 +1065,147 @@ impl HeteroCore {
         ONE_SHOT_BYTES.min(self.slot_bytes)
     }
 
+    /// Orders work enqueued on `to` from now on after the caller's stream reached the call.
+    fn enter(&self, link: Link, to: Stream) -> Result<(), HeteroError> {
+        match link {
+            Link::Stream(s) => self.order(s, to),
+            Link::Words { start, seq, .. } => {
+                // SAFETY: the enqueuer's word, alive until its streams are drained.
+                let r = unsafe {
+                    self.device
+                        .stream_wait_value32(to, start as *const u32, seq, WAIT_VALUE_GEQ)
+                };
+                Ok(r?)
+            }
+        }
+    }
+
+    /// Lets the caller's stream go on after the work enqueued on `from` so far.
+    fn leave(&self, link: Link, from: Stream) -> Result<(), HeteroError> {
+        match link {
+            Link::Stream(s) => self.order(from, s),
+            Link::Words { end, seq, .. } => {
+                // SAFETY: as in `enter`.
+                let r = unsafe { self.device.stream_write_value32(from, end as *mut u32, seq) };
+                Ok(r?)
+            }
+        }
+    }
+
+    /// `true` when all-reduces take the flat plan: every cluster of several ranks is on the
+    /// host device (`FERROCX_BRIDGE_PLAN=flat|clusters` forces one, for comparisons). The same
+    /// answer on every rank: it depends on the config only.
+    fn flat(&self) -> bool {
+        match std::env::var("FERROCX_BRIDGE_PLAN").as_deref() {
+            Ok("flat") => true,
+            Ok("clusters") => false,
+            _ => self.topo.clusters.iter().all(|c| c.flat),
+        }
+    }
+
+    /// The steps of the flat all-reduce (see the module docs): per chunk of a slot's elements,
+    /// step A publishes the chunk and reduces this rank's share of it from every rank's slot,
+    /// step B publishes the reduced share and copies every other rank's.
+    #[allow(clippy::too_many_arguments)]
+    fn flat_steps(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        es: usize,
+        first: u64,
+        free: &[u64],
+        check: (u64, Descriptor),
+    ) -> Vec<Step> {
+        let w = self.topo.world();
+        let me = self.topo.me;
+        let per = (self.slot_bytes / es).max(1);
+        let at = |ptr: DevicePtr, elems: usize| ptr.0 + (elems * es) as u64;
+        let mut steps = Vec::with_capacity(2 * count.div_ceil(per));
+        for (k, off) in (0..count).step_by(per).enumerate() {
+            let e = per.min(count - off);
+            let (s0, s1) = plan::share_of(e, w, me);
+            let epoch = first + 2 * k as u64;
+            let slot = |ep: u64| (ep % self.depth as u64) as usize;
+            steps.push(Step {
+                epoch,
+                slot: slot(epoch),
+                free_at: free[2 * k],
+                publish: vec![(at(send, off), 0, e * es)],
+                outs: vec![Out {
+                    dst: at(recv, off + s0),
+                    n: s1 - s0,
+                    srcs: (0..w).map(|r| (r, s0 * es)).collect(),
+                    reduce: Some((dtype, op, w)),
+                }],
+                what: "the bridge step of an all_reduce",
+                fault: None,
+                check: (k == 0).then_some(check),
+            });
+            steps.push(Step {
+                epoch: epoch + 1,
+                slot: slot(epoch + 1),
+                free_at: free[2 * k + 1],
+                publish: vec![(at(recv, off + s0), 0, (s1 - s0) * es)],
+                outs: (0..w)
+                    .filter(|&r| r != me)
+                    .map(|r| {
+                        let (r0, r1) = plan::share_of(e, w, r);
+                        Out {
+                            dst: at(recv, off + r0),
+                            n: (r1 - r0) * es,
+                            srcs: vec![(r, 0)],
+                            reduce: None,
+                        }
+                    })
+                    .collect(),
+                what: "the bridge step of an all_reduce",
+                fault: None,
+                check: None,
+            });
+        }
+        steps
+    }
+
+    /// Enqueues `steps` in order, hung on the caller's stream by `link`. Where the host reaches
+    /// the buffers they run on the caller's stream itself (or, from the enqueuer, on the bridge
+    /// stream); staged, each step's copies run before and after it on the copy stream, one
+    /// step at a time (a step's sources may be the previous step's results).
+    ///
+    /// # Safety
+    /// The steps' ranges are the call's buffers (the buffer contract of
+    /// [`crate::comm::Call`]).
+    unsafe fn run_steps(&self, steps: Vec<Step>, link: Link) -> Result<(), HeteroError> {
+        let bs = self.streams.bridge;
+        match (self.streams.copy.filter(|_| self.staging.is_some()), link) {
+            (None, Link::Stream(s)) => {
+                for step in steps {
+                    self.host(s, Box::new(move |b: &Bridge| step.run(b)))?;
+                }
+                Ok(())
+            }
+            (None, link) => {
+                self.enter(link, bs)?;
+                for step in steps {
+                    self.host(bs, Box::new(move |b: &Bridge| step.run(b)))?;
+                }
+                self.leave(link, bs)
+            }
+            (Some(cp), link) => {
+                self.enter(link, cp)?;
+                for step in steps {
+                    // SAFETY: this function's contract.
+                    let back = unsafe { self.issue_step(None, step) }?;
+                    // SAFETY: the step just issued.
+                    unsafe { self.finish_step(&back, None) }?;
+                }
+                self.leave(link, cp)
+            }
+        }
+    }
+
     /// The all-reduce plan of `count` elements of `dtype`, from the cache.
     fn all_reduce_plan(&self, count: usize, dtype: DataType, es: usize) -> Arc<AllReducePlan> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -1112,8 +1253,15 @@ impl HeteroCore {
         }
         let fault = self.inject.lock().unwrap_or_else(|p| p.into_inner()).take();
         let bytes = count * es;
-        // A failure injected at a stage of the plan takes the plan (the test's target).
-        if bytes <= self.one_shot_bytes() && fault.is_none() {
+        // An injected failure (tests) strikes the step of the one-step and flat plans, named
+        // as the stage asked for (the plan must not depend on it: every rank takes the same).
+        let injected = |s: Stage| HeteroError::Stage {
+            rank: self.topo.me,
+            cluster: self.topo.cluster_name_of(self.topo.me).to_string(),
+            stage: s.name().to_string(),
+            message: "an injected failure".into(),
+        };
+        if bytes <= self.one_shot_bytes() {
             let w = self.topo.world();
             let d = Descriptor {
                 count: count as u64,
@@ -1136,11 +1284,18 @@ impl HeteroCore {
                         reduce: Some((dtype, op, w)),
                     }],
                     what: "the bridge step of an all_reduce",
-                    fault: None,
+                    fault: fault.map(injected),
                     check: None,
                 },
                 stream,
             );
+        }
+        if self.flat() {
+            let fault = fault.map(injected);
+            // SAFETY: this function's contract.
+            return unsafe {
+                self.flat_all_reduce(send, recv, count, dtype, op, es, stream, enqueuer, fault)
+            };
         }
         let plan = self.all_reduce_plan(count, dtype, es);
         let queued = enqueuer.filter(|q| plan.chunks >= q.chunks);
@@ -1208,6 +1363,62 @@ impl HeteroCore {
         r.map_err(|e| self.fail_call(stage.name(), e))
     }
 
+    /// Enqueues the flat all-reduce (every cluster of several ranks on the host device; see
+    /// the module docs): its steps from the enqueuer thread when they are many, else from here.
+    ///
+    /// # Safety
+    /// The buffer contract of [`crate::comm::Call`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn flat_all_reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        es: usize,
+        stream: Stream,
+        enqueuer: Option<&Enqueuer>,
+        fault: Option<HeteroError>,
+    ) -> Result<(), HeteroError> {
+        let w = self.topo.world() as u64;
+        let chunks = count.div_ceil((self.slot_bytes / es).max(1));
+        let queued = enqueuer.filter(|q| chunks >= q.chunks);
+        if queued.is_some() {
+            self.begin_after(stream)?;
+        } else {
+            self.begin(stream)?;
+        }
+        let (call, first, free) = self.reserve(2 * chunks, &|_| w - 1);
+        let d = Descriptor {
+            count: count as u64,
+            kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
+        };
+        let mut steps = self.flat_steps(send, recv, count, dtype, op, es, first, &free, (call, d));
+        // An injected failure (tests): step A of the middle chunk.
+        if let Some(e) = fault {
+            let k = steps.len() / 4 * 2;
+            steps[k].fault = Some(e);
+        }
+        let what = Stage::Bridge.name();
+        if let Some(q) = queued {
+            let r = q.submit(self, stream, |seq, start, end| {
+                Box::new(move |core: &HeteroCore| {
+                    // SAFETY: the contract of the call, passed on (the caller's stream waits
+                    // for the steps' last signal before it goes on).
+                    let r = unsafe { core.run_steps(steps, Link::Words { start, end, seq }) };
+                    if let Err(e) = r {
+                        core.fail_call(what, e);
+                        Enqueuer::release(end, seq);
+                    }
+                })
+            });
+            return r.map_err(|e| self.fail_call(what, e));
+        }
+        // SAFETY: this function's contract.
+        unsafe { self.run_steps(steps, Link::Stream(stream)) }.map_err(|e| self.fail_call(what, e))
+    }
+
     /// The stages of an all-reduce, chunk by chunk; `stage` follows the stage being enqueued.
     ///
     /// # Safety
@@ -1232,28 +1443,8 @@ impl HeteroCore {
             fault,
         } = a;
         let cs = self.streams.cluster;
-        // Work enqueued on `to` from now on starts after the caller's stream reached the call.
-        let enter = |to: Stream| -> Result<(), HeteroError> {
-            match link {
-                Link::Stream(s) => self.order(s, to),
-                // SAFETY: the enqueuer's word, alive until its streams are drained.
-                Link::Words { start, seq, .. } => Ok(unsafe {
-                    self.device
-                        .stream_wait_value32(to, start as *const u32, seq, WAIT_VALUE_GEQ)
-                }?),
-            }
-        };
-        // The caller's stream goes on after the work enqueued on `from` so far.
-        let leave = |from: Stream| -> Result<(), HeteroError> {
-            match link {
-                Link::Stream(s) => self.order(from, s),
-                Link::Words { end, seq, .. } => {
-                    // SAFETY: as above.
-                    let r = unsafe { self.device.stream_write_value32(from, end as *mut u32, seq) };
-                    Ok(r?)
-                }
-            }
-        };
+        let enter = |to: Stream| self.enter(link, to);
+        let leave = |from: Stream| self.leave(link, from);
         let p = self.topo.sizes()[self.topo.my_cluster()];
         let i = self.topo.my_local();
         let me_c = self.topo.my_cluster();

@@ -11,6 +11,9 @@ pub struct ClusterRanks {
     pub name: String,
     /// Its global ranks below the world size, ascending; local rank i is `ranks[i]`.
     pub ranks: Vec<usize>,
+    /// `true` when reducing inside the cluster first gains nothing over the bridge: one rank,
+    /// or the host device (whose CCL moves the same host memory the bridge does).
+    pub flat: bool,
 }
 
 /// The clusters of a job and this rank's place in them.
@@ -40,6 +43,7 @@ impl Topology {
             }
             clusters.push(ClusterRanks {
                 name: c.name.clone(),
+                flat: ranks.len() == 1 || c.device == "host",
                 ranks,
             });
         }
