@@ -93,6 +93,7 @@ pub fn describe(entry: &AdaptorEntry) -> Value {
         tables.extend(d.multicast.as_ref().map(table_json));
         tables.extend(d.graph.as_ref().map(table_json));
         tables.extend(d.kernel.as_ref().map(table_json));
+        tables.extend(d.memops.as_ref().map(table_json));
     }
     if let Some(c) = &entry.ccl {
         tables.push(table_json(&c.root));

@@ -33,6 +33,8 @@ pub(crate) fn run(r: &mut Runner<'_>, entry: &AdaptorEntry) {
     table(r, name, d.and_then(|d| d.flatmap.as_ref()));
     table(r, name, d.and_then(|d| d.multicast.as_ref()));
     table(r, name, d.and_then(|d| d.graph.as_ref()));
+    table(r, name, d.and_then(|d| d.kernel.as_ref()));
+    table(r, name, d.and_then(|d| d.memops.as_ref()));
     table(r, name, c.map(|c| &c.root));
     table(r, name, c.and_then(|c| c.window.as_ref()));
     let layout = match entry.checked {

@@ -53,6 +53,17 @@ const MUST_PASS: &[(&str, &str)] = &[
         "flat map: one allocation at two slots, through mem_copy",
     ),
     ("device", "bad argument: freed pointer (mem_free twice)"),
+    (
+        "device",
+        "memops: a write on one stream releases a wait on another",
+    ),
+    ("device", "memops: wait GEQ compares with wrap-around"),
+    ("device", "memops: wait EQ needs the exact value"),
+    (
+        "device",
+        "memops: unknown flags and a null address are refused",
+    ),
+    ("abi", "ferrocx_device_memops_v1 header"),
     ("ccl", "all_reduce f32 sum"),
     ("ccl", "all_reduce bf16 avg"),
     ("ccl", "all_to_allv i64"),

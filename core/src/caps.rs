@@ -106,6 +106,8 @@ pub struct DeviceCaps {
     pub graph: Option<TableCaps>,
     /// `ferrocx_device_kernel_v1`, if exported (ABI 1.2).
     pub kernel: Option<TableCaps>,
+    /// `ferrocx_device_memops_v1`, if exported (ABI 1.3).
+    pub memops: Option<TableCaps>,
     /// Every device the adaptor sees, or why they could not be listed (before `init`, or its
     /// failure: then these capabilities are not cached, and the next call probes again).
     pub ordinals: Result<Vec<OrdinalCaps>, String>,
@@ -122,6 +124,7 @@ impl DeviceCaps {
             &self.multicast,
             &self.graph,
             &self.kernel,
+            &self.memops,
         ]
         .into_iter()
         .flatten()
@@ -135,6 +138,15 @@ impl DeviceCaps {
             .ok()?
             .iter()
             .find(|o| o.ordinal == ordinal)
+    }
+
+    /// `true` when the memops group (ABI 1.3) is exported with both entries:
+    /// [`Device::stream_write_value32`](crate::adaptor::Device::stream_write_value32) and
+    /// [`Device::stream_wait_value32`](crate::adaptor::Device::stream_wait_value32) work.
+    pub fn has_memops(&self) -> bool {
+        self.memops
+            .as_ref()
+            .is_some_and(|m| m.has("stream_write_value32") && m.has("stream_wait_value32"))
     }
 
     /// `true` when the kernel group is exported with every entry a launch needs.

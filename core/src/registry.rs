@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::abi::{
     CclAdaptorV1, CclWindowV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceKernelV1,
-    DeviceMulticastV1, DeviceVmmV1,
+    DeviceMemOpsV1, DeviceMulticastV1, DeviceVmmV1,
 };
 use crate::adaptor::{Ccl, Device};
 use crate::config::{ClusterConfig, Config, ConfigErrorKind, RuntimeConfig};
@@ -33,6 +33,8 @@ pub struct BuiltinAdaptor {
     pub graph: Option<&'static DeviceGraphV1>,
     /// Kernel group (ABI 1.2).
     pub kernel: Option<&'static DeviceKernelV1>,
+    /// Memops group (ABI 1.3).
+    pub memops: Option<&'static DeviceMemOpsV1>,
     /// CCL adaptor table.
     pub ccl: Option<&'static CclAdaptorV1>,
     /// Window group.
@@ -50,6 +52,7 @@ impl BuiltinAdaptor {
         multicast: None,
         graph: None,
         kernel: None,
+        memops: None,
         ccl: None,
         window: None,
     };
@@ -124,6 +127,7 @@ impl AdaptorEntry {
                 .then(|| g.push(DeviceMulticastV1::SYMBOL));
             d.graph.is_some().then(|| g.push(DeviceGraphV1::SYMBOL));
             d.kernel.is_some().then(|| g.push(DeviceKernelV1::SYMBOL));
+            d.memops.is_some().then(|| g.push(DeviceMemOpsV1::SYMBOL));
         }
         if let Some(c) = &self.ccl {
             g.push(CclAdaptorV1::SYMBOL);
@@ -459,6 +463,7 @@ fn builtin_entry(b: &BuiltinAdaptor) -> Result<AdaptorEntry, LoadError> {
             multicast: opt(&path, b.multicast)?,
             graph: opt(&path, b.graph)?,
             kernel: opt(&path, b.kernel)?,
+            memops: opt(&path, b.memops)?,
             ..DeviceTables::new(root)
         })),
         None => None,

@@ -29,9 +29,22 @@
 
  History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table;
  1.2 adds the kernel group (`ferrocx_device_kernel_v1`) and appends `query_support` to the
- CCL adaptor table.
+ CCL adaptor table; 1.3 adds the memops group (`ferrocx_device_memops_v1`: 32-bit stores and
+ waits on host memory in stream order).
  */
-#define Ferrocx_ABI_MINOR 2
+#define Ferrocx_ABI_MINOR 3
+
+/*
+ `flags` of `stream_wait_value32`: wait until `(int32_t)(*addr - value) >= 0`, the
+ comparison with wrap-around of CUDA's `CU_STREAM_WAIT_VALUE_GEQ` (a counter that wrapped
+ past `u32::MAX` is still "at or past" a value a little below it). *Since ABI 1.3.*
+ */
+#define Ferrocx_WAIT_VALUE_GEQ 0
+
+/*
+ `flags` of `stream_wait_value32`: wait until `*addr == value`. *Since ABI 1.3.*
+ */
+#define Ferrocx_WAIT_VALUE_EQ 1
 
 /*
  A NUL-terminated string with static storage, readable from any thread.
@@ -799,6 +812,45 @@ typedef struct {
                                  const FerrocxKernelLaunch *launch,
                                  FerrocxStream stream);
 } FerrocxDeviceKernelV1;
+
+/*
+ Optional group `ferrocx_device_memops_v1`: 32-bit stores and waits on host memory, in stream
+ order (CUDA's `cuStreamWriteValue32` and `cuStreamWaitValue32`). *Since ABI 1.3*: a plugin
+ of an older minor does not export it.
+
+ They let one stream (or one device, or another process) signal another without the host
+ thread in between: a producer stream writes a flag or counter when its work is done, a
+ consumer stream waits for it before its own. `addr` is host memory the host can read and
+ write: for the host device, any host memory; for a GPU, pinned or registered host memory
+ (page-locked, mapped for the device). It must be 4-byte aligned.
+ */
+typedef struct {
+  /*
+   Header: magic, ABI version, `sizeof` this table, adaptor name.
+   */
+  FerrocxAbiHeader header;
+  /*
+   Enqueues on `stream` (null: the default stream) a store of `value` to the 32-bit word at
+   `addr`, with release ordering: when another agent reads `value` there, every write of
+   the work enqueued on `stream` before this call is visible to it. Returns once enqueued.
+   A null or misaligned `addr` is `INVALID_ARGUMENT`.
+   */
+  FerrocxStatus (*stream_write_value32)(FerrocxStream stream, uint32_t *addr, uint32_t value);
+  /*
+   Enqueues on `stream` (null: the default stream) a wait: work enqueued on `stream` after
+   this call does not start until the 32-bit word at `addr` satisfies the condition of
+   `flags` ([`WAIT_VALUE_GEQ`], 0: `(int32_t)(*addr - value) >= 0`; [`WAIT_VALUE_EQ`], 1:
+   `*addr == value`), read with acquire ordering. Returns once enqueued: it never blocks
+   the calling thread. Other `flags`, or a null or misaligned `addr`, are
+   `INVALID_ARGUMENT`. A wait that is never satisfied holds the stream as an unsignalled
+   event would; destroying the stream must still be possible (the host adaptor abandons
+   the wait, with an error on the stream).
+   */
+  FerrocxStatus (*stream_wait_value32)(FerrocxStream stream,
+                                       const uint32_t *addr,
+                                       uint32_t value,
+                                       uint32_t flags);
+} FerrocxDeviceMemOpsV1;
 
 /*
  Arguments of `comm_init_rank`. The caller sets `struct_size`; the adaptor reads no field past

@@ -2,7 +2,7 @@
 //!
 //! An adaptor implements [`DeviceAdaptor`] and/or [`CclAdaptor`], plus one trait per optional
 //! group it supports ([`DeviceVmm`], [`DeviceFlatMap`], [`DeviceMulticast`], [`DeviceGraph`],
-//! [`DeviceKernel`], [`CclWindow`]);
+//! [`DeviceKernel`], [`DeviceMemOps`], [`CclWindow`]);
 //! a group it does not support is simply a trait it does not implement. [`export_plugin!`] then
 //! generates the `#[repr(C)]` tables, the exported symbols the loader probes, and the
 //! `abi_stable` root module the loader layout-checks before any call. Every entry goes through a
@@ -43,9 +43,9 @@ pub mod table;
 
 pub use ccl::{ccl_table, window_table, CclAdaptor, CclWindow, CommInit, VCounts};
 pub use device::{
-    device_table, flatmap_table, graph_table, kernel_table, multicast_table, vmm_table,
-    DeviceAdaptor, DeviceFlatMap, DeviceGraph, DeviceKernel, DeviceMulticast, DeviceVmm, HostCall,
-    Launch, MemInfo, Properties,
+    device_table, flatmap_table, graph_table, kernel_table, memops_table, multicast_table,
+    vmm_table, DeviceAdaptor, DeviceFlatMap, DeviceGraph, DeviceKernel, DeviceMemOps,
+    DeviceMulticast, DeviceVmm, HostCall, Launch, MemInfo, Properties, WaitCondition,
 };
 pub use error::{Error, Result};
 pub use options::Options;
@@ -65,8 +65,8 @@ pub mod prelude {
     };
     pub use crate::{
         export_plugin, singleton, CclAdaptor, CclWindow, CommInit, DeviceAdaptor, DeviceFlatMap,
-        DeviceGraph, DeviceKernel, DeviceMulticast, DeviceVmm, Error, HostCall, Launch, MemInfo,
-        Options, Properties, Result, VCounts,
+        DeviceGraph, DeviceKernel, DeviceMemOps, DeviceMulticast, DeviceVmm, Error, HostCall,
+        Launch, MemInfo, Options, Properties, Result, VCounts, WaitCondition,
     };
 }
 
@@ -84,7 +84,7 @@ macro_rules! singleton {
 /// Keys, each optional but `name`, in this order:
 /// `name: "<name>"`, `device: Type`, `device_absent: ["entry", …]` (entries exported as
 /// `None`), `device_vmm: Type`, `device_flatmap: Type`, `device_multicast: Type`,
-/// `device_graph: Type`, `device_kernel: Type`, `ccl: Type`,
+/// `device_graph: Type`, `device_kernel: Type`, `device_memops: Type`, `ccl: Type`,
 /// `ccl_absent: [...]`, `ccl_window: Type`.
 #[macro_export]
 macro_rules! export_plugin {
@@ -97,6 +97,7 @@ macro_rules! export_plugin {
         $(, device_multicast: $mc:ty)?
         $(, device_graph: $graph:ty)?
         $(, device_kernel: $kern:ty)?
+        $(, device_memops: $memops:ty)?
         $(, ccl: $ccl:ty)?
         $(, ccl_absent: [$($cabs:literal),* $(,)?])?
         $(, ccl_window: $win:ty)?
@@ -153,6 +154,13 @@ macro_rules! export_plugin {
                 $crate::kernel_table::<$kern>(__FERROCX_PLUGIN_NAME);
         )?
         $(
+            /// The memops group table of this plugin.
+            #[allow(non_upper_case_globals)]
+            #[no_mangle]
+            pub static ferrocx_device_memops_v1: $crate::abi::DeviceMemOpsV1 =
+                $crate::memops_table::<$memops>(__FERROCX_PLUGIN_NAME);
+        )?
+        $(
             /// The CCL adaptor table of this plugin.
             #[allow(non_upper_case_globals)]
             #[no_mangle]
@@ -175,6 +183,7 @@ macro_rules! export_plugin {
             $($crate::__exported!(ferrocx_device_multicast_v1, $mc),)?
             $($crate::__exported!(ferrocx_device_graph_v1, $graph),)?
             $($crate::__exported!(ferrocx_device_kernel_v1, $kern),)?
+            $($crate::__exported!(ferrocx_device_memops_v1, $memops),)?
             $($crate::__exported!(ferrocx_ccl_adaptor_v1, $ccl),)?
             $($crate::__exported!(ferrocx_ccl_window_v1, $win),)?
         ];

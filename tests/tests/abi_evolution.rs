@@ -47,8 +47,8 @@ fn mem_get_info(e: &AdaptorEntry) -> Result<(usize, usize), Status> {
 }
 
 #[test]
-fn this_build_speaks_abi_1_2_and_mem_get_info_is_the_last_device_entry() {
-    assert_eq!((ABI_MAJOR, ABI_MINOR), (1, 2));
+fn this_build_speaks_abi_1_3_and_mem_get_info_is_the_last_device_entry() {
+    assert_eq!((ABI_MAJOR, ABI_MINOR), (1, 3));
     let entries = DeviceAdaptorV1::entries();
     assert_eq!(entries.last(), Some(&("mem_get_info", V1_0_SIZE)));
     assert_eq!(V1_0_SIZE + size_of::<usize>(), size_of::<DeviceAdaptorV1>());

@@ -38,11 +38,13 @@ fn loads_and_conforms(name: &str, checked: Checked, test: &str) {
     let tables = entry.device.as_ref().expect("device tables");
     assert_eq!(tables.root.declared_size(), size_of::<DeviceAdaptorV1>());
     assert!(tables.kernel.is_none());
+    assert!(tables.memops.is_none());
     let device = entry.device().expect("device");
     device.init(&[]).expect("init");
     let caps = device.caps();
     assert_eq!(caps.root.version, (1, 1));
     assert!(caps.kernel.is_none() && !caps.has_kernels());
+    assert!(caps.memops.is_none() && !caps.has_memops() && !device.has_memops());
     assert!(caps.groups().is_empty());
     let ordinal = caps.ordinal(0).expect("device 0 listed");
     assert!(ordinal.image_formats.is_empty());

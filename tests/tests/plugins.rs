@@ -508,6 +508,7 @@ fn the_host_adaptor_works_as_a_drop_in_plugin() {
             "ferrocx_device_vmm_v1",
             "ferrocx_device_flatmap_v1",
             "ferrocx_device_multicast_v1",
+            "ferrocx_device_memops_v1",
             "ferrocx_ccl_adaptor_v1"
         ]
     );

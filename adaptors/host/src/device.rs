@@ -181,6 +181,26 @@ impl DeviceAdaptor for HostDevice {
     }
 }
 
+/// The memops group: the stream's worker makes the store, and polls the word for a wait (see
+/// the stream module: a wait is abandoned with `ABORTED` when its stream is destroyed, and not
+/// otherwise bounded). Any host memory is valid, this process's or shared with others.
+impl DeviceMemOps for HostDevice {
+    unsafe fn stream_write_value32(&self, s: Stream, addr: *mut u32, value: u32) -> Result<()> {
+        // SAFETY: the trait's contract (non-null, aligned, valid until the store has run).
+        unsafe { stream::get(s)?.enqueue_write_value32(addr, value) }
+    }
+    unsafe fn stream_wait_value32(
+        &self,
+        s: Stream,
+        addr: *const u32,
+        value: u32,
+        condition: WaitCondition,
+    ) -> Result<()> {
+        // SAFETY: the trait's contract (non-null, aligned, valid until the wait is over).
+        unsafe { stream::get(s)?.enqueue_wait_value32(addr, value, condition) }
+    }
+}
+
 impl DeviceVmm for HostDevice {
     fn vmm_granularity(&self, device: i32) -> Result<usize> {
         self.set_device(device)?;

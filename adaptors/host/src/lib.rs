@@ -2,8 +2,9 @@
 //!
 //! - Device `host`: memory from POSIX shared memory (so other processes of the job can map it),
 //!   streams as ordered queues run by worker threads, events with CUDA's semantics, host
-//!   functions, IPC, VMM (named shared-memory segments), flat mapping and an emulated multicast
-//!   (reached through [`multicast::store`] and [`multicast::load_reduce`]).
+//!   functions, IPC, VMM (named shared-memory segments), flat mapping, an emulated multicast
+//!   (reached through [`multicast::store`] and [`multicast::load_reduce`]) and the memops group
+//!   (32-bit stores and waits on host memory, run by the stream's worker).
 //! - CCL `host`: a communicator over shared memory for N processes of one host, every
 //!   collective of the ABI, point-to-point and groups, enqueued on the device's streams.
 //!
@@ -25,7 +26,7 @@ pub use ccl::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, HostCcl};
 pub use device::HostDevice;
 
 use ferrocx::abi::{
-    CclAdaptorV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceMulticastV1, DeviceVmmV1,
+    CclAdaptorV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceMemOpsV1, DeviceMulticastV1, DeviceVmmV1,
 };
 use ferrocx::registry::BuiltinAdaptor;
 
@@ -35,6 +36,7 @@ static DEVICE: DeviceAdaptorV1 = ferrocx_plugin_sdk::device_table::<HostDevice>(
 static VMM: DeviceVmmV1 = ferrocx_plugin_sdk::vmm_table::<HostDevice>(NAME);
 static FLATMAP: DeviceFlatMapV1 = ferrocx_plugin_sdk::flatmap_table::<HostDevice>(NAME);
 static MULTICAST: DeviceMulticastV1 = ferrocx_plugin_sdk::multicast_table::<HostDevice>(NAME);
+static MEMOPS: DeviceMemOpsV1 = ferrocx_plugin_sdk::memops_table::<HostDevice>(NAME);
 // The host CCL has no memory of its own (the device's is already shared): those entries are absent.
 static CCL: CclAdaptorV1 =
     ferrocx_plugin_sdk::ccl_table::<HostCcl>(NAME, &["mem_alloc", "mem_free"]);
@@ -46,6 +48,7 @@ ferrocx::register_builtin!(BuiltinAdaptor {
     vmm: Some(&VMM),
     flatmap: Some(&FLATMAP),
     multicast: Some(&MULTICAST),
+    memops: Some(&MEMOPS),
     ccl: Some(&CCL),
     ..BuiltinAdaptor::EMPTY
 });

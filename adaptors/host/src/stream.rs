@@ -9,21 +9,38 @@
 //! own worker thread (a host function enqueueing), which cannot wait for itself and fails with
 //! `OUT_OF_MEMORY` instead. An enqueue that has room takes no lock or system call more than it
 //! did before the bound.
+//!
+//! The memops group's operations run on the worker too: a store of a 32-bit word
+//! ([`StreamInner::enqueue_write_value32`]) and a wait for one
+//! ([`StreamInner::enqueue_wait_value32`]). The worker polls the word: it spins briefly, then
+//! yields, then sleeps between reads (growing to [`WAIT_POLL_MAX`]), so a long wait costs
+//! little CPU and a short one little latency. A wait is abortable: destroying the stream ends
+//! it at the next read with `ABORTED` (left on the stream as its error), so the worker exits
+//! and no thread is left polling memory that may be gone. A wait is not otherwise bounded: like
+//! CUDA's `cuStreamWaitValue32`, a word that is never written holds the stream (and whoever
+//! synchronizes it) until then.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread;
 
 use ferrocx_plugin_sdk::abi::Stream;
 use ferrocx_plugin_sdk::handles::HandleTable;
-use ferrocx_plugin_sdk::{Error, Result};
+use ferrocx_plugin_sdk::{Error, Result, WaitCondition};
 
 use crate::ccl::CollTask;
 
 /// Polls of an idle worker for new work before it sleeps.
 const IDLE_SPINS: u32 = 512;
+
+/// Reads of a waited-for word spinning before the worker yields between reads.
+const WAIT_SPINS: u32 = 2048;
+/// Reads of a waited-for word with a yield between them before the worker sleeps between reads.
+const WAIT_YIELDS: u32 = 256;
+/// The longest sleep between two reads of a waited-for word.
+pub const WAIT_POLL_MAX: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Operations a stream holds (queued or running) by default.
 pub const DEFAULT_DEPTH: u64 = 65536;
@@ -59,13 +76,25 @@ pub type Task = Box<dyn FnOnce() -> Result<()> + Send>;
 enum Work {
     Fn(Task),
     Coll(CollTask),
+    /// `stream_write_value32`: the address (checked non-null and aligned) and the value.
+    Write(usize, u32),
+    /// `stream_wait_value32`: the address, the value and the condition.
+    Wait(usize, u32, WaitCondition),
 }
 
 impl Work {
-    fn run(self) -> Result<()> {
+    fn run(self, stream: &StreamInner) -> Result<()> {
         match self {
             Work::Fn(f) => f(),
             Work::Coll(c) => c.run(),
+            Work::Write(addr, value) => {
+                // SAFETY: a non-null, 4-byte aligned address the enqueuer guaranteed valid for
+                // a 32-bit atomic store until this store has run (the memops contract).
+                let word = unsafe { AtomicU32::from_ptr(addr as *mut u32) };
+                word.store(value, Ordering::Release);
+                Ok(())
+            }
+            Work::Wait(addr, value, condition) => stream.wait_value32(addr, value, condition),
         }
     }
 }
@@ -176,6 +205,73 @@ impl StreamInner {
         self.push(Work::Fn(task))
     }
 
+    /// Enqueues a store of `value` to the 32-bit word at `addr` (release ordering) in stream
+    /// order; returns as [`enqueue`](Self::enqueue) does.
+    ///
+    /// # Safety
+    /// `addr` is non-null, 4-byte aligned, and valid for a 32-bit atomic store until the store
+    /// has run.
+    pub unsafe fn enqueue_write_value32(&self, addr: *mut u32, value: u32) -> Result<()> {
+        self.push(Work::Write(addr as usize, value))
+    }
+
+    /// Enqueues a wait until the 32-bit word at `addr` satisfies `condition` for `value`: work
+    /// enqueued after it starts only then. Returns as [`enqueue`](Self::enqueue) does (the
+    /// worker waits, not the caller); destroying the stream abandons the wait (see the module's
+    /// documentation).
+    ///
+    /// # Safety
+    /// `addr` is non-null, 4-byte aligned, and valid for 32-bit atomic loads until the wait is
+    /// over (satisfied, or abandoned when the stream is destroyed).
+    pub unsafe fn enqueue_wait_value32(
+        &self,
+        addr: *const u32,
+        value: u32,
+        condition: WaitCondition,
+    ) -> Result<()> {
+        self.push(Work::Wait(addr as usize, value, condition))
+    }
+
+    /// Runs on the worker: polls the word at `addr` until it satisfies `condition`, or fails
+    /// with `ABORTED` once the stream is destroyed.
+    fn wait_value32(&self, addr: usize, value: u32, condition: WaitCondition) -> Result<()> {
+        // SAFETY: non-null and aligned (checked at enqueue), valid for atomic loads until the
+        // wait is over by the enqueuer's contract; only loads are made through it.
+        let word = unsafe { AtomicU32::from_ptr(addr as *mut u32) };
+        let mut reads: u32 = 0;
+        let mut pause = std::time::Duration::from_micros(1);
+        loop {
+            let current = word.load(Ordering::Acquire);
+            if condition.holds(current, value) {
+                return Ok(());
+            }
+            reads = reads.saturating_add(1);
+            if reads < WAIT_SPINS {
+                std::hint::spin_loop();
+                continue;
+            }
+            if !self.alive.load(Ordering::Acquire) {
+                return Err(Error::new(
+                    ferrocx::abi::Status::ABORTED,
+                    format!(
+                        "stream {} was destroyed while it waited for the word at {addr:#x} to be                          {} {value} (it read {current}): the wait is abandoned",
+                        self.id,
+                        match condition {
+                            WaitCondition::Geq => ">= (with wrap-around)",
+                            WaitCondition::Eq => "==",
+                        }
+                    ),
+                ));
+            }
+            if reads < WAIT_SPINS + WAIT_YIELDS {
+                thread::yield_now();
+            } else {
+                thread::sleep(pause);
+                pause = (pause * 2).min(WAIT_POLL_MAX);
+            }
+        }
+    }
+
     /// Enqueues a collective; returns as [`enqueue`](Self::enqueue) does.
     pub fn enqueue_coll(&self, task: CollTask) -> Result<()> {
         self.push(Work::Coll(task))
@@ -242,8 +338,9 @@ impl StreamInner {
                 }
             }
             while let Some(w) = batch.pop_front() {
-                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run()))
-                    .unwrap_or_else(|_| Err(Error::internal("a task on the stream panicked")));
+                let outcome =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(&self)))
+                        .unwrap_or_else(|_| Err(Error::internal("a task on the stream panicked")));
                 if let Err(e) = outcome {
                     tracing::debug!(stream = self.id, "task failed: {e}");
                     self.lock().error.get_or_insert(e);
@@ -532,5 +629,99 @@ mod tests {
         destroy(h).unwrap();
         s.synchronize().unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 10);
+    }
+
+    #[test]
+    fn a_wait_holds_later_work_until_another_stream_writes_the_word() {
+        let (ha, hb) = (create().unwrap(), create().unwrap());
+        let (a, b) = (get(ha).unwrap(), get(hb).unwrap());
+        let word = Box::new(AtomicU32::new(0));
+        let addr = word.as_ptr();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        // Stream b: wait for the word to reach 3, then log.
+        // SAFETY: `word` outlives both streams' work (synchronized below).
+        unsafe { b.enqueue_wait_value32(addr, 3, WaitCondition::Geq) }.unwrap();
+        let l = log.clone();
+        b.enqueue(Box::new(move || {
+            l.lock().unwrap().push("b");
+            Ok(())
+        }))
+        .unwrap();
+        // Stream a: log behind a gate, then write 3.
+        let (task, gate) = gated();
+        a.enqueue(task).unwrap();
+        let l = log.clone();
+        a.enqueue(Box::new(move || {
+            l.lock().unwrap().push("a");
+            Ok(())
+        }))
+        .unwrap();
+        // SAFETY: as above.
+        unsafe { a.enqueue_write_value32(addr, 3) }.unwrap();
+        thread::sleep(Duration::from_millis(20));
+        assert!(
+            log.lock().unwrap().is_empty(),
+            "b ran before the word was written"
+        );
+        assert!(!b.is_idle());
+        open(&gate);
+        a.synchronize().unwrap();
+        b.synchronize().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["a", "b"]);
+        assert_eq!(word.load(Ordering::SeqCst), 3);
+        destroy(ha).unwrap();
+        destroy(hb).unwrap();
+    }
+
+    #[test]
+    fn geq_wraps_around_and_eq_needs_the_exact_value() {
+        let h = create().unwrap();
+        let s = get(h).unwrap();
+        // A counter that wrapped past u32::MAX is at or past u32::MAX - 1: satisfied at once.
+        let word = Box::new(AtomicU32::new(1));
+        // SAFETY: `word` outlives the stream's work (synchronized below).
+        unsafe { s.enqueue_wait_value32(word.as_ptr(), u32::MAX - 1, WaitCondition::Geq) }.unwrap();
+        s.synchronize().unwrap();
+        // EQ: 5 does not satisfy == 4 (nor does a value past it); 4 does.
+        word.store(5, Ordering::SeqCst);
+        // SAFETY: as above.
+        unsafe { s.enqueue_wait_value32(word.as_ptr(), 4, WaitCondition::Eq) }.unwrap();
+        thread::sleep(Duration::from_millis(20));
+        assert!(!s.is_idle(), "EQ 4 was satisfied by 5");
+        word.store(4, Ordering::SeqCst);
+        s.synchronize().unwrap();
+        // GEQ: u32::MAX - 1 is not at or past 2 (it is "before" it, with wrap-around).
+        word.store(u32::MAX - 1, Ordering::SeqCst);
+        // SAFETY: as above.
+        unsafe { s.enqueue_wait_value32(word.as_ptr(), 2, WaitCondition::Geq) }.unwrap();
+        thread::sleep(Duration::from_millis(20));
+        assert!(!s.is_idle(), "GEQ 2 was satisfied by u32::MAX - 1");
+        word.store(2, Ordering::SeqCst);
+        s.synchronize().unwrap();
+        destroy(h).unwrap();
+    }
+
+    #[test]
+    fn destroying_a_stream_abandons_a_wait_never_satisfied() {
+        let h = create().unwrap();
+        let s = get(h).unwrap();
+        let word = Box::new(AtomicU32::new(0));
+        let ran = Arc::new(AtomicUsize::new(0));
+        // SAFETY: `word` outlives the wait (it ends before `synchronize` below returns).
+        unsafe { s.enqueue_wait_value32(word.as_ptr(), 1, WaitCondition::Eq) }.unwrap();
+        let r = ran.clone();
+        s.enqueue(Box::new(move || {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }))
+        .unwrap();
+        thread::sleep(Duration::from_millis(10));
+        destroy(h).unwrap();
+        let e = s.synchronize().unwrap_err();
+        assert_eq!(e.status(), ferrocx::abi::Status::ABORTED);
+        assert!(e.message().contains("destroyed"), "{}", e.message());
+        // The work behind it still ran (as after any failed task), and the word is untouched.
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(word.load(Ordering::SeqCst), 0);
     }
 }

@@ -8,6 +8,7 @@
 mod arguments;
 mod graph;
 mod groups;
+mod memops;
 pub(crate) mod memory;
 mod probe;
 mod streams;
@@ -64,6 +65,7 @@ pub(crate) fn run(r: &mut Runner<'_>, dev: &Device) {
     memory::run(r, &api, &memory);
     streams::run(r, &api, &memory);
     groups::run(r, &api, &memory);
+    memops::run(r, &api, &memory);
     graph::run(r, &api, &memory);
     arguments::run(r, &api, &memory);
     r.boundary("device", mark);

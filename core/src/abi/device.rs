@@ -354,3 +354,42 @@ pub struct DeviceKernelV1 {
         ) -> Status,
     >,
 }
+
+/// `flags` of `stream_wait_value32`: wait until `(int32_t)(*addr - value) >= 0`, the
+/// comparison with wrap-around of CUDA's `CU_STREAM_WAIT_VALUE_GEQ` (a counter that wrapped
+/// past `u32::MAX` is still "at or past" a value a little below it). *Since ABI 1.3.*
+pub const WAIT_VALUE_GEQ: u32 = 0;
+/// `flags` of `stream_wait_value32`: wait until `*addr == value`. *Since ABI 1.3.*
+pub const WAIT_VALUE_EQ: u32 = 1;
+
+/// Optional group `ferrocx_device_memops_v1`: 32-bit stores and waits on host memory, in stream
+/// order (CUDA's `cuStreamWriteValue32` and `cuStreamWaitValue32`). *Since ABI 1.3*: a plugin
+/// of an older minor does not export it.
+///
+/// They let one stream (or one device, or another process) signal another without the host
+/// thread in between: a producer stream writes a flag or counter when its work is done, a
+/// consumer stream waits for it before its own. `addr` is host memory the host can read and
+/// write: for the host device, any host memory; for a GPU, pinned or registered host memory
+/// (page-locked, mapped for the device). It must be 4-byte aligned.
+#[repr(C)]
+pub struct DeviceMemOpsV1 {
+    /// Header: magic, ABI version, `sizeof` this table, adaptor name.
+    pub header: AbiHeader,
+    /// Enqueues on `stream` (null: the default stream) a store of `value` to the 32-bit word at
+    /// `addr`, with release ordering: when another agent reads `value` there, every write of
+    /// the work enqueued on `stream` before this call is visible to it. Returns once enqueued.
+    /// A null or misaligned `addr` is `INVALID_ARGUMENT`.
+    pub stream_write_value32:
+        Option<unsafe extern "C" fn(stream: Stream, addr: *mut u32, value: u32) -> Status>,
+    /// Enqueues on `stream` (null: the default stream) a wait: work enqueued on `stream` after
+    /// this call does not start until the 32-bit word at `addr` satisfies the condition of
+    /// `flags` ([`WAIT_VALUE_GEQ`], 0: `(int32_t)(*addr - value) >= 0`; [`WAIT_VALUE_EQ`], 1:
+    /// `*addr == value`), read with acquire ordering. Returns once enqueued: it never blocks
+    /// the calling thread. Other `flags`, or a null or misaligned `addr`, are
+    /// `INVALID_ARGUMENT`. A wait that is never satisfied holds the stream as an unsignalled
+    /// event would; destroying the stream must still be possible (the host adaptor abandons
+    /// the wait, with an error on the stream).
+    pub stream_wait_value32: Option<
+        unsafe extern "C" fn(stream: Stream, addr: *const u32, value: u32, flags: u32) -> Status,
+    >,
+}

@@ -13,8 +13,9 @@ pub const ABI_MAJOR: u16 = 1;
 ///
 /// History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table;
 /// 1.2 adds the kernel group (`ferrocx_device_kernel_v1`) and appends `query_support` to the
-/// CCL adaptor table.
-pub const ABI_MINOR: u16 = 2;
+/// CCL adaptor table; 1.3 adds the memops group (`ferrocx_device_memops_v1`: 32-bit stores and
+/// waits on host memory in stream order).
+pub const ABI_MINOR: u16 = 3;
 
 /// The first field of every table (`#[repr(C)]`, 24 bytes on 64-bit targets).
 #[repr(C)]

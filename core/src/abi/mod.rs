@@ -3,7 +3,7 @@
 //! A plugin exports one table per symbol: the root tables [`DeviceAdaptorV1`]
 //! (`ferrocx_device_adaptor_v1`) and [`CclAdaptorV1`] (`ferrocx_ccl_adaptor_v1`), and optional
 //! groups, each its own symbol ([`DeviceVmmV1`], [`DeviceFlatMapV1`], [`DeviceMulticastV1`],
-//! [`DeviceGraphV1`], [`DeviceKernelV1`], [`CclWindowV1`]). Every table starts with an [`AbiHeader`]; every other field is an
+//! [`DeviceGraphV1`], [`DeviceKernelV1`], [`DeviceMemOpsV1`], [`CclWindowV1`]). Every table starts with an [`AbiHeader`]; every other field is an
 //! `Option<unsafe extern "C" fn …>` where `None` means "not supported". A table of another
 //! major is refused; fields past a table's `struct_size` are treated as absent.
 //!
@@ -17,8 +17,8 @@ mod types;
 
 pub use ccl::{CclAdaptorV1, CclWindowV1, CommInitArgs};
 pub use device::{
-    DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceKernelV1, DeviceMulticastV1,
-    DeviceProperties, DeviceVmmV1, KernelLaunch,
+    DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceKernelV1, DeviceMemOpsV1,
+    DeviceMulticastV1, DeviceProperties, DeviceVmmV1, KernelLaunch, WAIT_VALUE_EQ, WAIT_VALUE_GEQ,
 };
 pub use header::{AbiHeader, AbiTable, ABI_MAGIC, ABI_MAJOR, ABI_MINOR};
 pub use root::{AbiScalars, ExportedTable, PluginModule, PluginModuleRef};
@@ -147,6 +147,12 @@ abi_table!(
     ]
 );
 abi_table!(
+    DeviceMemOpsV1,
+    "ferrocx_device_memops_v1",
+    "memops group",
+    [stream_write_value32, stream_wait_value32,]
+);
+abi_table!(
     CclAdaptorV1,
     "ferrocx_ccl_adaptor_v1",
     "CCL adaptor",
@@ -224,6 +230,7 @@ mod tests {
         covers::<DeviceMulticastV1>();
         covers::<DeviceGraphV1>();
         covers::<DeviceKernelV1>();
+        covers::<DeviceMemOpsV1>();
         covers::<CclAdaptorV1>();
         covers::<CclWindowV1>();
     }

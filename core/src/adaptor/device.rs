@@ -4,8 +4,9 @@ use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;
 
 use crate::abi::{
-    Capabilities, DeviceGraphV1, DeviceKernelV1, DeviceProperties, DevicePtr, Event,
-    FunctionHandle, GraphHandle, ImageFormat, KernelLaunch, MemKind, ModuleHandle, Status, Stream,
+    Capabilities, DeviceGraphV1, DeviceKernelV1, DeviceMemOpsV1, DeviceProperties, DevicePtr,
+    Event, FunctionHandle, GraphHandle, ImageFormat, KernelLaunch, MemKind, ModuleHandle, Status,
+    Stream,
 };
 use crate::caps::{DeviceCaps, OrdinalCaps, TableCaps};
 use crate::loader::DeviceTables;
@@ -340,6 +341,74 @@ impl Device {
 }
 
 impl Device {
+    /// `true` when the adaptor exports the memops group (`ferrocx_device_memops_v1`, ABI 1.3)
+    /// with both entries, so [`Device::stream_write_value32`] and
+    /// [`Device::stream_wait_value32`] can be called (known without `init`; the same answer as
+    /// [`DeviceCaps::has_memops`]).
+    pub fn has_memops(&self) -> bool {
+        self.tables.memops.as_ref().is_some_and(|m| {
+            let present = m.present();
+            present.contains(&"stream_write_value32") && present.contains(&"stream_wait_value32")
+        })
+    }
+
+    fn memops_table(&self, op: &'static str) -> Result<&DeviceMemOpsV1, AdaptorError> {
+        self.tables
+            .memops
+            .as_ref()
+            .map(|t| t.get())
+            .ok_or_else(|| self.unsupported(op))
+    }
+
+    /// Enqueues on `stream` (null: the default stream) a store of `value` to the 32-bit word at
+    /// `addr`, with release ordering: whoever reads `value` there also sees every write of the
+    /// work enqueued on `stream` before it. Returns once enqueued. Needs the memops group
+    /// ([`Device::has_memops`]); without it the error is [`AdaptorError::Unsupported`].
+    ///
+    /// # Safety
+    ///
+    /// `addr` is 4-byte aligned host memory the device can write (for the host device any host
+    /// memory; for a GPU, pinned or registered host memory), valid from this call until the
+    /// store has completed on `stream`; nothing else accesses that word non-atomically in that
+    /// time.
+    pub unsafe fn stream_write_value32(
+        &self,
+        stream: Stream,
+        addr: *mut u32,
+        value: u32,
+    ) -> Result<(), AdaptorError> {
+        let t = self.memops_table("stream_write_value32")?;
+        call!(self, t, stream_write_value32(stream, addr, value))
+    }
+
+    /// Enqueues on `stream` (null: the default stream) a wait: work enqueued on `stream` after
+    /// it does not start until the 32-bit word at `addr` satisfies `flags`
+    /// ([`WAIT_VALUE_GEQ`](crate::abi::WAIT_VALUE_GEQ), 0: `(*addr).wrapping_sub(value) as i32
+    /// >= 0`, CUDA's `CU_STREAM_WAIT_VALUE_GEQ`; [`WAIT_VALUE_EQ`](crate::abi::WAIT_VALUE_EQ),
+    /// 1: `*addr == value`). Returns once enqueued: never blocks the calling thread. Other
+    /// `flags` are `INVALID_ARGUMENT`. A wait never satisfied holds the stream (and whoever
+    /// synchronizes it) as an event never recorded would; the stream can still be destroyed.
+    /// Needs the memops group ([`Device::has_memops`]).
+    ///
+    /// # Safety
+    ///
+    /// `addr` is 4-byte aligned host memory the device can read (as for
+    /// [`Device::stream_write_value32`]), valid from this call until the wait has completed on
+    /// `stream` (or the stream is destroyed); whoever else writes that word writes it
+    /// atomically.
+    pub unsafe fn stream_wait_value32(
+        &self,
+        stream: Stream,
+        addr: *const u32,
+        value: u32,
+        flags: u32,
+    ) -> Result<(), AdaptorError> {
+        let t = self.memops_table("stream_wait_value32")?;
+        call!(self, t, stream_wait_value32(stream, addr, value, flags))
+    }
+}
+
+impl Device {
     /// The graph group (`ferrocx_device_graph_v1`: stream capture into graphs launched as one
     /// unit), or `None` when the adaptor does not export it.
     pub fn graph(&self) -> Option<DeviceGraph> {
@@ -490,6 +559,7 @@ impl Device {
             multicast: t.multicast.as_ref().map(TableCaps::of),
             graph: t.graph.as_ref().map(TableCaps::of),
             kernel: t.kernel.as_ref().map(TableCaps::of),
+            memops: t.memops.as_ref().map(TableCaps::of),
             ordinals,
             notes,
         };

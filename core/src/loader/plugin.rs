@@ -10,8 +10,8 @@ use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 use crate::abi::{
     AbiTable, CclAdaptorV1, CclWindowV1, DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1,
-    DeviceKernelV1, DeviceMulticastV1, DeviceVmmV1, PluginModuleRef, ABI_MAJOR, CCL_ROOT_PREFIX,
-    DEVICE_ROOT_PREFIX,
+    DeviceKernelV1, DeviceMemOpsV1, DeviceMulticastV1, DeviceVmmV1, PluginModuleRef, ABI_MAJOR,
+    CCL_ROOT_PREFIX, DEVICE_ROOT_PREFIX,
 };
 
 use super::error::{LoadError, LoadErrorKind};
@@ -31,6 +31,8 @@ pub struct DeviceTables {
     pub graph: Option<Table<DeviceGraphV1>>,
     /// `ferrocx_device_kernel_v1`, if exported (ABI 1.2).
     pub kernel: Option<Table<DeviceKernelV1>>,
+    /// `ferrocx_device_memops_v1`, if exported (ABI 1.3).
+    pub memops: Option<Table<DeviceMemOpsV1>>,
     /// The capabilities, probed once after `init` (see [`crate::caps`]).
     pub(crate) caps: crate::caps::Cached<crate::caps::DeviceCaps>,
 }
@@ -55,6 +57,7 @@ impl DeviceTables {
             multicast: None,
             graph: None,
             kernel: None,
+            memops: None,
             caps: Default::default(),
         }
     }
@@ -261,6 +264,7 @@ fn probe(lib: &Opened) -> Result<LoadedPlugin, LoadError> {
             multicast: group::<DeviceMulticastV1>(lib, &mut notes),
             graph: group::<DeviceGraphV1>(lib, &mut notes),
             kernel: group::<DeviceKernelV1>(lib, &mut notes),
+            memops: group::<DeviceMemOpsV1>(lib, &mut notes),
             ..DeviceTables::new(root)
         })
     });
@@ -330,6 +334,7 @@ fn check_root_module(lib: &Opened) -> Result<Checked, LoadError> {
         DeviceMulticastV1::SYMBOL,
         DeviceGraphV1::SYMBOL,
         DeviceKernelV1::SYMBOL,
+        DeviceMemOpsV1::SYMBOL,
         CclAdaptorV1::SYMBOL,
         CclWindowV1::SYMBOL,
     ] {

@@ -3,11 +3,13 @@
 //!
 //! - [`root`](self): [`DeviceAdaptor`] (`ferrocx_device_adaptor_v1`) and the values it returns;
 //! - `vmm`: [`DeviceVmm`]; `flatmap`: [`DeviceFlatMap`]; `multicast`: [`DeviceMulticast`];
-//!   `graph`: [`DeviceGraph`]; `kernel`: [`DeviceKernel`] (ABI 1.2).
+//!   `graph`: [`DeviceGraph`]; `kernel`: [`DeviceKernel`] (ABI 1.2); `memops`: [`DeviceMemOps`]
+//!   (ABI 1.3).
 
 mod flatmap;
 mod graph;
 mod kernel;
+mod memops;
 mod multicast;
 mod root;
 mod vmm;
@@ -15,6 +17,7 @@ mod vmm;
 pub use flatmap::{flatmap_table, DeviceFlatMap};
 pub use graph::{graph_table, DeviceGraph};
 pub use kernel::{kernel_table, DeviceKernel, Launch};
+pub use memops::{memops_table, DeviceMemOps, WaitCondition};
 pub use multicast::{multicast_table, DeviceMulticast};
 pub use root::{device_table, DeviceAdaptor, HostCall, MemInfo, Properties};
 pub use vmm::{vmm_table, DeviceVmm};

@@ -6,6 +6,7 @@ ferrocx_plugin_sdk::export_plugin! {
     device_vmm: host::HostDevice,
     device_flatmap: host::HostDevice,
     device_multicast: host::HostDevice,
+    device_memops: host::HostDevice,
     ccl: host::HostCcl,
     ccl_absent: ["mem_alloc", "mem_free"],
 }
