@@ -1,7 +1,8 @@
-//! Plugins built against ABI 1.1, before ABI 1.2 (`fixtures/abi-1.1/`, prebuilt and committed:
-//! see the README there), load in this build and pass the conformance kit unchanged: the SDK
-//! template filled in (the out-of-tree Rust example) and the C example. Neither exports a
-//! group of 1.2, so the kernel group reads as absent.
+//! Plugins built against ABI 1.1, before ABI 1.2 (`fixtures/abi-1.1/`), and against ABI 1.2,
+//! before ABI 1.3 (`fixtures/abi-1.2/`), prebuilt and committed (see the READMEs there), load
+//! in this build and pass the conformance kit unchanged: the SDK template filled in (the
+//! out-of-tree Rust example) and the C example. Neither exports a later group, so the kernel
+//! group (1.2) and the memops group (1.3) read as absent.
 //!
 //! Each test re-runs its own executable as the kit's worker processes (the kit's documented
 //! way for a `cargo test`).
@@ -13,26 +14,26 @@ use ferrocx::loader::Checked;
 use ferrocx::registry::Registry;
 use ferrocx_conformance::{run, run_worker, Options, Outcome, Target, WorkerCommand};
 
-fn fixture(name: &str) -> PathBuf {
+fn fixture(minor: u16, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/abi-1.1")
+        .join(format!("fixtures/abi-1.{minor}"))
         .join(format!("libferrocx_adaptor_{name}.so"))
 }
 
-/// Loads the fixture, checks what a 1.1 device-only plugin looks like, and runs the kit on it
-/// (or, in a worker process, the part the driver asked for).
-fn loads_and_conforms(name: &str, checked: Checked, test: &str) {
+/// Loads the fixture built against ABI 1.`minor`, checks what such a device-only plugin looks
+/// like, and runs the kit on it (or, in a worker process, the part the driver asked for).
+fn loads_and_conforms(minor: u16, name: &str, checked: Checked, test: &str) {
     let mut registry = Registry::empty();
     let entry = registry
-        .add_plugin(&fixture(name))
-        .unwrap_or_else(|e| panic!("the ABI 1.1 fixture {name} must load: {e}"));
+        .add_plugin(&fixture(minor, name))
+        .unwrap_or_else(|e| panic!("the ABI 1.{minor} fixture {name} must load: {e}"));
     let target = Target::new(entry);
     if run_worker(&target).is_some() {
         return; // this process is one of the kit's workers
     }
     assert_eq!(entry.name, name);
     assert_eq!(entry.checked, checked);
-    assert_eq!(entry.abi_version(), (1, 1));
+    assert_eq!(entry.abi_version(), (1, minor));
     assert!(entry.ccl.is_none(), "a device-only plugin");
     assert_eq!(entry.groups(), [DeviceAdaptorV1::SYMBOL]);
     let tables = entry.device.as_ref().expect("device tables");
@@ -42,7 +43,7 @@ fn loads_and_conforms(name: &str, checked: Checked, test: &str) {
     let device = entry.device().expect("device");
     device.init(&[]).expect("init");
     let caps = device.caps();
-    assert_eq!(caps.root.version, (1, 1));
+    assert_eq!(caps.root.version, (1, minor));
     assert!(caps.kernel.is_none() && !caps.has_kernels());
     assert!(caps.memops.is_none() && !caps.has_memops() && !device.has_memops());
     assert!(caps.groups().is_empty());
@@ -71,6 +72,7 @@ fn loads_and_conforms(name: &str, checked: Checked, test: &str) {
 #[test]
 fn the_abi_1_1_rust_plugin_loads_and_passes_the_conformance_kit() {
     loads_and_conforms(
+        1,
         "outoftree",
         Checked::AbiStable,
         "the_abi_1_1_rust_plugin_loads_and_passes_the_conformance_kit",
@@ -80,8 +82,29 @@ fn the_abi_1_1_rust_plugin_loads_and_passes_the_conformance_kit() {
 #[test]
 fn the_abi_1_1_c_plugin_loads_and_passes_the_conformance_kit() {
     loads_and_conforms(
+        1,
         "cexample",
         Checked::HeaderOnly,
         "the_abi_1_1_c_plugin_loads_and_passes_the_conformance_kit",
+    );
+}
+
+#[test]
+fn the_abi_1_2_rust_plugin_loads_and_passes_the_conformance_kit() {
+    loads_and_conforms(
+        2,
+        "outoftree",
+        Checked::AbiStable,
+        "the_abi_1_2_rust_plugin_loads_and_passes_the_conformance_kit",
+    );
+}
+
+#[test]
+fn the_abi_1_2_c_plugin_loads_and_passes_the_conformance_kit() {
+    loads_and_conforms(
+        2,
+        "cexample",
+        Checked::HeaderOnly,
+        "the_abi_1_2_c_plugin_loads_and_passes_the_conformance_kit",
     );
 }
