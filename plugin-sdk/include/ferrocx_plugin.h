@@ -30,7 +30,8 @@
  History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table;
  1.2 adds the kernel group (`ferrocx_device_kernel_v1`) and appends `query_support` to the
  CCL adaptor table; 1.3 adds the memops group (`ferrocx_device_memops_v1`: 32-bit stores and
- waits on host memory in stream order).
+ waits on host memory in stream order) and appends `get_limits` (the CCL's declared maximum
+ ranks, data types and reductions) to the CCL adaptor table.
  */
 #define Ferrocx_ABI_MINOR 3
 
@@ -896,13 +897,49 @@ typedef struct {
 } FerrocxCommInitArgs;
 
 /*
+ What a CCL adaptor claims to support, from `get_limits` (*since ABI 1.3*). Outside these
+ limits the adaptor may refuse a call (with `UNSUPPORTED` or `INVALID_ARGUMENT`); callers
+ (the core, the conformance kit) treat what lies outside as "not claimed", not as a failure.
+
+ The caller sets `struct_size` and fills every field with "no limit" ([`CclLimits::NONE`])
+ before the call; the adaptor writes no byte past the caller's `struct_size`, so later minors
+ can append fields. A table without `get_limits` (ABI 1.0 to 1.2, or an adaptor without
+ limits) has no limits.
+ */
+typedef struct {
+  /*
+   Set by the caller: `sizeof(CclLimits)` as it was compiled.
+   */
+  uint32_t struct_size;
+  /*
+   Zero.
+   */
+  uint32_t reserved;
+  /*
+   The most ranks a communicator may have; 0 means no limit.
+   */
+  uint64_t max_ranks;
+  /*
+   The data types the collectives accept: bit `d` set when `DataType(d)` is supported
+   (`1 << FERROCX_F32 | ...`); all ones means every type, this build's and later ones.
+   */
+  uint64_t dtypes;
+  /*
+   The reductions accepted: bit `o` set when `ReduceOp(o)` is supported; all ones means
+   every reduction.
+   */
+  uint64_t reduce_ops;
+} FerrocxCclLimits;
+
+/*
  The CCL adaptor table, exported as `ferrocx_ccl_adaptor_v1`.
 
  Collectives are asynchronous on `stream` (NCCL semantics): they return once enqueued.
  Counts are in elements of `dtype`. `send == recv` means in place.
 
  Fields are only ever appended, one minor at a time: ABI 1.0 and 1.1 end at `mem_deregister`
- (`struct_size` = `offsetof(query_support)`), ABI 1.2 adds `query_support`.
+ (`struct_size` = `offsetof(query_support)`), ABI 1.2 adds `query_support`, ABI 1.3 adds
+ `get_limits`.
  */
 typedef struct {
   /*
@@ -1115,6 +1152,15 @@ typedef struct {
                                  int32_t *supported,
                                  char *reason,
                                  size_t reason_len);
+  /*
+   The adaptor's declared limits: the most ranks a communicator may have, the data types
+   and the reductions its collectives accept (see [`CclLimits`]). The caller fills
+   `limits` with [`CclLimits::NONE`] and its `struct_size` first; the adaptor overwrites
+   what it limits, writing no byte past `struct_size`. A static declaration: callable
+   before `init`, the same answer every time. *Since ABI 1.3*: an older table (or a table
+   leaving this `None`) has no limits.
+   */
+  FerrocxStatus (*get_limits)(FerrocxCclLimits *limits);
 } FerrocxCclAdaptorV1;
 
 /*

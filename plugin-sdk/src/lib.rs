@@ -41,7 +41,7 @@ pub mod handles;
 mod options;
 pub mod table;
 
-pub use ccl::{ccl_table, window_table, CclAdaptor, CclWindow, CommInit, VCounts};
+pub use ccl::{ccl_table, window_table, CclAdaptor, CclWindow, CommInit, Limits, VCounts};
 pub use device::{
     device_table, flatmap_table, graph_table, kernel_table, memops_table, multicast_table,
     vmm_table, DeviceAdaptor, DeviceFlatMap, DeviceGraph, DeviceKernel, DeviceMemOps,
@@ -66,7 +66,7 @@ pub mod prelude {
     pub use crate::{
         export_plugin, singleton, CclAdaptor, CclWindow, CommInit, DeviceAdaptor, DeviceFlatMap,
         DeviceGraph, DeviceKernel, DeviceMemOps, DeviceMulticast, DeviceVmm, Error, HostCall,
-        Launch, MemInfo, Options, Properties, Result, VCounts, WaitCondition,
+        Launch, Limits, MemInfo, Options, Properties, Result, VCounts, WaitCondition,
     };
 }
 

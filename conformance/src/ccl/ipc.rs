@@ -61,6 +61,7 @@ fn ipc(ctx: &Ctx<'_>) -> Verdict {
     let send = DevBuf::device(dev, max)?;
     let recv = DevBuf::device(dev, max * ctx.world)?;
     send.upload(&padded)?;
+    ctx.claims(DataType::U8, None)?;
     ctx.run("exchanging IPC handles", || {
         // SAFETY: `send` holds `max` and `recv` `max * world` bytes; `run` waits for the stream
         // before they drop.
