@@ -739,15 +739,19 @@ mod tramp {
     }
 }
 
-/// Builds the CCL adaptor table of `A`. Entries named in `absent` are exported as `None`.
+/// Builds the CCL adaptor table of `A`. Entries named in `absent` (by entry name, e.g.
+/// `get_version`, or by [`CclAdaptor`] method name, e.g. `version`) are exported as `None`. A
+/// name that is neither fails compilation where the table is a `static`.
 pub const fn ccl_table<A: CclAdaptor>(
     name: &'static std::ffi::CStr,
     absent: &[&str],
 ) -> CclAdaptorV1 {
+    use crate::table::{CCL_ALIASES, CCL_ENTRIES};
     use tramp::*;
+    crate::table::all_known(absent, CCL_ENTRIES, CCL_ALIASES);
     macro_rules! entry {
         ($f:ident) => {
-            if crate::table::listed(absent, stringify!($f)) {
+            if crate::table::is_absent(absent, stringify!($f), CCL_ALIASES) {
                 None
             } else {
                 Some($f::<A>)

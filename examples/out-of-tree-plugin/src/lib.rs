@@ -23,7 +23,7 @@ pub use device::HostMemDevice;
 ferrocx_plugin_sdk::export_plugin! {
     name: "outoftree",
     device: HostMemDevice,
-    device_absent: ["stream_wrap", "ipc_export", "ipc_import", "ipc_close"],
+    device_absent: [stream_wrap, ipc_export, ipc_import, ipc_close],
 }
 
 #[cfg(test)]

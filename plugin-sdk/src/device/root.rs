@@ -403,16 +403,20 @@ mod tramp {
     }
 }
 
-/// Builds the device adaptor table of `A`. Entries named in `absent` are exported as `None`
-/// (not supported) instead of a trampoline.
+/// Builds the device adaptor table of `A`. Entries named in `absent` (by entry name, e.g.
+/// `get_properties`, or by [`DeviceAdaptor`] method name, e.g. `properties`) are exported as
+/// `None` (not supported) instead of a trampoline. A name that is neither fails compilation
+/// where the table is a `static`.
 pub const fn device_table<A: DeviceAdaptor>(
     name: &'static std::ffi::CStr,
     absent: &[&str],
 ) -> DeviceAdaptorV1 {
+    use crate::table::{DEVICE_ALIASES, DEVICE_ENTRIES};
     use tramp::*;
+    crate::table::all_known(absent, DEVICE_ENTRIES, DEVICE_ALIASES);
     macro_rules! entry {
         ($f:ident) => {
-            if crate::table::listed(absent, stringify!($f)) {
+            if crate::table::is_absent(absent, stringify!($f), DEVICE_ALIASES) {
                 None
             } else {
                 Some($f::<A>)
