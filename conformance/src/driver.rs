@@ -156,6 +156,11 @@ fn prepare_ccl(
         ));
     };
     let required = |o| Check::new("ccl", "required entries", o);
+    if crate::device::claims_nothing(ccl.tables().root.present()) {
+        return Err(required(Outcome::not_claimed(
+            "the CCL table exports every entry as absent",
+        )));
+    }
     let Some(dev) = target.ccl_device() else {
         return Err(required(Outcome::Fail(
             "the adaptor has a CCL but no device adaptor to run it on (Target::with_device)".into(),

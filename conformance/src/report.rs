@@ -286,9 +286,10 @@ fn combine(outcomes: &[(String, Outcome)]) -> Outcome {
     if outcomes.iter().any(|(_, o)| *o == Outcome::Pass) {
         return Outcome::Pass;
     }
-    // Skipped everywhere: the reasons usually agree; keep the first.
+    // Skipped everywhere: the reasons usually agree; keep the last (a part that ran later,
+    // as the CCL part's IPC check after the device part's placeholder row, knows more).
     outcomes
-        .first()
+        .last()
         .map(|(_, o)| o.clone())
         .unwrap_or(Outcome::Skip("not run".into()))
 }

@@ -13,7 +13,7 @@
 mod abort;
 mod arguments;
 mod collectives;
-mod ipc;
+pub(crate) mod ipc;
 mod resources;
 
 use std::cell::RefCell;
