@@ -6,6 +6,7 @@
 //! one is absent, "required entries" fails and the checks that move data are skipped.
 
 mod arguments;
+mod contract;
 mod graph;
 mod groups;
 mod memops;
@@ -57,6 +58,11 @@ pub(crate) fn run(r: &mut Runner<'_>, dev: &Device) {
             })
         })
     };
+    r.check(
+        "device",
+        "a call before init works or returns NOT_INITIALIZED",
+        || contract::before_init(&api),
+    );
     let init = r.check("device", "init", || Ok(init_once(&api)?));
     // An absent `init` means there is nothing to initialise.
     let init = if init.is_absent() {
@@ -72,6 +78,25 @@ pub(crate) fn run(r: &mut Runner<'_>, dev: &Device) {
     });
     memory::run(r, &api, &memory);
     streams::run(r, &api, &memory);
+    check_if(
+        r,
+        &memory,
+        "the null stream is the default stream: in order, synchronized",
+        || contract::null_stream(&api),
+    );
+    let host_funcs = api.root().launch_host_func.is_some();
+    check_if(
+        r,
+        &needs("init", &init),
+        "event_elapsed_ms: untimed event, record not completed",
+        || contract::elapsed_edges(&api, host_funcs),
+    );
+    check_if(
+        r,
+        &memory,
+        "bad argument: mem_free with the wrong kind",
+        || contract::wrong_kind(&api),
+    );
     r.record(
         "device",
         crate::ccl::ipc::NAME,
