@@ -430,6 +430,18 @@ typedef struct {
  Every entry returns a [`Status`]; on failure `get_last_error` returns the message on the
  calling thread. A `None` entry means the operation is not supported.
 
+ The contract of every entry:
+ - Entries may be called from any thread, concurrently. The current device is per thread.
+ - Before a successful `init`, an entry either works or returns `NOT_INITIALIZED` (with a
+   message); it never crashes.
+ - A null `Stream` is the default stream: every entry that takes a stream accepts it, work
+   enqueued on it runs in order, `stream_synchronize(NULL)` waits for it; it is never
+   destroyed.
+ - A handle or pointer the adaptor did not give out, or already released, is
+   `INVALID_HANDLE`; a bad value (zero size, unknown kind or flag, null address) is
+   `INVALID_ARGUMENT`. `UNSUPPORTED` from a present entry means "not at run time" (the
+   runtime lacks it); what the adaptor never does is a `NULL` entry.
+
  Fields are only ever appended, one minor at a time: ABI 1.0 ends at `ipc_close`
  (`struct_size` = `offsetof(mem_get_info)`), ABI 1.1 adds `mem_get_info`.
  */
@@ -439,7 +451,8 @@ typedef struct {
    */
   FerrocxAbiHeader header;
   /*
-   Initialises the adaptor with the configuration's options. Called once before anything else.
+   Initialises the adaptor with the configuration's options. Called once before anything
+   else; an entry called before it works or returns `NOT_INITIALIZED`.
    */
   FerrocxStatus (*init)(const FerrocxKeyValue *options, size_t n_options);
   /*
@@ -472,7 +485,9 @@ typedef struct {
    */
   FerrocxStatus (*mem_alloc)(size_t bytes, FerrocxMemKind kind, FerrocxDevicePtr *ptr);
   /*
-   Frees memory from `mem_alloc` of the same kind.
+   Frees memory from `mem_alloc` of the same kind (a null `ptr` does nothing). A pointer
+   not allocated (or already freed) is `INVALID_HANDLE`; a live allocation given with
+   another kind is `INVALID_ARGUMENT` (or `INVALID_HANDLE`) and stays allocated.
    */
   FerrocxStatus (*mem_free)(FerrocxDevicePtr ptr, FerrocxMemKind kind);
   /*
@@ -480,7 +495,7 @@ typedef struct {
    */
   FerrocxStatus (*mem_copy)(FerrocxDevicePtr dst, FerrocxDevicePtr src, size_t bytes);
   /*
-   Enqueues a copy on `stream`.
+   Enqueues a copy on `stream` (null: the default stream); returns once enqueued.
    */
   FerrocxStatus (*mem_copy_async)(FerrocxDevicePtr dst,
                                   FerrocxDevicePtr src,
@@ -491,7 +506,7 @@ typedef struct {
    */
   FerrocxStatus (*mem_set)(FerrocxDevicePtr dst, uint8_t value, size_t bytes);
   /*
-   Enqueues a memset on `stream`.
+   Enqueues a memset on `stream` (null: the default stream); returns once enqueued.
    */
   FerrocxStatus (*mem_set_async)(FerrocxDevicePtr dst,
                                  uint8_t value,
@@ -507,11 +522,13 @@ typedef struct {
    */
   FerrocxStatus (*stream_wrap)(void *native, FerrocxStream *stream);
   /*
-   Destroys a stream after the work enqueued on it completes.
+   Destroys a stream after the work enqueued on it completes (returns at once). The null
+   (default) stream cannot be destroyed: `INVALID_HANDLE`.
    */
   FerrocxStatus (*stream_destroy)(FerrocxStream stream);
   /*
-   Blocks until all work enqueued on `stream` has completed.
+   Blocks until all work enqueued on `stream` (null: the default stream) has completed;
+   returns the first failure of that work, if any.
    */
   FerrocxStatus (*stream_synchronize)(FerrocxStream stream);
   /*
@@ -524,7 +541,8 @@ typedef struct {
    */
   FerrocxStatus (*stream_wait_event)(FerrocxStream stream, FerrocxEvent event);
   /*
-   Creates an event (`flags`: bit 0 = disable timing).
+   Creates an event (`flags`: bit 0 = disable timing). An event never recorded counts as
+   complete (queries, synchronizes and waits on it return at once).
    */
   FerrocxStatus (*event_create)(uint32_t flags, FerrocxEvent *event);
   /*
@@ -544,7 +562,10 @@ typedef struct {
    */
   FerrocxStatus (*event_query)(FerrocxEvent event);
   /*
-   Milliseconds between two completed records of timing events.
+   Milliseconds between two completed records of timing events (negative when `end`
+   completed first). An event created with timing disabled, or never recorded, is
+   `INVALID_ARGUMENT` or `INVALID_HANDLE` (CUDA's); a record not completed yet is
+   `NOT_READY`.
    */
   FerrocxStatus (*event_elapsed_ms)(FerrocxEvent start, FerrocxEvent end, float *ms);
   /*

@@ -138,7 +138,31 @@ pub struct VCounts<'a> {
 }
 
 /// The CCL adaptor (`ferrocx_ccl_adaptor_v1`). Every method is required: return
-/// [`Error::unsupported`] for what the library cannot do.
+/// [`Error::unsupported`] for what the library cannot do at run time, export it as absent
+/// (`ccl_absent: [method, …]`) for what it never does, and declare narrower support in
+/// [`CclAdaptor::LIMITS`].
+///
+/// # Pairing with a device adaptor
+///
+/// A CCL always runs on a device adaptor: its own (an adaptor exporting both tables, as the
+/// host adaptor does) or another one named beside it in the cluster's configuration (NCCL on
+/// CUDA). Buffers are [`DevicePtr`]s of that device adaptor's `mem_alloc` (or its `PINNED` /
+/// `HOST` memory), streams are that device adaptor's [`Stream`] handles, passed through
+/// unchanged: a CCL must accept every stream its device adaptor creates or wraps, and the null
+/// stream as that adaptor's default stream. `CommInit::device` is an ordinal of that device
+/// adaptor (`set_device`'s numbering). A CCL meant for someone else's device adaptor documents
+/// which one; one over its own device can keep its stream handles in its own table.
+///
+/// # The contract every method keeps
+///
+/// - **Asynchronous.** Collectives and `send`/`recv` return once enqueued on `stream`; they run
+///   in stream order with the device's other work, and their failures surface at
+///   `stream_synchronize` (or `comm_async_error`).
+/// - **Collective calls** are made by every rank of the communicator in the same order.
+/// - **Before `init`**, a method either works or fails with `NOT_INITIALIZED`.
+/// - **Bad arguments** fail at once, before anything is enqueued: an unknown data type or
+///   reduction, a root or peer out of range, a null buffer with a non-zero count are
+///   `INVALID_ARGUMENT`; an unknown communicator is `INVALID_HANDLE`.
 #[allow(clippy::too_many_arguments)]
 pub trait CclAdaptor: Send + Sync + Sized + 'static {
     /// What the adaptor claims (ABI 1.3's `get_limits`): the most ranks, the data types and
@@ -155,7 +179,9 @@ pub trait CclAdaptor: Send + Sync + Sized + 'static {
     fn version(&self) -> Result<i32>;
     /// A new unique id (called on the root rank).
     fn unique_id(&self) -> Result<Vec<u8>>;
-    /// Creates this rank's communicator.
+    /// Creates this rank's communicator (collective over `init.nranks` processes, which all
+    /// pass the same `unique_id`); a wait on a peer gives up after `init.timeout_ms`
+    /// (`TIMEOUT`). More ranks than [`CclAdaptor::LIMITS`] allow never reach this method.
     fn comm_init_rank(&self, init: &CommInit<'_>) -> Result<Comm>;
     /// Completes outstanding operations.
     fn comm_finalize(&self, comm: Comm) -> Result<()>;
