@@ -103,6 +103,7 @@ fn c_example() -> PathBuf {
             .args(["-shared", "-fPIC", "-I"])
             .arg(root.join("plugin-sdk/include"))
             .arg(root.join("plugin-sdk/examples/c/plugin.c"))
+            .arg(root.join("plugin-sdk/examples/c/ccl.c"))
             .arg("-o")
             .arg(&so)
             .output()
@@ -127,7 +128,9 @@ fn load_device(so: &Path, name: &str, checked: Checked) -> Device {
     assert_eq!(e.name, name);
     assert_eq!(e.checked, checked);
     assert_eq!(e.abi_version(), (1, ferrocx::abi::ABI_MINOR));
-    assert!(e.ccl.is_none(), "a device-only plugin");
+    // The device with its minimal one-rank CCL, which declares one rank at most.
+    let ccl = e.ccl().expect("a CCL table beside the device");
+    assert_eq!(ccl.limits().expect("get_limits").max_ranks, 1);
     e.device().expect("device table")
 }
 
@@ -269,8 +272,9 @@ fn exercise_host_memory_device(dev: &Device) {
     assert_eq!(err.status(), Status::INVALID_HANDLE);
 }
 
-/// Runs `ferrocx conformance --plugin SO` and asserts it passed, showing its report if not.
-fn assert_conformant(so: &Path) {
+/// Runs `ferrocx conformance --plugin SO` and asserts it passed, showing its report if not;
+/// returns the report.
+fn assert_conformant(so: &Path) -> String {
     let dir = plugin_dir(&[so.to_path_buf()], &[]);
     let plugin = dir.path().join(so.file_name().expect("file name"));
     let report = ferrocx_ok(
@@ -285,6 +289,7 @@ fn assert_conformant(so: &Path) {
         report.contains(" 0 failed") && report.contains("CONFORMANT"),
         "{report}"
     );
+    report
 }
 
 #[test]
@@ -323,7 +328,27 @@ fn the_out_of_tree_plugin_is_listed_by_ferrocx_info() {
 
 #[test]
 fn the_out_of_tree_plugin_passes_the_conformance_kit() {
-    assert_conformant(&out_of_tree());
+    let report = assert_conformant(&out_of_tree());
+    // Its one-rank CCL passes at its declared world size; what lies outside its limits is
+    // not claimed, not failed.
+    for line in [
+        "not claimed: the adaptor declares at most 1 rank(s); the CCL part ran on 1",
+        "not claimed: the adaptor's limits do not list the data type f16",
+        "not claimed: the adaptor's limits do not list the reduction avg",
+    ] {
+        assert!(report.contains(line), "{line}\n{report}");
+    }
+    for passed in [
+        "all_reduce f32 sum",
+        "all_to_allv i64",
+        "bad argument: root out of range",
+    ] {
+        let row = report
+            .lines()
+            .find(|l| l.contains(passed))
+            .unwrap_or_else(|| panic!("{passed} not in\n{report}"));
+        assert!(row.contains(" pass"), "{row}");
+    }
 }
 
 #[test]
@@ -466,6 +491,17 @@ fn the_c_example_is_listed_by_ferrocx_info() {
 }
 
 #[test]
-fn the_c_example_passes_the_device_part_of_the_conformance_kit() {
-    assert_conformant(&c_example());
+fn the_c_example_passes_the_conformance_kit_with_its_one_rank_ccl() {
+    let report = assert_conformant(&c_example());
+    for line in [
+        "not claimed: the adaptor declares at most 1 rank(s); the CCL part ran on 1",
+        "not claimed: the adaptor's limits do not list the data type bf16",
+    ] {
+        assert!(report.contains(line), "{line}\n{report}");
+    }
+    let row = report
+        .lines()
+        .find(|l| l.contains("all_reduce f32 sum") && !l.contains("in place"))
+        .unwrap_or_else(|| panic!("no all_reduce f32 sum in\n{report}"));
+    assert!(row.contains(" pass"), "{row}");
 }
