@@ -27,14 +27,14 @@ impl OneRankCcl {
     /// The device of a live communicator.
     fn device_of(&self, comm: Comm) -> Result<i32> {
         let comms = self.comms.lock().unwrap_or_else(|p| p.into_inner());
-        comms
-            .get(&(comm.0 as usize))
-            .copied()
-            .ok_or_else(|| Error::invalid_handle(format!("{:#x} is not a communicator", comm.0 as usize)))
+        comms.get(&(comm.0 as usize)).copied().ok_or_else(|| {
+            Error::invalid_handle(format!("{:#x} is not a communicator", comm.0 as usize))
+        })
     }
 
     /// Checks a collective's arguments and enqueues the copy of `n` elements of `dtype` from
     /// `send` to `recv` (nothing when they are the same buffer: in place).
+    #[allow(clippy::too_many_arguments)] // a collective's own arguments
     fn copy(
         &self,
         send: DevicePtr,
@@ -60,7 +60,9 @@ impl OneRankCcl {
             return Ok(());
         }
         if send == DevicePtr::NULL || recv == DevicePtr::NULL {
-            return Err(Error::invalid_argument("a null buffer with a non-zero count"));
+            return Err(Error::invalid_argument(
+                "a null buffer with a non-zero count",
+            ));
         }
         HostMemDevice::instance().mem_copy_async(recv, send, n * size, stream)
     }
@@ -70,7 +72,10 @@ fn reduction(op: ReduceOp) -> Result<()> {
     if ReduceOp::ALL.contains(&op) {
         Ok(())
     } else {
-        Err(Error::invalid_argument(format!("unknown reduction {}", op.0)))
+        Err(Error::invalid_argument(format!(
+            "unknown reduction {}",
+            op.0
+        )))
     }
 }
 
@@ -104,7 +109,11 @@ impl CclAdaptor for OneRankCcl {
     }
     fn unique_id(&self) -> Result<Vec<u8>> {
         // One rank: nothing to rendezvous with, but a distinct id per call all the same.
-        Ok(self.next.fetch_add(1, Ordering::Relaxed).to_le_bytes().to_vec())
+        Ok(self
+            .next
+            .fetch_add(1, Ordering::Relaxed)
+            .to_le_bytes()
+            .to_vec())
     }
     fn comm_init_rank(&self, init: &CommInit<'_>) -> Result<Comm> {
         // `LIMITS` already refused more than one rank.
@@ -116,7 +125,10 @@ impl CclAdaptor for OneRankCcl {
         }
         let count = HostMemDevice::instance().device_count()?;
         if !(0..count).contains(&init.device) {
-            return Err(Error::invalid_argument(format!("device {} out of range", init.device)));
+            return Err(Error::invalid_argument(format!(
+                "device {} out of range",
+                init.device
+            )));
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed) as usize + 1;
         let handle = id << 4; // never null
@@ -131,10 +143,9 @@ impl CclAdaptor for OneRankCcl {
     }
     fn comm_destroy(&self, comm: Comm) -> Result<()> {
         let mut comms = self.comms.lock().unwrap_or_else(|p| p.into_inner());
-        comms
-            .remove(&(comm.0 as usize))
-            .map(|_| ())
-            .ok_or_else(|| Error::invalid_handle(format!("{:#x} is not a communicator", comm.0 as usize)))
+        comms.remove(&(comm.0 as usize)).map(|_| ()).ok_or_else(|| {
+            Error::invalid_handle(format!("{:#x} is not a communicator", comm.0 as usize))
+        })
     }
     fn comm_abort(&self, comm: Comm) -> Result<()> {
         self.comm_destroy(comm)
@@ -262,7 +273,11 @@ impl CclAdaptor for OneRankCcl {
         let size = dtype
             .size()
             .ok_or_else(|| Error::invalid_argument(format!("unknown data type {}", dtype.0)))?;
-        let (n, sd, rd) = (send_counts.counts[0], send_counts.displs[0], recv_counts.displs[0]);
+        let (n, sd, rd) = (
+            send_counts.counts[0],
+            send_counts.displs[0],
+            recv_counts.displs[0],
+        );
         if recv_counts.counts[0] != n {
             return Err(Error::invalid_argument(format!(
                 "rank 0 sends {n} elements to itself but receives {}",
