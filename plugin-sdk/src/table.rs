@@ -165,7 +165,7 @@ pub const fn all_known(absent: &[&str], entries: &[&str], aliases: &[(&str, &str
     let mut i = 0;
     while i < absent.len() {
         if !is_known(absent[i], entries, aliases) {
-            panic!("an absent name is neither an entry of the table nor a method of the trait");
+            panic!("an absent name is neither an entry of the table nor a method of the trait (the export_plugin! error above names it)");
         }
         i += 1;
     }

@@ -305,6 +305,52 @@ fn the_out_of_tree_plugin_builds_and_answers_through_its_table() {
 }
 
 #[test]
+fn the_sdk_refuses_what_lies_outside_a_ccls_declared_limits() {
+    use ferrocx::abi::{DataType, ReduceOp, Stream};
+    let dir = plugin_dir(&[out_of_tree()], &[]);
+    let mut r = Registry::empty();
+    let e = r
+        .add_plugin(&dir.path().join("libferrocx_adaptor_outoftree.so"))
+        .expect("loads");
+    let (dev, ccl) = (e.device().expect("device"), e.ccl().expect("ccl"));
+    dev.init(&[]).expect("device init");
+    ccl.init().expect("ccl init");
+    let limits = ccl.limits().expect("get_limits");
+    assert_eq!(limits.max_ranks, 1);
+    assert!(!limits.allows_dtype(DataType::F16) && !limits.allows_op(ReduceOp::AVG));
+    let id = ccl.unique_id().expect("id");
+    let err = ccl
+        .comm_init_rank(0, 2, 0, &id, 1000, &[])
+        .expect_err("two ranks");
+    assert_eq!(err.status(), Status::UNSUPPORTED);
+    assert!(err.to_string().contains("claims at most 1"), "{err}");
+    let comm = ccl
+        .comm_init_rank(0, 1, 0, &id, 1000, &[])
+        .expect("one rank");
+    let buf = dev.mem_alloc(64, MemKind::DEVICE).expect("alloc");
+    for (dtype, op, what) in [
+        (DataType::F16, ReduceOp::SUM, "data type"),
+        (DataType::F32, ReduceOp::AVG, "reduction"),
+    ] {
+        // SAFETY: `buf` holds 64 bytes, more than 4 elements of either type; the call is
+        // refused before anything is enqueued.
+        let err =
+            unsafe { ccl.all_reduce(buf, buf, 4, dtype, op, comm, Stream::NULL) }.expect_err(what);
+        assert_eq!(err.status(), Status::UNSUPPORTED, "{err}");
+        assert!(err.to_string().contains(what), "{err}");
+    }
+    // An unknown type is still the adaptor's INVALID_ARGUMENT, not "not claimed".
+    // SAFETY: as above.
+    let err =
+        unsafe { ccl.all_reduce(buf, buf, 4, DataType(99), ReduceOp::SUM, comm, Stream::NULL) }
+            .expect_err("unknown type");
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
+    ccl.comm_destroy(comm).expect("destroy");
+    // SAFETY: the allocation above, unused.
+    unsafe { dev.mem_free(buf, MemKind::DEVICE) }.expect("free");
+}
+
+#[test]
 fn the_out_of_tree_plugin_is_listed_by_ferrocx_info() {
     let dir = plugin_dir(&[out_of_tree()], &[]);
     let info = ferrocx_ok(&["info"], dir.path());
