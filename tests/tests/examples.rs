@@ -367,6 +367,10 @@ fn the_out_of_tree_plugin_is_listed_by_ferrocx_info() {
         "{me}"
     );
     assert!(
+        me.contains("ccl limits: at most 1 rank(s); data types f32, f64, u8, i32, i64, u64; reductions sum, min, max"),
+        "{me}"
+    );
+    assert!(
         me.contains("device 0: ferrocx-example host memory (out-of-tree Rust example)"),
         "{me}"
     );
