@@ -171,33 +171,40 @@ pub trait CclAdaptor: Send + Sync + Sized + 'static {
     const LIMITS: Limits = Limits::NONE;
     /// The process-wide instance (see [`crate::singleton!`]).
     fn instance() -> &'static Self;
-    /// Initialises the adaptor with the configuration's options.
+    /// Initialises the adaptor with the configuration's options (load the vendor library
+    /// here). Called once per process before anything else.
     fn init(&self, options: &Options) -> Result<()>;
-    /// Releases everything the adaptor holds.
+    /// Releases everything the adaptor holds (communicators still live included). No call but
+    /// `init` follows it.
     fn finalize(&self) -> Result<()>;
-    /// The vendor library's version.
+    /// The vendor library's version (NCCL: `major*10000 + minor*100 + patch`), at least 0.
     fn version(&self) -> Result<i32>;
-    /// A new unique id (called on the root rank).
+    /// A new unique id: called once per communicator on one process (the root), whose bytes
+    /// every rank then passes to `comm_init_rank`. Two calls give two distinct ids.
     fn unique_id(&self) -> Result<Vec<u8>>;
     /// Creates this rank's communicator (collective over `init.nranks` processes, which all
     /// pass the same `unique_id`); a wait on a peer gives up after `init.timeout_ms`
     /// (`TIMEOUT`). More ranks than [`CclAdaptor::LIMITS`] allow never reach this method.
     fn comm_init_rank(&self, init: &CommInit<'_>) -> Result<Comm>;
-    /// Completes outstanding operations.
+    /// Completes the communicator's outstanding operations (collective); `comm_destroy`
+    /// follows.
     fn comm_finalize(&self, comm: Comm) -> Result<()>;
-    /// Frees a communicator.
+    /// Frees a communicator; an unknown handle is `INVALID_HANDLE`.
     fn comm_destroy(&self, comm: Comm) -> Result<()>;
-    /// Fails every pending operation and frees the communicator.
+    /// Fails every pending operation of the communicator (its peers' waits end with an error
+    /// within their timeout) and frees it.
     fn comm_abort(&self, comm: Comm) -> Result<()>;
-    /// The asynchronous error of a communicator (`SUCCESS` if none).
+    /// The communicator's asynchronous error: `SUCCESS` if none, `NOT_READY` while it is
+    /// still being set up, else the failure (`PEER_FAILURE`, `ABORTED`, `TIMEOUT`, …).
     fn comm_async_error(&self, comm: Comm) -> Result<Status>;
     /// Number of ranks.
     fn comm_count(&self, comm: Comm) -> Result<i32>;
-    /// This process's rank.
+    /// This process's rank, `0..comm_count`.
     fn comm_user_rank(&self, comm: Comm) -> Result<i32>;
-    /// The communicator's device.
+    /// The device (of the paired device adaptor) the communicator was made on.
     fn comm_device(&self, comm: Comm) -> Result<i32>;
-    /// All-reduce.
+    /// `recv[i]` = `op` over the ranks of `send[i]`, `count` elements of `dtype`; `send ==
+    /// recv` is in place. Enqueued on `stream`; returns at once.
     fn all_reduce(
         &self,
         send: DevicePtr,
@@ -208,7 +215,7 @@ pub trait CclAdaptor: Send + Sync + Sized + 'static {
         comm: Comm,
         stream: Stream,
     ) -> Result<()>;
-    /// All-gather.
+    /// `recv[r*count..]` = rank `r`'s `count` elements of `send`.
     fn all_gather(
         &self,
         send: DevicePtr,
