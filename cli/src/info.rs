@@ -246,7 +246,28 @@ fn render(r: &Value) -> String {
     );
     let _ = writeln!(out, "config: {}", s(&r["config"]));
     let _ = writeln!(out, "plugin directories: {}", paths(&r["plugin_dirs"]));
-    let _ = writeln!(out, "plugin files: {}", paths(&r["plugins"]));
+    let _ = writeln!(
+        out,
+        "plugin files named one by one: {}",
+        paths(&r["plugins"])
+    );
+    // What was loaded from those directories and files (built-ins are `[built-in]`).
+    let loaded: Vec<String> = r["adaptors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| s(&a["source"]))
+        .filter(|src| src != "built-in")
+        .collect();
+    let _ = writeln!(
+        out,
+        "plugins loaded: {}",
+        if loaded.is_empty() {
+            "(none)".to_string()
+        } else {
+            loaded.join(", ")
+        }
+    );
     let adaptors = r["adaptors"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(out, "\nadaptors ({}):", adaptors.len());
     if adaptors.is_empty() {

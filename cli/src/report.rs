@@ -117,8 +117,26 @@ pub fn describe(entry: &AdaptorEntry) -> Value {
         },
         "groups": entry.groups(),
         "tables": tables,
+        "ccl_limits": entry.ccl().map(|c| limits_json(&c)),
         "notes": entry.notes,
     })
+}
+
+/// A CCL's declared limits (ABI 1.3's `get_limits`, callable before `init`): `null` when it
+/// declares none, else the maximum ranks (0: any) and the data types and reductions claimed.
+fn limits_json(ccl: &ferrocx::adaptor::Ccl) -> Value {
+    use ferrocx::abi::{DataType, ReduceOp};
+    match ccl.limits() {
+        Err(e) => json!({ "error": e.to_string() }),
+        Ok(l) if l.is_none() => Value::Null,
+        Ok(l) => json!({
+            "max_ranks": l.max_ranks,
+            "dtypes": DataType::ALL.iter().filter(|&&d| l.allows_dtype(d))
+                .filter_map(|d| d.name()).collect::<Vec<_>>(),
+            "reduce_ops": ReduceOp::ALL.iter().filter(|&&o| l.allows_op(o))
+                .filter_map(|o| o.name()).collect::<Vec<_>>(),
+        }),
+    }
 }
 
 /// The loader's own ABI version, for headers of reports.
@@ -142,6 +160,30 @@ pub fn adaptor_text(a: &Value, out: &mut String) {
         .map(|g| g.iter().map(s).collect())
         .unwrap_or_default();
     let _ = writeln!(out, "    tables: {}", groups.join(", "));
+    let l = &a["ccl_limits"];
+    if l.is_object() {
+        let list = |v: &Value| -> String {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .map(s)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let line = match l.get("error") {
+            Some(e) => format!("get_limits failed: {}", s(e)),
+            None => format!(
+                "at most {} rank(s); data types {}; reductions {}",
+                match l["max_ranks"].as_u64() {
+                    Some(0) | None => "any number of".to_string(),
+                    Some(n) => n.to_string(),
+                },
+                list(&l["dtypes"]),
+                list(&l["reduce_ops"])
+            ),
+        };
+        let _ = writeln!(out, "    ccl limits: {line}");
+    }
     for t in a["tables"].as_array().into_iter().flatten() {
         let absent: Vec<String> = t["absent"]
             .as_array()

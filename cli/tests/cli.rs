@@ -45,7 +45,7 @@ fn info_lists_plugins_from_the_plugin_path_and_why_others_were_refused() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("ferrocx_ccl_adaptor_v1 30/31 entries; absent: all_to_allv"),
+        stdout.contains("ferrocx_ccl_adaptor_v1 31/32 entries; absent: all_to_allv"),
         "{stdout}"
     );
     // The kernel group (ABI 1.2) and the formats device 0 loads, from the capabilities.

@@ -102,7 +102,17 @@ pub fn run(target: &Target<'_>, worker: &WorkerCommand, options: &Options) -> Re
         watchdog,
     )];
     match prepare_ccl(target, options) {
-        Ok(roles) => parts.push(run_workers(worker, &job, roles, watchdog)),
+        Ok((roles, note)) => {
+            if let Some(check) = note {
+                parts.push(vec![(
+                    "driver".to_string(),
+                    Report {
+                        checks: vec![check],
+                    },
+                )]);
+            }
+            parts.push(run_workers(worker, &job, roles, watchdog))
+        }
         Err(check) => parts.push(vec![(
             "driver".to_string(),
             Report {
@@ -130,8 +140,14 @@ fn remove_job_segments(job: &str) {
     }
 }
 
-/// The rank roles of the CCL part, or the check that says why it cannot run.
-fn prepare_ccl(target: &Target<'_>, options: &Options) -> Result<Vec<(String, Role)>, Check> {
+/// The rank roles of the CCL part (with a "not claimed" check when the ranks asked for exceed
+/// the adaptor's declared maximum, which the part then runs on), or the check that says why
+/// it cannot run.
+#[allow(clippy::type_complexity)]
+fn prepare_ccl(
+    target: &Target<'_>,
+    options: &Options,
+) -> Result<(Vec<(String, Role)>, Option<Check>), Check> {
     let Some(ccl) = target.ccl() else {
         return Err(Check::new(
             "ccl",
@@ -140,6 +156,11 @@ fn prepare_ccl(target: &Target<'_>, options: &Options) -> Result<Vec<(String, Ro
         ));
     };
     let required = |o| Check::new("ccl", "required entries", o);
+    if crate::device::claims_nothing(ccl.tables().root.present()) {
+        return Err(required(Outcome::not_claimed(
+            "the CCL table exports every entry as absent",
+        )));
+    }
     let Some(dev) = target.ccl_device() else {
         return Err(required(Outcome::Fail(
             "the adaptor has a CCL but no device adaptor to run it on (Target::with_device)".into(),
@@ -172,8 +193,27 @@ fn prepare_ccl(target: &Target<'_>, options: &Options) -> Result<Vec<(String, Ro
             Outcome::Fail(e.to_string()),
         )
     })?;
-    let world = options.ranks.max(1);
-    Ok((0..world)
+    let mut world = options.ranks.max(1);
+    let limits = ccl.limits().map_err(|e| {
+        Check::new(
+            "ccl",
+            "get_limits (in the driver)",
+            Outcome::Fail(e.to_string()),
+        )
+    })?;
+    let mut note = None;
+    if !limits.allows_ranks(world) {
+        let max = limits.max_ranks as usize;
+        note = Some(Check::new(
+            "ccl",
+            format!("a communicator of {world} ranks"),
+            Outcome::not_claimed(&format!(
+                "the adaptor declares at most {max} rank(s); the CCL part ran on {max}"
+            )),
+        ));
+        world = max;
+    }
+    let roles = (0..world)
         .map(|rank| {
             (
                 format!("rank {rank}"),
@@ -185,7 +225,8 @@ fn prepare_ccl(target: &Target<'_>, options: &Options) -> Result<Vec<(String, Ro
                 },
             )
         })
-        .collect())
+        .collect();
+    Ok((roles, note))
 }
 
 /// What a worker's reader threads tell the driver.

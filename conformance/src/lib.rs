@@ -27,7 +27,18 @@
 //! [`check_ccl_rank`] run one part in the calling process. `ferrocx conformance` is the
 //! command-line front.
 //!
-//! From a vendor's `cargo test`, the test re-runs its own executable as the workers:
+//! From a plugin's own `cargo test`, one call builds the library, loads it and runs the kit
+//! ([`build_plugin`], [`run_plugin`]; the SDK template's `tests/conformance.rs` is this):
+//!
+//! ```no_run
+//! let plugin = ferrocx_conformance::build_plugin(env!("CARGO_MANIFEST_DIR"), env!("CARGO_PKG_NAME"))
+//!     .expect("the plugin builds");
+//! let report = ferrocx_conformance::run_plugin(&plugin, 2);
+//! assert!(report.passed(), "{}", report.to_text());
+//! ```
+//!
+//! The same by hand, for an adaptor already in a registry: the test re-runs its own executable
+//! as the workers:
 //!
 //! ```no_run
 //! use ferrocx::registry::Registry;
@@ -57,6 +68,7 @@ mod buffer;
 mod ccl;
 pub mod device;
 mod driver;
+mod plugin;
 mod reference;
 mod report;
 mod runner;
@@ -68,6 +80,7 @@ pub use abi::check_abi;
 pub use ccl::{check_ccl_rank, UniqueIds, REQUIRED_CCL_ENTRIES, REQUIRED_DEVICE_ENTRIES};
 pub use device::check_device;
 pub use driver::{run, Options, WorkerCommand};
+pub use plugin::{build_plugin, run_plugin};
 pub use report::{Check, Outcome, Report};
 pub use target::Target;
 pub use worker::{run_worker, Role, ENV_RANK, ENV_ROLE, ENV_TIMEOUT_MS, ENV_UNIQUE_IDS, ENV_WORLD};

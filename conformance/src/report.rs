@@ -7,6 +7,8 @@ use serde_json::{json, Value};
 
 /// The reason prefix of a check skipped because an entry or table is absent (`None`).
 const ABSENT: &str = "absent: ";
+/// The reason prefix of a check skipped because it lies outside the CCL's declared limits.
+const NOT_CLAIMED: &str = "not claimed: ";
 
 /// How one check ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +26,17 @@ impl Outcome {
     /// A skip because the named entries or tables are absent.
     pub fn absent(what: &str) -> Outcome {
         Outcome::Skip(format!("{ABSENT}{what}"))
+    }
+
+    /// A skip because the check lies outside what the adaptor declares it supports (its CCL
+    /// limits: world size, data type, reduction): "not claimed", which is not a failure.
+    pub fn not_claimed(what: &str) -> Outcome {
+        Outcome::Skip(format!("{NOT_CLAIMED}{what}"))
+    }
+
+    /// `true` for a skip outside the adaptor's declared limits.
+    pub fn is_not_claimed(&self) -> bool {
+        matches!(self, Outcome::Skip(r) if r.starts_with(NOT_CLAIMED))
     }
 
     /// `true` for a skip caused by an absent entry or table.
@@ -44,12 +57,14 @@ impl Outcome {
         }
     }
 
-    /// The result column of the text table: `pass`, `FAIL`, `skipped (absent)` or `skipped`.
+    /// The result column of the text table: `pass`, `FAIL`, `skipped (absent)`, `not claimed`
+    /// or `skipped`.
     pub fn label(&self) -> &'static str {
         match self {
             Outcome::Pass => "pass",
             Outcome::Fail(_) => "FAIL",
             o if o.is_absent() => "skipped (absent)",
+            o if o.is_not_claimed() => "not claimed",
             Outcome::Skip(_) => "skipped",
         }
     }
@@ -91,6 +106,7 @@ impl Check {
             "name": self.name,
             "outcome": self.outcome.kind(),
             "absent": self.outcome.is_absent(),
+            "not_claimed": self.outcome.is_not_claimed(),
             "reason": self.outcome.reason(),
         })
     }
@@ -218,9 +234,15 @@ impl Report {
             let _ = writeln!(out, "{}", line.trim_end());
         }
         let (p, f, s) = self.counts();
+        let absent = self.checks.iter().filter(|c| c.outcome.is_absent()).count();
+        let unclaimed = self
+            .checks
+            .iter()
+            .filter(|c| c.outcome.is_not_claimed())
+            .count();
         let _ = writeln!(
             out,
-            "{p} passed, {f} failed, {s} skipped: {}",
+            "{p} passed, {f} failed, {s} skipped ({absent} absent, {unclaimed} not claimed): {}",
             if f == 0 {
                 "CONFORMANT"
             } else {
@@ -264,9 +286,10 @@ fn combine(outcomes: &[(String, Outcome)]) -> Outcome {
     if outcomes.iter().any(|(_, o)| *o == Outcome::Pass) {
         return Outcome::Pass;
     }
-    // Skipped everywhere: the reasons usually agree; keep the first.
+    // Skipped everywhere: the reasons usually agree; keep the last (a part that ran later,
+    // as the CCL part's IPC check after the device part's placeholder row, knows more).
     outcomes
-        .first()
+        .last()
         .map(|(_, o)| o.clone())
         .unwrap_or(Outcome::Skip("not run".into()))
 }
@@ -330,11 +353,16 @@ mod tests {
             ("all_reduce f32 sum", Outcome::Pass),
             ("send", Outcome::absent("`send`")),
             ("abort", Outcome::Fail("hung".into())),
+            ("all_reduce f64 sum", Outcome::not_claimed("f64")),
         ]);
         let t = r.to_text();
         assert!(t.contains("skipped (absent)"), "{t}");
+        assert!(t.contains("not claimed       not claimed: f64"), "{t}");
         assert!(t.contains("FAIL"), "{t}");
-        assert!(t.contains("1 passed, 1 failed, 1 skipped"), "{t}");
+        assert!(
+            t.contains("1 passed, 1 failed, 2 skipped (1 absent, 1 not claimed)"),
+            "{t}"
+        );
         let j = r.to_json();
         assert_eq!(j["failed"], 1);
         let back: Vec<Check> = j["checks"]

@@ -64,6 +64,19 @@ const MUST_PASS: &[(&str, &str)] = &[
         "memops: unknown flags and a null address are refused",
     ),
     ("abi", "ferrocx_device_memops_v1 header"),
+    (
+        "device",
+        "a call before init works or returns NOT_INITIALIZED",
+    ),
+    (
+        "device",
+        "the null stream is the default stream: in order, synchronized",
+    ),
+    (
+        "device",
+        "event_elapsed_ms: untimed event, record not completed",
+    ),
+    ("device", "bad argument: mem_free with the wrong kind"),
     ("ccl", "all_reduce f32 sum"),
     ("ccl", "all_reduce bf16 avg"),
     ("ccl", "all_to_allv i64"),

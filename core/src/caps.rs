@@ -217,6 +217,8 @@ pub struct CclCaps {
     pub windows: bool,
     /// Each of [`RUNTIME_DEPENDENT`] with its support by the loaded library.
     pub runtime: Vec<(&'static str, RuntimeSupport)>,
+    /// The adaptor's declared limits (ABI 1.3's `get_limits`; none for an older table).
+    pub limits: crate::abi::CclLimits,
 }
 
 impl CclCaps {
@@ -295,6 +297,7 @@ mod tests {
             group: false,
             registration: false,
             windows: true,
+            limits: crate::abi::CclLimits::NONE,
             runtime: vec![
                 ("window_register", RuntimeSupport::Unsupported("old".into())),
                 ("mem_register", RuntimeSupport::Supported),

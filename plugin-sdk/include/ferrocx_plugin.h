@@ -30,7 +30,8 @@
  History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table;
  1.2 adds the kernel group (`ferrocx_device_kernel_v1`) and appends `query_support` to the
  CCL adaptor table; 1.3 adds the memops group (`ferrocx_device_memops_v1`: 32-bit stores and
- waits on host memory in stream order).
+ waits on host memory in stream order) and appends `get_limits` (the CCL's declared maximum
+ ranks, data types and reductions) to the CCL adaptor table.
  */
 #define Ferrocx_ABI_MINOR 3
 
@@ -429,6 +430,18 @@ typedef struct {
  Every entry returns a [`Status`]; on failure `get_last_error` returns the message on the
  calling thread. A `None` entry means the operation is not supported.
 
+ The contract of every entry:
+ - Entries may be called from any thread, concurrently. The current device is per thread.
+ - Before a successful `init`, an entry either works or returns `NOT_INITIALIZED` (with a
+   message); it never crashes.
+ - A null `Stream` is the default stream: every entry that takes a stream accepts it, work
+   enqueued on it runs in order, `stream_synchronize(NULL)` waits for it; it is never
+   destroyed.
+ - A handle or pointer the adaptor did not give out, or already released, is
+   `INVALID_HANDLE`; a bad value (zero size, unknown kind or flag, null address) is
+   `INVALID_ARGUMENT`. `UNSUPPORTED` from a present entry means "not at run time" (the
+   runtime lacks it); what the adaptor never does is a `NULL` entry.
+
  Fields are only ever appended, one minor at a time: ABI 1.0 ends at `ipc_close`
  (`struct_size` = `offsetof(mem_get_info)`), ABI 1.1 adds `mem_get_info`.
  */
@@ -438,7 +451,8 @@ typedef struct {
    */
   FerrocxAbiHeader header;
   /*
-   Initialises the adaptor with the configuration's options. Called once before anything else.
+   Initialises the adaptor with the configuration's options. Called once before anything
+   else; an entry called before it works or returns `NOT_INITIALIZED`.
    */
   FerrocxStatus (*init)(const FerrocxKeyValue *options, size_t n_options);
   /*
@@ -471,7 +485,9 @@ typedef struct {
    */
   FerrocxStatus (*mem_alloc)(size_t bytes, FerrocxMemKind kind, FerrocxDevicePtr *ptr);
   /*
-   Frees memory from `mem_alloc` of the same kind.
+   Frees memory from `mem_alloc` of the same kind (a null `ptr` does nothing). A pointer
+   not allocated (or already freed) is `INVALID_HANDLE`; a live allocation given with
+   another kind is `INVALID_ARGUMENT` (or `INVALID_HANDLE`) and stays allocated.
    */
   FerrocxStatus (*mem_free)(FerrocxDevicePtr ptr, FerrocxMemKind kind);
   /*
@@ -479,7 +495,7 @@ typedef struct {
    */
   FerrocxStatus (*mem_copy)(FerrocxDevicePtr dst, FerrocxDevicePtr src, size_t bytes);
   /*
-   Enqueues a copy on `stream`.
+   Enqueues a copy on `stream` (null: the default stream); returns once enqueued.
    */
   FerrocxStatus (*mem_copy_async)(FerrocxDevicePtr dst,
                                   FerrocxDevicePtr src,
@@ -490,7 +506,7 @@ typedef struct {
    */
   FerrocxStatus (*mem_set)(FerrocxDevicePtr dst, uint8_t value, size_t bytes);
   /*
-   Enqueues a memset on `stream`.
+   Enqueues a memset on `stream` (null: the default stream); returns once enqueued.
    */
   FerrocxStatus (*mem_set_async)(FerrocxDevicePtr dst,
                                  uint8_t value,
@@ -506,11 +522,13 @@ typedef struct {
    */
   FerrocxStatus (*stream_wrap)(void *native, FerrocxStream *stream);
   /*
-   Destroys a stream after the work enqueued on it completes.
+   Destroys a stream after the work enqueued on it completes (returns at once). The null
+   (default) stream cannot be destroyed: `INVALID_HANDLE`.
    */
   FerrocxStatus (*stream_destroy)(FerrocxStream stream);
   /*
-   Blocks until all work enqueued on `stream` has completed.
+   Blocks until all work enqueued on `stream` (null: the default stream) has completed;
+   returns the first failure of that work, if any.
    */
   FerrocxStatus (*stream_synchronize)(FerrocxStream stream);
   /*
@@ -523,7 +541,8 @@ typedef struct {
    */
   FerrocxStatus (*stream_wait_event)(FerrocxStream stream, FerrocxEvent event);
   /*
-   Creates an event (`flags`: bit 0 = disable timing).
+   Creates an event (`flags`: bit 0 = disable timing). An event never recorded counts as
+   complete (queries, synchronizes and waits on it return at once).
    */
   FerrocxStatus (*event_create)(uint32_t flags, FerrocxEvent *event);
   /*
@@ -543,7 +562,10 @@ typedef struct {
    */
   FerrocxStatus (*event_query)(FerrocxEvent event);
   /*
-   Milliseconds between two completed records of timing events.
+   Milliseconds between two completed records of timing events (negative when `end`
+   completed first). An event created with timing disabled, or never recorded, is
+   `INVALID_ARGUMENT` or `INVALID_HANDLE` (CUDA's); a record not completed yet is
+   `NOT_READY`.
    */
   FerrocxStatus (*event_elapsed_ms)(FerrocxEvent start, FerrocxEvent end, float *ms);
   /*
@@ -896,13 +918,49 @@ typedef struct {
 } FerrocxCommInitArgs;
 
 /*
+ What a CCL adaptor claims to support, from `get_limits` (*since ABI 1.3*). Outside these
+ limits the adaptor may refuse a call (with `UNSUPPORTED` or `INVALID_ARGUMENT`); callers
+ (the core, the conformance kit) treat what lies outside as "not claimed", not as a failure.
+
+ The caller sets `struct_size` and fills every field with "no limit" ([`CclLimits::NONE`])
+ before the call; the adaptor writes no byte past the caller's `struct_size`, so later minors
+ can append fields. A table without `get_limits` (ABI 1.0 to 1.2, or an adaptor without
+ limits) has no limits.
+ */
+typedef struct {
+  /*
+   Set by the caller: `sizeof(CclLimits)` as it was compiled.
+   */
+  uint32_t struct_size;
+  /*
+   Zero.
+   */
+  uint32_t reserved;
+  /*
+   The most ranks a communicator may have; 0 means no limit.
+   */
+  uint64_t max_ranks;
+  /*
+   The data types the collectives accept: bit `d` set when `DataType(d)` is supported
+   (`1 << FERROCX_F32 | ...`); all ones means every type, this build's and later ones.
+   */
+  uint64_t dtypes;
+  /*
+   The reductions accepted: bit `o` set when `ReduceOp(o)` is supported; all ones means
+   every reduction.
+   */
+  uint64_t reduce_ops;
+} FerrocxCclLimits;
+
+/*
  The CCL adaptor table, exported as `ferrocx_ccl_adaptor_v1`.
 
  Collectives are asynchronous on `stream` (NCCL semantics): they return once enqueued.
  Counts are in elements of `dtype`. `send == recv` means in place.
 
  Fields are only ever appended, one minor at a time: ABI 1.0 and 1.1 end at `mem_deregister`
- (`struct_size` = `offsetof(query_support)`), ABI 1.2 adds `query_support`.
+ (`struct_size` = `offsetof(query_support)`), ABI 1.2 adds `query_support`, ABI 1.3 adds
+ `get_limits`.
  */
 typedef struct {
   /*
@@ -1115,6 +1173,15 @@ typedef struct {
                                  int32_t *supported,
                                  char *reason,
                                  size_t reason_len);
+  /*
+   The adaptor's declared limits: the most ranks a communicator may have, the data types
+   and the reductions its collectives accept (see [`CclLimits`]). The caller fills
+   `limits` with [`CclLimits::NONE`] and its `struct_size` first; the adaptor overwrites
+   what it limits, writing no byte past `struct_size`. A static declaration: callable
+   before `init`, the same answer every time. *Since ABI 1.3*: an older table (or a table
+   leaving this `None`) has no limits.
+   */
+  FerrocxStatus (*get_limits)(FerrocxCclLimits *limits);
 } FerrocxCclAdaptorV1;
 
 /*

@@ -3,8 +3,8 @@
 use std::ffi::c_char;
 
 use ferrocx::abi::{
-    AbiHeader, CclAdaptorV1, CclWindowV1, Comm, CommInitArgs, DataType, DevicePtr, KeyValue,
-    ReduceOp, RegHandle, Status, Stream, WindowHandle,
+    AbiHeader, CclAdaptorV1, CclLimits, CclWindowV1, Comm, CommInitArgs, DataType, DevicePtr,
+    KeyValue, ReduceOp, RegHandle, Status, Stream, WindowHandle,
 };
 
 use crate::boundary::{call, guard, read_bytes, write_bytes, write_out};
@@ -28,6 +28,106 @@ pub struct CommInit<'a> {
     pub options: Options,
 }
 
+/// The limits a CCL adaptor declares ([`CclAdaptor::LIMITS`], ABI 1.3's `get_limits`): the
+/// most ranks a communicator may have, the data types and the reductions its collectives
+/// accept. Built at compile time:
+///
+/// ```
+/// use ferrocx_plugin_sdk::prelude::*;
+/// const LIMITS: Limits = Limits::NONE
+///     .max_ranks(1)
+///     .dtypes(&[DataType::F32, DataType::I32])
+///     .reduce_ops(&[ReduceOp::SUM]);
+/// assert!(LIMITS.abi().allows_dtype(DataType::F32));
+/// assert!(!LIMITS.abi().allows_ranks(2));
+/// ```
+///
+/// The trampolines refuse what lies outside with `UNSUPPORTED` before the adaptor is called
+/// (a `comm_init_rank` of more ranks, a collective of another type or reduction), and the
+/// conformance kit reports it as "not claimed" instead of calling it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits(CclLimits);
+
+impl Limits {
+    /// No limits (the default of [`CclAdaptor::LIMITS`]).
+    pub const NONE: Limits = Limits(CclLimits::NONE);
+
+    /// At most `n` ranks per communicator (`n` at least 1).
+    pub const fn max_ranks(self, n: u64) -> Limits {
+        assert!(n >= 1, "max_ranks must be at least 1");
+        let mut l = self.0;
+        l.max_ranks = n;
+        Limits(l)
+    }
+
+    /// Only these data types.
+    pub const fn dtypes(self, dtypes: &[DataType]) -> Limits {
+        let mut bits = 0u64;
+        let mut i = 0;
+        while i < dtypes.len() {
+            assert!(
+                dtypes[i].0 < 64,
+                "a data type beyond the 64 the limits can name"
+            );
+            bits |= 1 << dtypes[i].0;
+            i += 1;
+        }
+        let mut l = self.0;
+        l.dtypes = bits;
+        Limits(l)
+    }
+
+    /// Only these reductions.
+    pub const fn reduce_ops(self, ops: &[ReduceOp]) -> Limits {
+        let mut bits = 0u64;
+        let mut i = 0;
+        while i < ops.len() {
+            assert!(
+                ops[i].0 < 64,
+                "a reduction beyond the 64 the limits can name"
+            );
+            bits |= 1 << ops[i].0;
+            i += 1;
+        }
+        let mut l = self.0;
+        l.reduce_ops = bits;
+        Limits(l)
+    }
+
+    /// The ABI's struct.
+    pub const fn abi(&self) -> CclLimits {
+        self.0
+    }
+
+    /// `UNSUPPORTED` naming what is not claimed, for a collective of `dtype` (and `op`).
+    fn claim(&self, entry: &str, dtype: DataType, op: Option<ReduceOp>) -> Result<()> {
+        // An unknown type or reduction is the adaptor's to refuse (INVALID_ARGUMENT).
+        if dtype.size().is_some() && !self.0.allows_dtype(dtype) {
+            return Err(Error::new(
+                Status::UNSUPPORTED,
+                format!(
+                    "{entry} of {dtype:?}: this adaptor does not claim that data type (its LIMITS)"
+                ),
+            ));
+        }
+        match op {
+            Some(op) if ReduceOp::ALL.contains(&op) && !self.0.allows_op(op) => Err(Error::new(
+                Status::UNSUPPORTED,
+                format!(
+                    "{entry} with {op:?}: this adaptor does not claim that reduction (its LIMITS)"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits::NONE
+    }
+}
+
 /// Per-peer counts and displacements of `all_to_allv`, in elements.
 #[derive(Clone, Copy, Debug)]
 pub struct VCounts<'a> {
@@ -38,36 +138,73 @@ pub struct VCounts<'a> {
 }
 
 /// The CCL adaptor (`ferrocx_ccl_adaptor_v1`). Every method is required: return
-/// [`Error::unsupported`] for what the library cannot do.
+/// [`Error::unsupported`] for what the library cannot do at run time, export it as absent
+/// (`ccl_absent: [method, …]`) for what it never does, and declare narrower support in
+/// [`CclAdaptor::LIMITS`].
+///
+/// # Pairing with a device adaptor
+///
+/// A CCL always runs on a device adaptor: its own (an adaptor exporting both tables, as the
+/// host adaptor does) or another one named beside it in the cluster's configuration (NCCL on
+/// CUDA). Buffers are [`DevicePtr`]s of that device adaptor's `mem_alloc` (or its `PINNED` /
+/// `HOST` memory), streams are that device adaptor's [`Stream`] handles, passed through
+/// unchanged: a CCL must accept every stream its device adaptor creates or wraps, and the null
+/// stream as that adaptor's default stream. `CommInit::device` is an ordinal of that device
+/// adaptor (`set_device`'s numbering). A CCL meant for someone else's device adaptor documents
+/// which one; one over its own device can keep its stream handles in its own table.
+///
+/// # The contract every method keeps
+///
+/// - **Asynchronous.** Collectives and `send`/`recv` return once enqueued on `stream`; they run
+///   in stream order with the device's other work, and their failures surface at
+///   `stream_synchronize` (or `comm_async_error`).
+/// - **Collective calls** are made by every rank of the communicator in the same order.
+/// - **Before `init`**, a method either works or fails with `NOT_INITIALIZED`.
+/// - **Bad arguments** fail at once, before anything is enqueued: an unknown data type or
+///   reduction, a root or peer out of range, a null buffer with a non-zero count are
+///   `INVALID_ARGUMENT`; an unknown communicator is `INVALID_HANDLE`.
 #[allow(clippy::too_many_arguments)]
 pub trait CclAdaptor: Send + Sync + Sized + 'static {
+    /// What the adaptor claims (ABI 1.3's `get_limits`): the most ranks, the data types and
+    /// the reductions. The default claims everything; a CCL that supports less declares it
+    /// here (see [`Limits`]), and calls outside are refused for it.
+    const LIMITS: Limits = Limits::NONE;
     /// The process-wide instance (see [`crate::singleton!`]).
     fn instance() -> &'static Self;
-    /// Initialises the adaptor with the configuration's options.
+    /// Initialises the adaptor with the configuration's options (load the vendor library
+    /// here). Called once per process before anything else.
     fn init(&self, options: &Options) -> Result<()>;
-    /// Releases everything the adaptor holds.
+    /// Releases everything the adaptor holds (communicators still live included). No call but
+    /// `init` follows it.
     fn finalize(&self) -> Result<()>;
-    /// The vendor library's version.
+    /// The vendor library's version (NCCL: `major*10000 + minor*100 + patch`), at least 0.
     fn version(&self) -> Result<i32>;
-    /// A new unique id (called on the root rank).
+    /// A new unique id: called once per communicator on one process (the root), whose bytes
+    /// every rank then passes to `comm_init_rank`. Two calls give two distinct ids.
     fn unique_id(&self) -> Result<Vec<u8>>;
-    /// Creates this rank's communicator.
+    /// Creates this rank's communicator (collective over `init.nranks` processes, which all
+    /// pass the same `unique_id`); a wait on a peer gives up after `init.timeout_ms`
+    /// (`TIMEOUT`). More ranks than [`CclAdaptor::LIMITS`] allow never reach this method.
     fn comm_init_rank(&self, init: &CommInit<'_>) -> Result<Comm>;
-    /// Completes outstanding operations.
+    /// Completes the communicator's outstanding operations (collective); `comm_destroy`
+    /// follows.
     fn comm_finalize(&self, comm: Comm) -> Result<()>;
-    /// Frees a communicator.
+    /// Frees a communicator; an unknown handle is `INVALID_HANDLE`.
     fn comm_destroy(&self, comm: Comm) -> Result<()>;
-    /// Fails every pending operation and frees the communicator.
+    /// Fails every pending operation of the communicator (its peers' waits end with an error
+    /// within their timeout) and frees it.
     fn comm_abort(&self, comm: Comm) -> Result<()>;
-    /// The asynchronous error of a communicator (`SUCCESS` if none).
+    /// The communicator's asynchronous error: `SUCCESS` if none, `NOT_READY` while it is
+    /// still being set up, else the failure (`PEER_FAILURE`, `ABORTED`, `TIMEOUT`, …).
     fn comm_async_error(&self, comm: Comm) -> Result<Status>;
     /// Number of ranks.
     fn comm_count(&self, comm: Comm) -> Result<i32>;
-    /// This process's rank.
+    /// This process's rank, `0..comm_count`.
     fn comm_user_rank(&self, comm: Comm) -> Result<i32>;
-    /// The communicator's device.
+    /// The device (of the paired device adaptor) the communicator was made on.
     fn comm_device(&self, comm: Comm) -> Result<i32>;
-    /// All-reduce.
+    /// `recv[i]` = `op` over the ranks of `send[i]`, `count` elements of `dtype`; `send ==
+    /// recv` is in place. Enqueued on `stream`; returns at once.
     fn all_reduce(
         &self,
         send: DevicePtr,
@@ -78,7 +215,7 @@ pub trait CclAdaptor: Send + Sync + Sized + 'static {
         comm: Comm,
         stream: Stream,
     ) -> Result<()>;
-    /// All-gather.
+    /// `recv[r*count..]` = rank `r`'s `count` elements of `send`.
     fn all_gather(
         &self,
         send: DevicePtr,
@@ -297,6 +434,16 @@ mod tramp {
                     std::mem::size_of::<CommInitArgs>()
                 )));
             }
+            let limits = A::LIMITS.abi();
+            if a.nranks > 0 && !limits.allows_ranks(a.nranks as usize) {
+                return Err(Error::new(
+                    Status::UNSUPPORTED,
+                    format!(
+                        "a communicator of {} ranks: this adaptor claims at most {} (its LIMITS)",
+                        a.nranks, limits.max_ranks
+                    ),
+                ));
+            }
             let init = CommInit {
                 rank: a.rank,
                 nranks: a.nranks,
@@ -358,6 +505,7 @@ mod tramp {
         st: Stream,
     ) -> Status {
         call("all_reduce", || {
+            A::LIMITS.claim("all_reduce", t, Some(op))?;
             A::instance().all_reduce(s, r, n, t, op, c, st)
         })
     }
@@ -369,7 +517,10 @@ mod tramp {
         c: Comm,
         st: Stream,
     ) -> Status {
-        call("all_gather", || A::instance().all_gather(s, r, n, t, c, st))
+        call("all_gather", || {
+            A::LIMITS.claim("all_gather", t, None)?;
+            A::instance().all_gather(s, r, n, t, c, st)
+        })
     }
     pub unsafe extern "C" fn reduce_scatter<A: CclAdaptor>(
         s: DevicePtr,
@@ -381,6 +532,7 @@ mod tramp {
         st: Stream,
     ) -> Status {
         call("reduce_scatter", || {
+            A::LIMITS.claim("reduce_scatter", t, Some(op))?;
             A::instance().reduce_scatter(s, r, n, t, op, c, st)
         })
     }
@@ -394,6 +546,7 @@ mod tramp {
         st: Stream,
     ) -> Status {
         call("broadcast", || {
+            A::LIMITS.claim("broadcast", t, None)?;
             A::instance().broadcast(s, r, n, t, root, c, st)
         })
     }
@@ -408,6 +561,7 @@ mod tramp {
         st: Stream,
     ) -> Status {
         call("reduce", || {
+            A::LIMITS.claim("reduce", t, Some(op))?;
             A::instance().reduce(s, r, n, t, op, root, c, st)
         })
     }
@@ -420,7 +574,10 @@ mod tramp {
         c: Comm,
         st: Stream,
     ) -> Status {
-        call("gather", || A::instance().gather(s, r, n, t, root, c, st))
+        call("gather", || {
+            A::LIMITS.claim("gather", t, None)?;
+            A::instance().gather(s, r, n, t, root, c, st)
+        })
     }
     pub unsafe extern "C" fn scatter<A: CclAdaptor>(
         s: DevicePtr,
@@ -431,7 +588,10 @@ mod tramp {
         c: Comm,
         st: Stream,
     ) -> Status {
-        call("scatter", || A::instance().scatter(s, r, n, t, root, c, st))
+        call("scatter", || {
+            A::LIMITS.claim("scatter", t, None)?;
+            A::instance().scatter(s, r, n, t, root, c, st)
+        })
     }
     pub unsafe extern "C" fn all_to_all<A: CclAdaptor>(
         s: DevicePtr,
@@ -441,7 +601,10 @@ mod tramp {
         c: Comm,
         st: Stream,
     ) -> Status {
-        call("all_to_all", || A::instance().all_to_all(s, r, n, t, c, st))
+        call("all_to_all", || {
+            A::LIMITS.claim("all_to_all", t, None)?;
+            A::instance().all_to_all(s, r, n, t, c, st)
+        })
     }
     #[allow(clippy::too_many_arguments)]
     pub unsafe extern "C" fn all_to_allv<A: CclAdaptor>(
@@ -456,6 +619,7 @@ mod tramp {
         st: Stream,
     ) -> Status {
         call("all_to_allv", || {
+            A::LIMITS.claim("all_to_allv", t, None)?;
             let n = nranks::<A>(c)?;
             // SAFETY: the ABI requires `nranks` elements behind each array.
             let (sv, rv) = unsafe { (counts(sc, sd, n, "send")?, counts(rc, rd, n, "recv")?) };
@@ -470,7 +634,10 @@ mod tramp {
         c: Comm,
         st: Stream,
     ) -> Status {
-        call("send", || A::instance().send(b, n, t, peer, c, st))
+        call("send", || {
+            A::LIMITS.claim("send", t, None)?;
+            A::instance().send(b, n, t, peer, c, st)
+        })
     }
     pub unsafe extern "C" fn recv<A: CclAdaptor>(
         b: DevicePtr,
@@ -480,7 +647,10 @@ mod tramp {
         c: Comm,
         st: Stream,
     ) -> Status {
-        call("recv", || A::instance().recv(b, n, t, peer, c, st))
+        call("recv", || {
+            A::LIMITS.claim("recv", t, None)?;
+            A::instance().recv(b, n, t, peer, c, st)
+        })
     }
     pub unsafe extern "C" fn group_start<A: CclAdaptor>() -> Status {
         call("group_start", || A::instance().group_start())
@@ -555,6 +725,30 @@ mod tramp {
             Ok(())
         })
     }
+    pub unsafe extern "C" fn get_limits<A: CclAdaptor>(out: *mut CclLimits) -> Status {
+        call("get_limits", || {
+            if out.is_null() {
+                return Err(Error::invalid_argument("`limits` is null"));
+            }
+            // SAFETY: non-null; the caller's struct holds at least `struct_size` bytes.
+            let want = unsafe { (*out).struct_size } as usize;
+            let n = want.min(std::mem::size_of::<CclLimits>());
+            if n < 8 {
+                return Err(Error::invalid_argument("`limits.struct_size` is too small"));
+            }
+            let full = A::LIMITS.abi();
+            // Everything after the caller's own struct_size/reserved words, up to its size.
+            // SAFETY: both ranges lie within their structs (n <= the size of either).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&full as *const CclLimits as *const u8).add(8),
+                    (out as *mut u8).add(8),
+                    n - 8,
+                )
+            };
+            Ok(())
+        })
+    }
     pub unsafe extern "C" fn window_register<A: CclWindow>(
         c: Comm,
         b: DevicePtr,
@@ -578,15 +772,19 @@ mod tramp {
     }
 }
 
-/// Builds the CCL adaptor table of `A`. Entries named in `absent` are exported as `None`.
+/// Builds the CCL adaptor table of `A`. Entries named in `absent` (by entry name, e.g.
+/// `get_version`, or by [`CclAdaptor`] method name, e.g. `version`) are exported as `None`. A
+/// name that is neither fails compilation where the table is a `static`.
 pub const fn ccl_table<A: CclAdaptor>(
     name: &'static std::ffi::CStr,
     absent: &[&str],
 ) -> CclAdaptorV1 {
+    use crate::table::{CCL_ALIASES, CCL_ENTRIES};
     use tramp::*;
+    crate::table::all_known(absent, CCL_ENTRIES, CCL_ALIASES);
     macro_rules! entry {
         ($f:ident) => {
-            if crate::table::listed(absent, stringify!($f)) {
+            if crate::table::is_absent(absent, stringify!($f), CCL_ALIASES) {
                 None
             } else {
                 Some($f::<A>)
@@ -626,6 +824,7 @@ pub const fn ccl_table<A: CclAdaptor>(
         mem_register: entry!(mem_register),
         mem_deregister: entry!(mem_deregister),
         query_support: entry!(query_support),
+        get_limits: entry!(get_limits),
     }
 }
 

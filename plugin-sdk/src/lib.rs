@@ -41,7 +41,7 @@ pub mod handles;
 mod options;
 pub mod table;
 
-pub use ccl::{ccl_table, window_table, CclAdaptor, CclWindow, CommInit, VCounts};
+pub use ccl::{ccl_table, window_table, CclAdaptor, CclWindow, CommInit, Limits, VCounts};
 pub use device::{
     device_table, flatmap_table, graph_table, kernel_table, memops_table, multicast_table,
     vmm_table, DeviceAdaptor, DeviceFlatMap, DeviceGraph, DeviceKernel, DeviceMemOps,
@@ -66,7 +66,7 @@ pub mod prelude {
     pub use crate::{
         export_plugin, singleton, CclAdaptor, CclWindow, CommInit, DeviceAdaptor, DeviceFlatMap,
         DeviceGraph, DeviceKernel, DeviceMemOps, DeviceMulticast, DeviceVmm, Error, HostCall,
-        Launch, MemInfo, Options, Properties, Result, VCounts, WaitCondition,
+        Launch, Limits, MemInfo, Options, Properties, Result, VCounts, WaitCondition,
     };
 }
 
@@ -82,16 +82,63 @@ macro_rules! singleton {
 /// Exports a plugin's tables under their ABI symbols, plus the `abi_stable` root module.
 ///
 /// Keys, each optional but `name`, in this order:
-/// `name: "<name>"`, `device: Type`, `device_absent: ["entry", …]` (entries exported as
+/// `name: "<name>"`, `device: Type`, `device_absent: [method, …]` (entries exported as
 /// `None`), `device_vmm: Type`, `device_flatmap: Type`, `device_multicast: Type`,
 /// `device_graph: Type`, `device_kernel: Type`, `device_memops: Type`, `ccl: Type`,
-/// `ccl_absent: [...]`, `ccl_window: Type`.
+/// `ccl_absent: [method, …]`, `ccl_window: Type`.
+///
+/// The absent lists name the trait's methods (`device_absent: [properties, stream_wrap]`), or
+/// the ABI's entry names (`get_properties`), bare or quoted (`"stream_wrap"`, the form of
+/// earlier SDKs). Each name is checked at compile time: one that is neither a method of the
+/// trait nor an entry of its table fails the build with a message naming it.
+///
+/// ```compile_fail
+/// # use ferrocx_plugin_sdk::prelude::*;
+/// # #[derive(Default)] pub struct D;
+/// # impl DeviceAdaptor for D {
+/// #   fn instance() -> &'static Self { singleton!(D) }
+/// #   fn init(&self, _: &Options) -> Result<()> { Ok(()) }
+/// #   fn finalize(&self) -> Result<()> { Ok(()) }
+/// #   fn device_count(&self) -> Result<i32> { Ok(1) }
+/// #   fn set_device(&self, _: i32) -> Result<()> { Ok(()) }
+/// #   fn get_device(&self) -> Result<i32> { Ok(0) }
+/// #   fn properties(&self, _: i32) -> Result<Properties> { todo!() }
+/// #   fn mem_alloc(&self, _: usize, _: MemKind) -> Result<DevicePtr> { todo!() }
+/// #   fn mem_free(&self, _: DevicePtr, _: MemKind) -> Result<()> { todo!() }
+/// #   fn mem_copy(&self, _: DevicePtr, _: DevicePtr, _: usize) -> Result<()> { todo!() }
+/// #   fn mem_copy_async(&self, _: DevicePtr, _: DevicePtr, _: usize, _: Stream) -> Result<()> { todo!() }
+/// #   fn mem_set(&self, _: DevicePtr, _: u8, _: usize) -> Result<()> { todo!() }
+/// #   fn mem_set_async(&self, _: DevicePtr, _: u8, _: usize, _: Stream) -> Result<()> { todo!() }
+/// #   fn stream_create(&self, _: u32) -> Result<Stream> { todo!() }
+/// #   fn stream_wrap(&self, _: *mut std::ffi::c_void) -> Result<Stream> { todo!() }
+/// #   fn stream_destroy(&self, _: Stream) -> Result<()> { todo!() }
+/// #   fn stream_synchronize(&self, _: Stream) -> Result<()> { todo!() }
+/// #   fn stream_query(&self, _: Stream) -> Result<bool> { todo!() }
+/// #   fn stream_wait_event(&self, _: Stream, _: Event) -> Result<()> { todo!() }
+/// #   fn event_create(&self, _: u32) -> Result<Event> { todo!() }
+/// #   fn event_destroy(&self, _: Event) -> Result<()> { todo!() }
+/// #   fn event_record(&self, _: Event, _: Stream) -> Result<()> { todo!() }
+/// #   fn event_synchronize(&self, _: Event) -> Result<()> { todo!() }
+/// #   fn event_query(&self, _: Event) -> Result<bool> { todo!() }
+/// #   fn event_elapsed_ms(&self, _: Event, _: Event) -> Result<f32> { todo!() }
+/// #   fn launch_host_func(&self, _: Stream, _: HostCall) -> Result<()> { todo!() }
+/// #   fn ipc_export(&self, _: DevicePtr) -> Result<Vec<u8>> { todo!() }
+/// #   fn ipc_import(&self, _: &[u8]) -> Result<DevicePtr> { todo!() }
+/// #   fn ipc_close(&self, _: DevicePtr) -> Result<()> { todo!() }
+/// #   fn mem_get_info(&self) -> Result<MemInfo> { todo!() }
+/// # }
+/// ferrocx_plugin_sdk::export_plugin! {
+///     name: "typo",
+///     device: D,
+///     device_absent: [stream_wrapp], // error: `stream_wrapp` is neither a DeviceAdaptor method ...
+/// }
+/// ```
 #[macro_export]
 macro_rules! export_plugin {
     (
         name: $name:literal
         $(, device: $dev:ty)?
-        $(, device_absent: [$($dabs:literal),* $(,)?])?
+        $(, device_absent: [$($dabs:tt),* $(,)?])?
         $(, device_vmm: $vmm:ty)?
         $(, device_flatmap: $flat:ty)?
         $(, device_multicast: $mc:ty)?
@@ -99,7 +146,7 @@ macro_rules! export_plugin {
         $(, device_kernel: $kern:ty)?
         $(, device_memops: $memops:ty)?
         $(, ccl: $ccl:ty)?
-        $(, ccl_absent: [$($cabs:literal),* $(,)?])?
+        $(, ccl_absent: [$($cabs:tt),* $(,)?])?
         $(, ccl_window: $win:ty)?
         $(,)?
     ) => {
@@ -107,9 +154,31 @@ macro_rules! export_plugin {
         pub const __FERROCX_PLUGIN_NAME: &'static ::std::ffi::CStr =
             $crate::table::cstr(concat!($name, "\0"));
         #[doc(hidden)]
-        const __FERROCX_DEVICE_ABSENT: &[&str] = &[$($($dabs),*)?];
+        const __FERROCX_DEVICE_ABSENT: &[&str] = &[$($($crate::__absent_name!($dabs)),*)?];
         #[doc(hidden)]
-        const __FERROCX_CCL_ABSENT: &[&str] = &[$($($cabs),*)?];
+        const __FERROCX_CCL_ABSENT: &[&str] = &[$($($crate::__absent_name!($cabs)),*)?];
+        $($(
+            const _: () = $crate::table::must_be_known(
+                $crate::__absent_name!($dabs),
+                $crate::table::DEVICE_ENTRIES,
+                $crate::table::DEVICE_ALIASES,
+                concat!(
+                    "device_absent: `", $crate::__absent_name!($dabs),
+                    "` is neither a DeviceAdaptor method nor an entry of the device table"
+                ),
+            );
+        )*)?
+        $($(
+            const _: () = $crate::table::must_be_known(
+                $crate::__absent_name!($cabs),
+                $crate::table::CCL_ENTRIES,
+                $crate::table::CCL_ALIASES,
+                concat!(
+                    "ccl_absent: `", $crate::__absent_name!($cabs),
+                    "` is neither a CclAdaptor method nor an entry of the CCL table"
+                ),
+            );
+        )*)?
 
         $(
             /// The device adaptor table of this plugin.
@@ -216,6 +285,17 @@ macro_rules! export_plugin {
                 )
             }
         };
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __absent_name {
+    ($name:ident) => {
+        stringify!($name)
+    };
+    ($name:literal) => {
+        $name
     };
 }
 

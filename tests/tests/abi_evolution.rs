@@ -289,4 +289,41 @@ fn a_1_1_ccl_without_query_support_supports_what_it_exports() {
         .all(|(_, s)| *s == ferrocx::adaptor::RuntimeSupport::Absent));
     assert!(caps.supports("get_version"));
     assert!(!caps.supports("all_reduce"));
+    // Nor get_limits (ABI 1.3): no limits.
+    assert!(!caps.root.has("get_limits"));
+    assert_eq!(ccl.limits().expect("limits"), ferrocx::abi::CclLimits::NONE);
+    assert_eq!(caps.limits, ferrocx::abi::CclLimits::NONE);
+}
+
+/// A CCL table of `minor` whose `get_limits` (set in memory either way) declares one rank.
+fn ccl_table_of_minor(minor: u16) -> ferrocx::adaptor::Ccl {
+    use ferrocx::abi::{AbiHeader, CclAdaptorV1, CclLimits};
+    use ferrocx::loader::{CclTables, Table};
+    unsafe extern "C" fn one_rank(limits: *mut CclLimits) -> Status {
+        // SAFETY: the caller passes a live struct (the core's `Ccl::limits`).
+        unsafe { (*limits).max_ranks = 1 };
+        Status::SUCCESS
+    }
+    // SAFETY: every field after the header is an `Option` of a function pointer, for which
+    // all-zero bytes are `None`; the header is set right after.
+    let mut t: CclAdaptorV1 = unsafe { std::mem::zeroed() };
+    t.header = AbiHeader::new::<CclAdaptorV1>(c"limited");
+    t.header.abi_minor = minor;
+    if minor < 3 {
+        t.header.struct_size = offset_of!(CclAdaptorV1, get_limits) as u32;
+    }
+    t.get_limits = Some(one_rank);
+    let table = Table::builtin(Box::leak(Box::new(t))).expect("a valid table");
+    ferrocx::adaptor::Ccl::new(std::sync::Arc::new(CclTables::new(table)))
+}
+
+#[test]
+fn get_limits_past_a_1_2_tables_struct_size_reads_as_no_limits() {
+    let old = ccl_table_of_minor(2);
+    assert!(old.tables().root.beyond_size().contains(&"get_limits"));
+    assert_eq!(old.limits().expect("limits"), ferrocx::abi::CclLimits::NONE);
+    let new = ccl_table_of_minor(3);
+    let limits = new.limits().expect("limits");
+    assert_eq!(limits.max_ranks, 1);
+    assert!(limits.allows_ranks(1) && !limits.allows_ranks(2));
 }

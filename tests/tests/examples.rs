@@ -65,7 +65,9 @@ fn template() -> PathBuf {
             std::fs::remove_dir_all(&dest).map_err(|e| format!("removing {dest:?}: {e}"))?;
         }
         let script = repo_root().join("plugin-sdk/template/new-adaptor.sh");
+        // `--local`: this checkout's SDK and kit (the tests run offline).
         let out = Command::new(&script)
+            .arg("--local")
             .arg(TEMPLATE_NAME)
             .arg(&dest)
             .output()
@@ -101,6 +103,7 @@ fn c_example() -> PathBuf {
             .args(["-shared", "-fPIC", "-I"])
             .arg(root.join("plugin-sdk/include"))
             .arg(root.join("plugin-sdk/examples/c/plugin.c"))
+            .arg(root.join("plugin-sdk/examples/c/ccl.c"))
             .arg("-o")
             .arg(&so)
             .output()
@@ -125,7 +128,9 @@ fn load_device(so: &Path, name: &str, checked: Checked) -> Device {
     assert_eq!(e.name, name);
     assert_eq!(e.checked, checked);
     assert_eq!(e.abi_version(), (1, ferrocx::abi::ABI_MINOR));
-    assert!(e.ccl.is_none(), "a device-only plugin");
+    // The device with its minimal one-rank CCL, which declares one rank at most.
+    let ccl = e.ccl().expect("a CCL table beside the device");
+    assert_eq!(ccl.limits().expect("get_limits").max_ranks, 1);
     e.device().expect("device table")
 }
 
@@ -267,8 +272,9 @@ fn exercise_host_memory_device(dev: &Device) {
     assert_eq!(err.status(), Status::INVALID_HANDLE);
 }
 
-/// Runs `ferrocx conformance --plugin SO` and asserts it passed, showing its report if not.
-fn assert_conformant(so: &Path) {
+/// Runs `ferrocx conformance --plugin SO` and asserts it passed, showing its report if not;
+/// returns the report.
+fn assert_conformant(so: &Path) -> String {
     let dir = plugin_dir(&[so.to_path_buf()], &[]);
     let plugin = dir.path().join(so.file_name().expect("file name"));
     let report = ferrocx_ok(
@@ -283,6 +289,7 @@ fn assert_conformant(so: &Path) {
         report.contains(" 0 failed") && report.contains("CONFORMANT"),
         "{report}"
     );
+    report
 }
 
 #[test]
@@ -295,6 +302,52 @@ fn the_out_of_tree_plugin_builds_and_answers_through_its_table() {
         Checked::AbiStable,
     );
     exercise_host_memory_device(&dev);
+}
+
+#[test]
+fn the_sdk_refuses_what_lies_outside_a_ccls_declared_limits() {
+    use ferrocx::abi::{DataType, ReduceOp, Stream};
+    let dir = plugin_dir(&[out_of_tree()], &[]);
+    let mut r = Registry::empty();
+    let e = r
+        .add_plugin(&dir.path().join("libferrocx_adaptor_outoftree.so"))
+        .expect("loads");
+    let (dev, ccl) = (e.device().expect("device"), e.ccl().expect("ccl"));
+    dev.init(&[]).expect("device init");
+    ccl.init().expect("ccl init");
+    let limits = ccl.limits().expect("get_limits");
+    assert_eq!(limits.max_ranks, 1);
+    assert!(!limits.allows_dtype(DataType::F16) && !limits.allows_op(ReduceOp::AVG));
+    let id = ccl.unique_id().expect("id");
+    let err = ccl
+        .comm_init_rank(0, 2, 0, &id, 1000, &[])
+        .expect_err("two ranks");
+    assert_eq!(err.status(), Status::UNSUPPORTED);
+    assert!(err.to_string().contains("claims at most 1"), "{err}");
+    let comm = ccl
+        .comm_init_rank(0, 1, 0, &id, 1000, &[])
+        .expect("one rank");
+    let buf = dev.mem_alloc(64, MemKind::DEVICE).expect("alloc");
+    for (dtype, op, what) in [
+        (DataType::F16, ReduceOp::SUM, "data type"),
+        (DataType::F32, ReduceOp::AVG, "reduction"),
+    ] {
+        // SAFETY: `buf` holds 64 bytes, more than 4 elements of either type; the call is
+        // refused before anything is enqueued.
+        let err =
+            unsafe { ccl.all_reduce(buf, buf, 4, dtype, op, comm, Stream::NULL) }.expect_err(what);
+        assert_eq!(err.status(), Status::UNSUPPORTED, "{err}");
+        assert!(err.to_string().contains(what), "{err}");
+    }
+    // An unknown type is still the adaptor's INVALID_ARGUMENT, not "not claimed".
+    // SAFETY: as above.
+    let err =
+        unsafe { ccl.all_reduce(buf, buf, 4, DataType(99), ReduceOp::SUM, comm, Stream::NULL) }
+            .expect_err("unknown type");
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{err}");
+    ccl.comm_destroy(comm).expect("destroy");
+    // SAFETY: the allocation above, unused.
+    unsafe { dev.mem_free(buf, MemKind::DEVICE) }.expect("free");
 }
 
 #[test]
@@ -314,6 +367,10 @@ fn the_out_of_tree_plugin_is_listed_by_ferrocx_info() {
         "{me}"
     );
     assert!(
+        me.contains("ccl limits: at most 1 rank(s); data types f32, f64, u8, i32, i64, u64; reductions sum, min, max"),
+        "{me}"
+    );
+    assert!(
         me.contains("device 0: ferrocx-example host memory (out-of-tree Rust example)"),
         "{me}"
     );
@@ -321,47 +378,78 @@ fn the_out_of_tree_plugin_is_listed_by_ferrocx_info() {
 
 #[test]
 fn the_out_of_tree_plugin_passes_the_conformance_kit() {
-    assert_conformant(&out_of_tree());
+    let report = assert_conformant(&out_of_tree());
+    // Its one-rank CCL passes at its declared world size; what lies outside its limits is
+    // not claimed, not failed.
+    for line in [
+        "not claimed: the adaptor declares at most 1 rank(s); the CCL part ran on 1",
+        "not claimed: the adaptor's limits do not list the data type f16",
+        "not claimed: the adaptor's limits do not list the reduction avg",
+    ] {
+        assert!(report.contains(line), "{line}\n{report}");
+    }
+    for passed in [
+        "all_reduce f32 sum",
+        "all_to_allv i64",
+        "bad argument: root out of range",
+    ] {
+        let row = report
+            .lines()
+            .find(|l| l.contains(passed))
+            .unwrap_or_else(|| panic!("{passed} not in\n{report}"));
+        assert!(row.contains(" pass"), "{row}");
+    }
 }
 
 #[test]
 fn the_template_generates_builds_and_says_what_to_implement() {
     let so = template();
     // Every required method is present and names the vendor call to make.
-    for (file, table_entries) in [
-        ("device.rs", DeviceAdaptorV1::entries().len()),
-        ("ccl.rs", CclAdaptorV1::entries().len()),
+    // Every entry but get_last_error (the SDK provides it) and the CCL's get_limits (the
+    // `LIMITS` constant answers it) is a method with a TODO.
+    for (file, methods) in [
+        ("device.rs", DeviceAdaptorV1::entries().len() - 1),
+        ("ccl.rs", CclAdaptorV1::entries().len() - 2),
     ] {
         let src = std::fs::read_to_string(template_dir().join("src").join(file)).expect("read");
-        // Every entry but get_last_error (the SDK provides it) is a method with a TODO.
-        assert_eq!(
-            src.matches("\"TODO(vendor): ").count(),
-            table_entries - 1,
-            "{file}"
-        );
+        assert_eq!(src.matches("\"TODO(vendor): ").count(), methods, "{file}");
     }
     let manifest = std::fs::read_to_string(template_dir().join("Cargo.toml")).expect("read");
     assert!(manifest.contains(&format!("name = \"ferrocx-adaptor-{TEMPLATE_NAME}\"")));
-    let sdk = repo_root().join("plugin-sdk");
-    assert!(
-        manifest.contains(&format!("path = \"{}\"", sdk.display())),
-        "the SDK path is rewritten for the destination:\n{manifest}"
-    );
+    for (krate, dir) in [
+        ("ferrocx-plugin-sdk", "plugin-sdk"),
+        ("ferrocx-conformance", "conformance"),
+    ] {
+        let path = repo_root().join(dir);
+        assert!(
+            manifest.contains(&format!("{krate} = {{ path = \"{}\" }}", path.display())),
+            "--local points {krate} at this checkout:\n{manifest}"
+        );
+    }
+    // Nothing is claimed yet: every method is in an absent list (and compiles as one).
+    let lib = std::fs::read_to_string(template_dir().join("src/lib.rs")).expect("read");
+    assert!(lib.contains("device_absent: [") && lib.contains("ccl_absent: ["));
+    // No doc comment of the sources carries the marker: grep finds only the messages.
+    for file in ["lib.rs", "device.rs", "ccl.rs"] {
+        let src = std::fs::read_to_string(template_dir().join("src").join(file)).expect("read");
+        assert_eq!(
+            src.matches("TODO(vendor)").count(),
+            src.matches("\"TODO(vendor): ").count(),
+            "{file}: a TODO(vendor) marker outside the messages"
+        );
+    }
 
     let dir = plugin_dir(&[so], &[]);
     let info = ferrocx_ok(&["info"], dir.path());
     let me = info_section(&info, TEMPLATE_NAME).join("\n");
     assert!(me.contains("checked by abi_stable"), "{me}");
     assert!(
-        me.contains("device: unavailable:") && me.contains("TODO(vendor): load the runtime"),
+        me.contains("ferrocx_device_adaptor_v1 1/") && me.contains("present: get_last_error"),
         "{me}"
     );
-    assert!(
-        me.contains("ccl: unavailable:") && me.contains("TODO(vendor): load the library"),
-        "{me}"
-    );
+    assert!(info.contains("plugins loaded: "), "{info}");
 
-    // The conformance kit runs on it, and its failures name the TODOs.
+    // The conformance kit passes on it, and says that nothing is claimed.
     let plugin = dir
         .path()
         .join(format!("libferrocx_adaptor_{TEMPLATE_NAME}.so"));
@@ -370,9 +458,10 @@ fn the_template_generates_builds_and_says_what_to_implement() {
         dir.path(),
     );
     let report = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert_eq!(out.status.code(), Some(0), "{report}");
     assert!(
-        report.contains("TODO(vendor): load the runtime"),
+        report.contains("not claimed: the device table exports every entry as absent")
+            && report.contains("not claimed: the CCL table exports every entry as absent"),
         "{report}"
     );
 }
@@ -395,6 +484,9 @@ fn the_generated_templates_own_tests_pass() {
         tail(&out.stdout, 20),
         tail(&out.stderr, 20)
     );
+    // Its conformance test (tests/conformance.rs: the kit on the plugin) ran and passed.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("test conformance ... ok"), "{stdout}");
 }
 
 #[test]
@@ -449,6 +541,17 @@ fn the_c_example_is_listed_by_ferrocx_info() {
 }
 
 #[test]
-fn the_c_example_passes_the_device_part_of_the_conformance_kit() {
-    assert_conformant(&c_example());
+fn the_c_example_passes_the_conformance_kit_with_its_one_rank_ccl() {
+    let report = assert_conformant(&c_example());
+    for line in [
+        "not claimed: the adaptor declares at most 1 rank(s); the CCL part ran on 1",
+        "not claimed: the adaptor's limits do not list the data type bf16",
+    ] {
+        assert!(report.contains(line), "{line}\n{report}");
+    }
+    let row = report
+        .lines()
+        .find(|l| l.contains("all_reduce f32 sum") && !l.contains("in place"))
+        .unwrap_or_else(|| panic!("no all_reduce f32 sum in\n{report}"));
+    assert!(row.contains(" pass"), "{row}");
 }

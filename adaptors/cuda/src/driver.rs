@@ -92,14 +92,18 @@ pub(crate) fn check(lib: Driver, op: &str, r: CUresult) -> Result<()> {
 }
 
 /// `"cuXxx failed: CUDA_ERROR_NAME (code)"`, with the ABI status the error means: the driver's
-/// out-of-memory, invalid-value and invalid-handle errors keep their meaning (a caller can fall
-/// back, or knows it passed a bad argument or handle); everything else is a vendor error.
+/// out-of-memory, invalid-value, invalid-handle and not-ready errors keep their meaning (a
+/// caller can fall back, knows it passed a bad argument or handle, or asks again later:
+/// `cuEventElapsedTime` of a record not completed); everything else is a vendor error.
 pub(crate) fn error(lib: Driver, op: &str, r: CUresult) -> Error {
     let message = format!("{op} failed: {} ({})", error_name(lib, r), r as u32);
     match r {
         CUresult::CUDA_ERROR_OUT_OF_MEMORY => Error::out_of_memory(message),
         CUresult::CUDA_ERROR_INVALID_VALUE => Error::invalid_argument(message),
         CUresult::CUDA_ERROR_INVALID_HANDLE => Error::invalid_handle(message),
+        CUresult::CUDA_ERROR_NOT_READY => {
+            Error::new(ferrocx_plugin_sdk::abi::Status::NOT_READY, message)
+        }
         _ => Error::vendor(message),
     }
 }

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferrocx::abi::{Comm, DataType, ReduceOp, Status};
+use ferrocx::abi::{Comm, Status};
 use ferrocx::adaptor::AdaptorError;
 
 use super::{Ctx, Planned, UniqueIds};
@@ -35,6 +35,7 @@ fn abort(ctx: &Ctx<'_>, ids: &UniqueIds) -> Verdict {
     if ctx.world < 2 {
         return Err(skip("needs 2 or more ranks"));
     }
+    let (dtype, op) = ctx.any_reduction()?;
     let c = api.seen(api.ccl.comm_init_rank(
         ctx.rank as i32,
         ctx.world as i32,
@@ -48,16 +49,16 @@ fn abort(ctx: &Ctx<'_>, ids: &UniqueIds) -> Verdict {
         api.seen(api.ccl.comm_abort(c))?;
         return Ok(());
     }
-    let b = DevBuf::device(ctx.dev, 40)?;
-    b.fill(1)?;
+    let b = DevBuf::device(ctx.dev, 80)?;
+    b.fill(0)?;
     let start = Instant::now();
     let r = api
         .seen(
-            // SAFETY: `b` holds 10 `i32`s, in place; the stream is synchronized right after, before
-            // `b` drops.
+            // SAFETY: `b` holds 80 bytes, 10 elements of any type, in place; the stream is
+            // synchronized right after, before `b` drops.
             unsafe {
                 api.ccl
-                    .all_reduce(b.ptr(), b.ptr(), 10, DataType::I32, ReduceOp::SUM, c, ctx.s)
+                    .all_reduce(b.ptr(), b.ptr(), 10, dtype, op, c, ctx.s)
             },
         )
         .and_then(|()| ctx.dev.seen(ctx.dev.dev.stream_synchronize(ctx.s)));

@@ -26,6 +26,7 @@ pub(super) fn plan<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
         }),
         Planned::new("ccl", "bad argument: root out of range", move || {
             let root = ctx.world as i32;
+            ctx.claims(DataType::F32, None)?;
             bad(
                 ctx,
                 &format!("broadcast from root {root}"),
@@ -42,6 +43,7 @@ pub(super) fn plan<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
         }),
         Planned::new("ccl", "bad argument: peer out of range", move || {
             let peer = ctx.world as i32;
+            ctx.claims(DataType::F32, None)?;
             bad(ctx, &format!("send to rank {peer}"), BAD_ARGUMENT, |b| {
                 ctx.ccl
                     // SAFETY: as above.
@@ -49,6 +51,7 @@ pub(super) fn plan<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
             })
         }),
         Planned::new("ccl", "bad argument: null communicator", move || {
+            ctx.claims(DataType::F32, Some(ReduceOp::SUM))?;
             bad(
                 ctx,
                 "all_reduce on the null communicator",

@@ -160,6 +160,7 @@ fn all_reduce(
     sizes: &[usize],
     in_place: bool,
 ) -> Verdict {
+    ctx.claims(dt, Some(op))?;
     let es = size_of(dt);
     for &n in sizes {
         let what = format!(
@@ -195,6 +196,7 @@ fn all_reduce(
 }
 
 fn reduce(ctx: &Ctx<'_>, dt: DataType, op: ReduceOp, sizes: &[usize], root: usize) -> Verdict {
+    ctx.claims(dt, Some(op))?;
     let es = size_of(dt);
     for &n in sizes {
         let what = format!("{} {} root {root}", case("reduce", dt, n), op_name(op));
@@ -227,6 +229,7 @@ fn reduce(ctx: &Ctx<'_>, dt: DataType, op: ReduceOp, sizes: &[usize], root: usiz
 }
 
 fn broadcast(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize], root: usize, in_place: bool) -> Verdict {
+    ctx.claims(dt, None)?;
     let es = size_of(dt);
     for &n in sizes {
         let what = format!(
@@ -259,6 +262,7 @@ fn broadcast(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize], root: usize, in_place
 }
 
 fn all_gather(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize]) -> Verdict {
+    ctx.claims(dt, None)?;
     let es = size_of(dt);
     let w = ctx.world;
     for &n in sizes {
@@ -285,6 +289,7 @@ fn all_gather(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize]) -> Verdict {
 }
 
 fn reduce_scatter(ctx: &Ctx<'_>, dt: DataType, op: ReduceOp, sizes: &[usize]) -> Verdict {
+    ctx.claims(dt, Some(op))?;
     let es = size_of(dt);
     let (w, me) = (ctx.world, ctx.rank);
     for &n in sizes {
@@ -309,6 +314,7 @@ fn reduce_scatter(ctx: &Ctx<'_>, dt: DataType, op: ReduceOp, sizes: &[usize]) ->
 }
 
 fn gather(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize], root: usize) -> Verdict {
+    ctx.claims(dt, None)?;
     let es = size_of(dt);
     let w = ctx.world;
     for &n in sizes {
@@ -335,6 +341,7 @@ fn gather(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize], root: usize) -> Verdict 
 }
 
 fn scatter(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize], root: usize) -> Verdict {
+    ctx.claims(dt, None)?;
     let es = size_of(dt);
     let (w, me) = (ctx.world, ctx.rank);
     for &n in sizes {
@@ -359,6 +366,7 @@ fn scatter(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize], root: usize) -> Verdict
 }
 
 fn all_to_all(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize]) -> Verdict {
+    ctx.claims(dt, None)?;
     let es = size_of(dt);
     let (w, me) = (ctx.world, ctx.rank);
     for &n in sizes {
@@ -388,6 +396,7 @@ fn all_to_all(ctx: &Ctx<'_>, dt: DataType, sizes: &[usize]) -> Verdict {
 /// Per-pair counts (the same formula on every rank, some of them 0), blocks laid out with
 /// gaps of 5 elements that must stay untouched.
 fn all_to_allv(ctx: &Ctx<'_>, dt: DataType, max: usize, large: bool) -> Verdict {
+    ctx.claims(dt, None)?;
     let es = size_of(dt);
     let (w, me) = (ctx.world, ctx.rank);
     let what = format!(
@@ -480,6 +489,7 @@ fn grouped(
 
 fn ring(ctx: &Ctx<'_>, sizes: &[usize]) -> Verdict {
     let dt = DataType::F32;
+    ctx.claims(dt, None)?;
     let es = size_of(dt);
     let (w, me) = (ctx.world, ctx.rank);
     let (next, prev) = ((me + 1) % w, (me + w - 1) % w);
@@ -529,6 +539,7 @@ fn ring(ctx: &Ctx<'_>, sizes: &[usize]) -> Verdict {
 
 fn p2p_all_to_all(ctx: &Ctx<'_>, n: usize) -> Verdict {
     let dt = DataType::I32;
+    ctx.claims(dt, None)?;
     let es = size_of(dt);
     let (w, me) = (ctx.world, ctx.rank);
     let what = case("all_to_all of send/recv", dt, n);

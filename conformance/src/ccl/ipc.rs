@@ -13,12 +13,35 @@ use crate::report::Outcome;
 /// Bytes each rank exports.
 const BYTES: usize = 4099;
 
+/// The check's name; the device part lists it too (see [`device_row`]).
+pub(crate) const NAME: &str = "IPC: export, open in another process, read, close";
+
+/// The row the device part records for the IPC check, so that it is listed among the device
+/// checks: absent when the device table lacks an IPC entry, else run by the CCL part (which the
+/// report merges into this row: a pass or failure there wins over this skip).
+pub(crate) fn device_row(root: &ferrocx::abi::DeviceAdaptorV1) -> crate::report::Outcome {
+    use crate::report::Outcome;
+    let lacking: Vec<&str> = [
+        ("`ipc_export`", root.ipc_export.is_some()),
+        ("`ipc_import`", root.ipc_import.is_some()),
+        ("`ipc_close`", root.ipc_close.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, present)| !present)
+    .map(|(n, _)| n)
+    .collect();
+    if lacking.is_empty() {
+        Outcome::Skip(
+            "run by the CCL part, which has the second process it needs (not run without a CCL)"
+                .into(),
+        )
+    } else {
+        Outcome::absent(&lacking.join(", "))
+    }
+}
+
 pub(super) fn plan<'a>(ctx: &'a Ctx<'a>) -> Vec<Planned<'a>> {
-    vec![Planned::new(
-        "device",
-        "IPC: export, open in another process, read, close",
-        move || ipc(ctx),
-    )]
+    vec![Planned::new("device", NAME, move || ipc(ctx))]
 }
 
 fn ipc(ctx: &Ctx<'_>) -> Verdict {
@@ -61,6 +84,7 @@ fn ipc(ctx: &Ctx<'_>) -> Verdict {
     let send = DevBuf::device(dev, max)?;
     let recv = DevBuf::device(dev, max * ctx.world)?;
     send.upload(&padded)?;
+    ctx.claims(DataType::U8, None)?;
     ctx.run("exchanging IPC handles", || {
         // SAFETY: `send` holds `max` and `recv` `max * world` bytes; `run` waits for the stream
         // before they drop.

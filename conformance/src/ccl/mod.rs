@@ -13,13 +13,13 @@
 mod abort;
 mod arguments;
 mod collectives;
-mod ipc;
+pub(crate) mod ipc;
 mod resources;
 
 use std::cell::RefCell;
 use std::time::Duration;
 
-use ferrocx::abi::{Comm, DataType, ReduceOp, Stream};
+use ferrocx::abi::{CclLimits, Comm, DataType, ReduceOp, Stream};
 use ferrocx::adaptor::{AdaptorError, Ccl, Device};
 
 use crate::boundary::{ensure, fail, skip, CclApi, DeviceApi, Mark, Res, Stop, Verdict};
@@ -131,11 +131,50 @@ pub(crate) struct Ctx<'a> {
     /// The device this rank's communicators use.
     pub device: i32,
     pub timeout: Duration,
+    /// What the adaptor claims (`get_limits`; no limits for an older table).
+    pub limits: CclLimits,
     /// The check whose collective failed, after which the communicator is not trusted.
     broken: RefCell<Option<String>>,
 }
 
 impl Ctx<'_> {
+    /// "Not claimed" when `dtype` (or `op`) lies outside the adaptor's declared limits: the
+    /// check is not run (on every rank alike, so collectives still match up).
+    pub(crate) fn claims(&self, dtype: DataType, op: Option<ReduceOp>) -> Verdict {
+        if !self.limits.allows_dtype(dtype) {
+            return Err(Stop(Outcome::not_claimed(&format!(
+                "the adaptor's limits do not list the data type {}",
+                crate::reference::dt_name(dtype)
+            ))));
+        }
+        match op {
+            Some(op) if !self.limits.allows_op(op) => Err(Stop(Outcome::not_claimed(&format!(
+                "the adaptor's limits do not list the reduction {}",
+                crate::reference::op_name(op)
+            )))),
+            _ => Ok(()),
+        }
+    }
+
+    /// A data type and a reduction the adaptor claims, for the all-reduces the suite uses as
+    /// barriers (`i32` sum where claimed).
+    pub(crate) fn any_reduction(&self) -> Result<(DataType, ReduceOp), Stop> {
+        let dtype = [DataType::I32, DataType::F32, DataType::I64, DataType::F64]
+            .into_iter()
+            .chain(DataType::ALL)
+            .find(|&d| self.limits.allows_dtype(d));
+        let op = [ReduceOp::SUM, ReduceOp::MAX, ReduceOp::MIN]
+            .into_iter()
+            .chain(ReduceOp::ALL)
+            .find(|&o| self.limits.allows_op(o));
+        match (dtype, op) {
+            (Some(d), Some(o)) => Ok((d, o)),
+            _ => Err(Stop(Outcome::not_claimed(
+                "the adaptor's limits list no data type or no reduction for an all-reduce",
+            ))),
+        }
+    }
+
     /// Skips when the communicator failed in an earlier check.
     pub(crate) fn usable(&self) -> Verdict {
         match &*self.broken.borrow() {
@@ -174,36 +213,43 @@ impl Ctx<'_> {
 
     /// A barrier: an all-reduce of one element.
     pub(crate) fn barrier(&self, what: &str) -> Verdict {
-        let b = DevBuf::device(self.dev, 4)?;
-        b.upload(&1i32.to_ne_bytes())?;
+        let (dtype, op) = self.any_reduction()?;
+        let b = DevBuf::device(self.dev, 8)?;
+        b.upload(&[0; 8])?;
         self.run(what, || {
-            // SAFETY: `b` holds one `i32`, in place; `run` waits for the stream before it drops.
+            // SAFETY: `b` holds 8 bytes, one element of any type, in place; `run` waits for
+            // the stream before it drops.
             self.ccl.seen(unsafe {
-                self.ccl.ccl.all_reduce(
-                    b.ptr(),
-                    b.ptr(),
-                    1,
-                    DataType::I32,
-                    ReduceOp::SUM,
-                    self.comm,
-                    self.s,
-                )
+                self.ccl
+                    .ccl
+                    .all_reduce(b.ptr(), b.ptr(), 1, dtype, op, self.comm, self.s)
             })
         })
     }
 
     /// Every rank's `value`, in rank order (an all-gather).
     pub(crate) fn all_gather_u64(&self, what: &str, value: u64) -> Result<Vec<u64>, Stop> {
+        // Eight bytes as whichever type the adaptor claims (every type's size divides 8).
+        let dtype = [DataType::U64, DataType::I64, DataType::F64, DataType::U8]
+            .into_iter()
+            .chain(DataType::ALL)
+            .find(|&d| self.limits.allows_dtype(d))
+            .ok_or_else(|| {
+                Stop(Outcome::not_claimed(
+                    "the adaptor's limits list no data type to exchange values with",
+                ))
+            })?;
+        let per = 8 / dtype.size().expect("a known type");
         let send = DevBuf::device(self.dev, 8)?;
         let recv = DevBuf::device(self.dev, 8 * self.world)?;
         send.upload(&value.to_ne_bytes())?;
         self.run(what, || {
-            // SAFETY: `send` holds one and `recv` `world` `u64`s; `run` waits for the stream before
-            // they drop.
+            // SAFETY: `send` holds 8 and `recv` `8 * world` bytes, `per` elements of `dtype` per
+            // rank; `run` waits for the stream before they drop.
             self.ccl.seen(unsafe {
                 self.ccl
                     .ccl
-                    .all_gather(send.ptr(), recv.ptr(), 1, DataType::U64, self.comm, self.s)
+                    .all_gather(send.ptr(), recv.ptr(), per, dtype, self.comm, self.s)
             })
         })?;
         let bytes = recv.download(8 * self.world)?;
@@ -317,6 +363,7 @@ pub(crate) fn run(
         rank,
         world,
         timeout,
+        limits: ccl.limits().unwrap_or_default(),
         broken: RefCell::new(None),
     };
     let mut plan = collectives::plan(&ctx);

@@ -36,13 +36,76 @@ pub struct CommInitArgs {
     pub n_options: usize,
 }
 
+/// What a CCL adaptor claims to support, from `get_limits` (*since ABI 1.3*). Outside these
+/// limits the adaptor may refuse a call (with `UNSUPPORTED` or `INVALID_ARGUMENT`); callers
+/// (the core, the conformance kit) treat what lies outside as "not claimed", not as a failure.
+///
+/// The caller sets `struct_size` and fills every field with "no limit" ([`CclLimits::NONE`])
+/// before the call; the adaptor writes no byte past the caller's `struct_size`, so later minors
+/// can append fields. A table without `get_limits` (ABI 1.0 to 1.2, or an adaptor without
+/// limits) has no limits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CclLimits {
+    /// Set by the caller: `sizeof(CclLimits)` as it was compiled.
+    pub struct_size: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// The most ranks a communicator may have; 0 means no limit.
+    pub max_ranks: u64,
+    /// The data types the collectives accept: bit `d` set when `DataType(d)` is supported
+    /// (`1 << FERROCX_F32 | ...`); all ones means every type, this build's and later ones.
+    pub dtypes: u64,
+    /// The reductions accepted: bit `o` set when `ReduceOp(o)` is supported; all ones means
+    /// every reduction.
+    pub reduce_ops: u64,
+}
+
+impl CclLimits {
+    /// No limits: what the caller fills in, and what a table without `get_limits` means.
+    pub const NONE: CclLimits = CclLimits {
+        struct_size: std::mem::size_of::<CclLimits>() as u32,
+        reserved: 0,
+        max_ranks: 0,
+        dtypes: u64::MAX,
+        reduce_ops: u64::MAX,
+    };
+
+    /// `true` when a communicator of `nranks` ranks is within the limits.
+    pub fn allows_ranks(&self, nranks: usize) -> bool {
+        self.max_ranks == 0 || nranks as u64 <= self.max_ranks
+    }
+
+    /// `true` when `dtype` is claimed.
+    pub fn allows_dtype(&self, dtype: DataType) -> bool {
+        dtype.0 < 64 && self.dtypes & (1 << dtype.0) != 0
+    }
+
+    /// `true` when `op` is claimed.
+    pub fn allows_op(&self, op: ReduceOp) -> bool {
+        op.0 < 64 && self.reduce_ops & (1 << op.0) != 0
+    }
+
+    /// `true` when nothing is limited.
+    pub fn is_none(&self) -> bool {
+        self.max_ranks == 0 && self.dtypes == u64::MAX && self.reduce_ops == u64::MAX
+    }
+}
+
+impl Default for CclLimits {
+    fn default() -> Self {
+        CclLimits::NONE
+    }
+}
+
 /// The CCL adaptor table, exported as `ferrocx_ccl_adaptor_v1`.
 ///
 /// Collectives are asynchronous on `stream` (NCCL semantics): they return once enqueued.
 /// Counts are in elements of `dtype`. `send == recv` means in place.
 ///
 /// Fields are only ever appended, one minor at a time: ABI 1.0 and 1.1 end at `mem_deregister`
-/// (`struct_size` = `offsetof(query_support)`), ABI 1.2 adds `query_support`.
+/// (`struct_size` = `offsetof(query_support)`), ABI 1.2 adds `query_support`, ABI 1.3 adds
+/// `get_limits`.
 #[repr(C)]
 pub struct CclAdaptorV1 {
     /// Header: magic, ABI version, `sizeof` this table, adaptor name.
@@ -250,6 +313,14 @@ pub struct CclAdaptorV1 {
             reason_len: usize,
         ) -> Status,
     >,
+
+    /// The adaptor's declared limits: the most ranks a communicator may have, the data types
+    /// and the reductions its collectives accept (see [`CclLimits`]). The caller fills
+    /// `limits` with [`CclLimits::NONE`] and its `struct_size` first; the adaptor overwrites
+    /// what it limits, writing no byte past `struct_size`. A static declaration: callable
+    /// before `init`, the same answer every time. *Since ABI 1.3*: an older table (or a table
+    /// leaving this `None`) has no limits.
+    pub get_limits: Option<unsafe extern "C" fn(limits: *mut CclLimits) -> Status>,
 }
 
 /// Optional group `ferrocx_ccl_window_v1`: the CCL's own window registration.

@@ -57,6 +57,18 @@ impl Default for DeviceProperties {
 /// Every entry returns a [`Status`]; on failure `get_last_error` returns the message on the
 /// calling thread. A `None` entry means the operation is not supported.
 ///
+/// The contract of every entry:
+/// - Entries may be called from any thread, concurrently. The current device is per thread.
+/// - Before a successful `init`, an entry either works or returns `NOT_INITIALIZED` (with a
+///   message); it never crashes.
+/// - A null `Stream` is the default stream: every entry that takes a stream accepts it, work
+///   enqueued on it runs in order, `stream_synchronize(NULL)` waits for it; it is never
+///   destroyed.
+/// - A handle or pointer the adaptor did not give out, or already released, is
+///   `INVALID_HANDLE`; a bad value (zero size, unknown kind or flag, null address) is
+///   `INVALID_ARGUMENT`. `UNSUPPORTED` from a present entry means "not at run time" (the
+///   runtime lacks it); what the adaptor never does is a `NULL` entry.
+///
 /// Fields are only ever appended, one minor at a time: ABI 1.0 ends at `ipc_close`
 /// (`struct_size` = `offsetof(mem_get_info)`), ABI 1.1 adds `mem_get_info`.
 #[repr(C)]
@@ -64,7 +76,8 @@ pub struct DeviceAdaptorV1 {
     /// Header: magic, ABI version, `sizeof` this table, adaptor name.
     pub header: AbiHeader,
 
-    /// Initialises the adaptor with the configuration's options. Called once before anything else.
+    /// Initialises the adaptor with the configuration's options. Called once before anything
+    /// else; an entry called before it works or returns `NOT_INITIALIZED`.
     pub init: Option<unsafe extern "C" fn(options: *const KeyValue, n_options: usize) -> Status>,
     /// Releases everything the adaptor holds. No call follows it but `init`.
     pub finalize: Option<unsafe extern "C" fn() -> Status>,
@@ -84,12 +97,14 @@ pub struct DeviceAdaptorV1 {
     /// Allocates `bytes` of memory of `kind` on the current device.
     pub mem_alloc:
         Option<unsafe extern "C" fn(bytes: usize, kind: MemKind, ptr: *mut DevicePtr) -> Status>,
-    /// Frees memory from `mem_alloc` of the same kind.
+    /// Frees memory from `mem_alloc` of the same kind (a null `ptr` does nothing). A pointer
+    /// not allocated (or already freed) is `INVALID_HANDLE`; a live allocation given with
+    /// another kind is `INVALID_ARGUMENT` (or `INVALID_HANDLE`) and stays allocated.
     pub mem_free: Option<unsafe extern "C" fn(ptr: DevicePtr, kind: MemKind) -> Status>,
     /// Copies `bytes` between any two addresses; returns when the copy is done.
     pub mem_copy:
         Option<unsafe extern "C" fn(dst: DevicePtr, src: DevicePtr, bytes: usize) -> Status>,
-    /// Enqueues a copy on `stream`.
+    /// Enqueues a copy on `stream` (null: the default stream); returns once enqueued.
     pub mem_copy_async: Option<
         unsafe extern "C" fn(
             dst: DevicePtr,
@@ -100,7 +115,7 @@ pub struct DeviceAdaptorV1 {
     >,
     /// Sets `bytes` bytes to `value`; returns when done.
     pub mem_set: Option<unsafe extern "C" fn(dst: DevicePtr, value: u8, bytes: usize) -> Status>,
-    /// Enqueues a memset on `stream`.
+    /// Enqueues a memset on `stream` (null: the default stream); returns once enqueued.
     pub mem_set_async: Option<
         unsafe extern "C" fn(dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Status,
     >,
@@ -111,9 +126,11 @@ pub struct DeviceAdaptorV1 {
     /// destroy the native stream.
     pub stream_wrap:
         Option<unsafe extern "C" fn(native: *mut c_void, stream: *mut Stream) -> Status>,
-    /// Destroys a stream after the work enqueued on it completes.
+    /// Destroys a stream after the work enqueued on it completes (returns at once). The null
+    /// (default) stream cannot be destroyed: `INVALID_HANDLE`.
     pub stream_destroy: Option<unsafe extern "C" fn(stream: Stream) -> Status>,
-    /// Blocks until all work enqueued on `stream` has completed.
+    /// Blocks until all work enqueued on `stream` (null: the default stream) has completed;
+    /// returns the first failure of that work, if any.
     pub stream_synchronize: Option<unsafe extern "C" fn(stream: Stream) -> Status>,
     /// `SUCCESS` when all work on `stream` has completed, `NOT_READY` otherwise.
     pub stream_query: Option<unsafe extern "C" fn(stream: Stream) -> Status>,
@@ -121,7 +138,8 @@ pub struct DeviceAdaptorV1 {
     /// call (CUDA semantics: a later re-record does not affect this wait).
     pub stream_wait_event: Option<unsafe extern "C" fn(stream: Stream, event: Event) -> Status>,
 
-    /// Creates an event (`flags`: bit 0 = disable timing).
+    /// Creates an event (`flags`: bit 0 = disable timing). An event never recorded counts as
+    /// complete (queries, synchronizes and waits on it return at once).
     pub event_create: Option<unsafe extern "C" fn(flags: u32, event: *mut Event) -> Status>,
     /// Destroys an event.
     pub event_destroy: Option<unsafe extern "C" fn(event: Event) -> Status>,
@@ -131,7 +149,10 @@ pub struct DeviceAdaptorV1 {
     pub event_synchronize: Option<unsafe extern "C" fn(event: Event) -> Status>,
     /// `SUCCESS` when the most recent record has completed, `NOT_READY` otherwise.
     pub event_query: Option<unsafe extern "C" fn(event: Event) -> Status>,
-    /// Milliseconds between two completed records of timing events.
+    /// Milliseconds between two completed records of timing events (negative when `end`
+    /// completed first). An event created with timing disabled, or never recorded, is
+    /// `INVALID_ARGUMENT` or `INVALID_HANDLE` (CUDA's); a record not completed yet is
+    /// `NOT_READY`.
     pub event_elapsed_ms:
         Option<unsafe extern "C" fn(start: Event, end: Event, ms: *mut f32) -> Status>,
 

@@ -14,7 +14,8 @@ pub const ABI_MAJOR: u16 = 1;
 /// History: 1.0, the first release; 1.1 appends `mem_get_info` to the device adaptor table;
 /// 1.2 adds the kernel group (`ferrocx_device_kernel_v1`) and appends `query_support` to the
 /// CCL adaptor table; 1.3 adds the memops group (`ferrocx_device_memops_v1`: 32-bit stores and
-/// waits on host memory in stream order).
+/// waits on host memory in stream order) and appends `get_limits` (the CCL's declared maximum
+/// ranks, data types and reductions) to the CCL adaptor table.
 pub const ABI_MINOR: u16 = 3;
 
 /// The first field of every table (`#[repr(C)]`, 24 bytes on 64-bit targets).

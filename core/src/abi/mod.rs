@@ -15,7 +15,7 @@ mod header;
 mod root;
 mod types;
 
-pub use ccl::{CclAdaptorV1, CclWindowV1, CommInitArgs};
+pub use ccl::{CclAdaptorV1, CclLimits, CclWindowV1, CommInitArgs};
 pub use device::{
     DeviceAdaptorV1, DeviceFlatMapV1, DeviceGraphV1, DeviceKernelV1, DeviceMemOpsV1,
     DeviceMulticastV1, DeviceProperties, DeviceVmmV1, KernelLaunch, WAIT_VALUE_EQ, WAIT_VALUE_GEQ,
@@ -189,6 +189,8 @@ abi_table!(
         mem_deregister,
         // ABI 1.2
         query_support,
+        // ABI 1.3
+        get_limits,
     ]
 );
 abi_table!(
@@ -233,6 +235,28 @@ mod tests {
         covers::<DeviceMemOpsV1>();
         covers::<CclAdaptorV1>();
         covers::<CclWindowV1>();
+    }
+
+    #[test]
+    fn ccl_limits_layout_is_frozen() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(offset_of!(CclLimits, max_ranks), 8);
+        assert_eq!(offset_of!(CclLimits, dtypes), 16);
+        assert_eq!(offset_of!(CclLimits, reduce_ops), 24);
+        assert_eq!(size_of::<CclLimits>(), 32);
+        let none = CclLimits::NONE;
+        assert!(none.is_none() && none.allows_ranks(1 << 20));
+        assert!(DataType::ALL.iter().all(|&d| none.allows_dtype(d)));
+        let some = CclLimits {
+            max_ranks: 1,
+            dtypes: 1 << DataType::F32.0,
+            reduce_ops: 1 << ReduceOp::SUM.0,
+            ..CclLimits::NONE
+        };
+        assert!(some.allows_ranks(1) && !some.allows_ranks(2));
+        assert!(some.allows_dtype(DataType::F32) && !some.allows_dtype(DataType::F64));
+        assert!(some.allows_op(ReduceOp::SUM) && !some.allows_op(ReduceOp::MAX));
+        assert!(!some.allows_dtype(DataType(99)));
     }
 
     #[test]

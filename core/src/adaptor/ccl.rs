@@ -480,6 +480,23 @@ impl Ccl {
         self.tables.caps.get_or_probe(|| self.probe_caps())
     }
 
+    /// The adaptor's declared limits (`get_limits`, ABI 1.3): the most ranks, the data types
+    /// and the reductions it claims. A table without the entry (older minors) has no limits:
+    /// [`CclLimits::NONE`](crate::abi::CclLimits::NONE). Callable before `init`.
+    pub fn limits(&self) -> Result<crate::abi::CclLimits, AdaptorError> {
+        let mut limits = crate::abi::CclLimits::NONE;
+        let Some(f) = self.tables.root.get().get_limits else {
+            return Ok(limits);
+        };
+        // SAFETY: the table was checked by the loader; `limits` is a live struct whose
+        // `struct_size` says how much the adaptor may write.
+        let status = unsafe { f(&mut limits) };
+        self.check("get_limits", status)?;
+        limits.struct_size = std::mem::size_of::<crate::abi::CclLimits>() as u32;
+        limits.reserved = 0;
+        Ok(limits)
+    }
+
     fn probe_caps(&self) -> (CclCaps, bool) {
         let root = TableCaps::of(&self.tables.root);
         let window = self.tables.window.as_ref().map(TableCaps::of);
@@ -507,6 +524,7 @@ impl Ccl {
             windows: window
                 .as_ref()
                 .is_some_and(|w| both(w, "window_register", "window_deregister")),
+            limits: self.limits().unwrap_or_default(),
             root,
             window,
             runtime,

@@ -8,22 +8,31 @@
 //! (see [`stream`]). IPC and stream wrapping are exported as absent (`device_absent`): the core
 //! knows up front that they are not supported, without calling them.
 //!
+//! [`OneRankCcl`] is a minimal CCL paired with that device: communicators of one rank, whose
+//! collectives are copies enqueued on the device's streams. It declares its limits (one rank,
+//! some data types and reductions) in `CclAdaptor::LIMITS`, so the conformance kit reports the
+//! rest as "not claimed", and exports point-to-point and registration as absent.
+//!
 //! ```sh
 //! cargo build --release
 //! FERROCX_PLUGIN_PATH=target/release ferrocx info
 //! ferrocx conformance --plugin target/release/libferrocx_adaptor_outoftree.so
 //! ```
 
+mod ccl;
 mod device;
 mod memory;
 pub mod stream;
 
+pub use ccl::OneRankCcl;
 pub use device::HostMemDevice;
 
 ferrocx_plugin_sdk::export_plugin! {
     name: "outoftree",
     device: HostMemDevice,
-    device_absent: ["stream_wrap", "ipc_export", "ipc_import", "ipc_close"],
+    device_absent: [stream_wrap, ipc_export, ipc_import, ipc_close],
+    ccl: OneRankCcl,
+    ccl_absent: [send, recv, group_start, group_end, mem_alloc, mem_free, mem_register, mem_deregister],
 }
 
 #[cfg(test)]

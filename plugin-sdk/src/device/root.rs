@@ -63,29 +63,65 @@ impl HostCall {
 }
 
 /// The device adaptor (`ferrocx_device_adaptor_v1`). Every method is required: return
-/// [`Error::unsupported`] for what the device cannot do.
+/// [`Error::unsupported`] for what the device cannot do at run time, or export the method as
+/// absent (`device_absent: [method, …]` in [`export_plugin!`](crate::export_plugin)) for what
+/// it never does.
+///
+/// # The contract every method keeps
+///
+/// - **Threads.** Any method may be called from any thread, concurrently; keep state behind
+///   `Mutex`/atomics. The device a thread works on is per thread (`set_device`).
+/// - **Before `init`.** A call before a successful `init` either works (a device with nothing to
+///   initialise) or fails with `Status::NOT_INITIALIZED` and a message; it never crashes.
+///   `finalize` ends what `init` started; after it, only `init` may follow.
+/// - **Streams.** A null [`Stream`] (`Stream::NULL`) is the default stream: every method that
+///   takes a stream accepts it, work on it runs in order, and `stream_synchronize(NULL)` waits
+///   for it. It is never destroyed.
+/// - **Errors.** Return an [`Error`] whose status says what went wrong: `INVALID_ARGUMENT` for a
+///   bad value (a zero size, an unknown kind or flag, a null address), `INVALID_HANDLE` for a
+///   handle or pointer this adaptor did not give out (or already released), `OUT_OF_MEMORY`,
+///   `NOT_READY` where named below, `UNSUPPORTED` only for what depends on the runtime. The
+///   message is what `get_last_error` reports: name the argument and the value.
+/// - **Panics** never cross the boundary: the SDK turns one into `INTERNAL_ERROR` with the
+///   panic's message.
 pub trait DeviceAdaptor: Send + Sync + Sized + 'static {
     /// The process-wide instance (see [`crate::singleton!`]).
     fn instance() -> &'static Self;
-    /// Initialises the adaptor with the configuration's options.
+    /// Initialises the adaptor with the configuration's options (`[cluster.options.<name>]`).
+    /// Called once per process before anything else; a second call after success may return
+    /// `Ok` again. Load the runtime here, not in a constructor.
     fn init(&self, options: &Options) -> Result<()>;
-    /// Releases everything the adaptor holds.
+    /// Releases everything the adaptor holds (memory, streams, events it still has). No call
+    /// but `init` follows it.
     fn finalize(&self) -> Result<()>;
-    /// Number of devices visible to this process.
+    /// Number of devices visible to this process (at least 0).
     fn device_count(&self) -> Result<i32>;
-    /// Selects the calling thread's device.
+    /// Selects the device the calling thread works on (`0..device_count`); a device out of
+    /// range is `INVALID_ARGUMENT`. Allocations, streams and events are made on it.
     fn set_device(&self, device: i32) -> Result<()>;
-    /// The calling thread's device.
+    /// The device the calling thread works on (0 until `set_device`).
     fn get_device(&self) -> Result<i32>;
-    /// Vendor, name and capabilities of a device.
+    /// Vendor, name, capability bits, memory and architecture of `device` (out of range:
+    /// `INVALID_ARGUMENT`). Set a [`Capabilities`] bit only when the entries it promises work
+    /// (`HOST_FUNC` with `launch_host_func`, `TIMED_EVENTS` with `event_elapsed_ms`, …): the
+    /// conformance kit checks each bit against the table.
     fn properties(&self, device: i32) -> Result<Properties>;
-    /// Allocates memory.
+    /// Allocates `bytes` of memory of `kind` on the current device: `DEVICE` (device memory),
+    /// `HOST` (pageable host memory) or `PINNED` (page-locked host memory the device reaches
+    /// directly). A zero size or an unknown kind is `INVALID_ARGUMENT`; a kind the runtime
+    /// does not offer is `UNSUPPORTED`. Addresses are unified: any address works in
+    /// `mem_copy`, whichever kind it is.
     fn mem_alloc(&self, bytes: usize, kind: MemKind) -> Result<DevicePtr>;
-    /// Frees memory.
+    /// Frees memory from `mem_alloc`, given with the kind it was allocated with. The null
+    /// pointer is a no-op. A pointer this adaptor did not allocate (or already freed) is
+    /// `INVALID_HANDLE`; a live allocation freed with another kind is `INVALID_ARGUMENT` (or
+    /// `INVALID_HANDLE`) and stays allocated (it is freed later with its own kind).
     fn mem_free(&self, ptr: DevicePtr, kind: MemKind) -> Result<()>;
-    /// Copies synchronously.
+    /// Copies `bytes` from `src` to `dst` (any two addresses: device or host) and returns when
+    /// the copy is done. A null address with a non-zero size is `INVALID_ARGUMENT`.
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()>;
-    /// Enqueues a copy.
+    /// Enqueues a copy on `stream` (null: the default stream) and returns at once; it runs in
+    /// stream order. The buffers stay the caller's to keep alive until it has run.
     fn mem_copy_async(
         &self,
         dst: DevicePtr,
@@ -93,41 +129,61 @@ pub trait DeviceAdaptor: Send + Sync + Sized + 'static {
         bytes: usize,
         stream: Stream,
     ) -> Result<()>;
-    /// Sets bytes synchronously.
+    /// Sets `bytes` bytes at `dst` to `value` and returns when done.
     fn mem_set(&self, dst: DevicePtr, value: u8, bytes: usize) -> Result<()>;
-    /// Enqueues a memset.
+    /// Enqueues a memset on `stream` (null: the default stream); returns at once.
     fn mem_set_async(&self, dst: DevicePtr, value: u8, bytes: usize, stream: Stream) -> Result<()>;
-    /// Creates a stream.
+    /// Creates a stream: `flags` 0 (blocking: it waits for the default stream, as CUDA's) or 1
+    /// (non-blocking); other flags are `INVALID_ARGUMENT`. Never returns the null handle.
     fn stream_create(&self, flags: u32) -> Result<Stream>;
-    /// Wraps a native stream of another library.
+    /// Wraps a stream created by another library (a `CUstream`): the wrapper is a stream of
+    /// this adaptor; destroying it does not destroy the native stream.
     fn stream_wrap(&self, native: *mut c_void) -> Result<Stream>;
-    /// Destroys a stream.
+    /// Destroys a stream once the work enqueued on it has completed (it returns at once). The
+    /// null (default) stream or an unknown handle is `INVALID_HANDLE`.
     fn stream_destroy(&self, stream: Stream) -> Result<()>;
-    /// Waits for a stream's work.
+    /// Blocks until all work enqueued on `stream` (null: the default stream) before this call
+    /// has completed; returns the first failure of that work, if any (sticky until reported).
     fn stream_synchronize(&self, stream: Stream) -> Result<()>;
-    /// `true` when the stream's work has completed.
+    /// `true` when all work on `stream` has completed (the trampoline answers `SUCCESS`),
+    /// `false` while some is pending (`NOT_READY`).
     fn stream_query(&self, stream: Stream) -> Result<bool>;
-    /// Orders future work of `stream` after the event's most recent record.
+    /// Makes work enqueued on `stream` after this call wait for the most recent record of
+    /// `event` made before this call (a later re-record does not change it). An event never
+    /// recorded counts as complete: the wait does not wait.
     fn stream_wait_event(&self, stream: Stream, event: Event) -> Result<()>;
-    /// Creates an event.
+    /// Creates an event; `flags` bit 0 disables timing (such an event has no time for
+    /// `event_elapsed_ms`). An event never recorded is complete.
     fn event_create(&self, flags: u32) -> Result<Event>;
-    /// Destroys an event.
+    /// Destroys an event (a pending record still completes); an unknown handle is
+    /// `INVALID_HANDLE`.
     fn event_destroy(&self, event: Event) -> Result<()>;
-    /// Records an event on a stream.
+    /// Records `event` at the current end of `stream` (null: the default stream); a later
+    /// record replaces the earlier one for later queries and waits.
     fn event_record(&self, event: Event, stream: Stream) -> Result<()>;
-    /// Waits for the event's most recent record.
+    /// Blocks until the most recent record of `event` has completed (at once if never
+    /// recorded).
     fn event_synchronize(&self, event: Event) -> Result<()>;
-    /// `true` when the most recent record has completed.
+    /// `true` when the most recent record has completed (or there is none), `false` while it
+    /// is pending (`NOT_READY`).
     fn event_query(&self, event: Event) -> Result<bool>;
-    /// Milliseconds between two records.
+    /// Milliseconds from the completion of `start`'s most recent record to `end`'s (negative
+    /// when `end` came first). An event created with timing disabled or never recorded is
+    /// `INVALID_ARGUMENT` (CUDA says `INVALID_HANDLE`; both are accepted); a record not yet
+    /// completed is `NOT_READY`.
     fn event_elapsed_ms(&self, start: Event, end: Event) -> Result<f32>;
-    /// Enqueues a host function.
+    /// Enqueues a host function on `stream` (null: the default stream): it runs once, on a
+    /// thread of the adaptor's choosing, after the work before it and before the work after
+    /// it. Returns once enqueued; the function may enqueue more work itself.
     fn launch_host_func(&self, stream: Stream, call: HostCall) -> Result<()>;
-    /// Exports an allocation for another process.
+    /// Exports an allocation (its base address) for another process of the same host: the
+    /// bytes are a handle that process gives to `ipc_import`. A kind that cannot be exported
+    /// is `UNSUPPORTED`.
     fn ipc_export(&self, ptr: DevicePtr) -> Result<Vec<u8>>;
-    /// Imports an allocation exported by another process.
+    /// Maps an allocation exported by another process; the address is released with
+    /// `ipc_close` (never `mem_free`). A malformed handle is `INVALID_ARGUMENT`.
     fn ipc_import(&self, handle: &[u8]) -> Result<DevicePtr>;
-    /// Closes an imported allocation.
+    /// Unmaps an address from `ipc_import`.
     fn ipc_close(&self, ptr: DevicePtr) -> Result<()>;
     /// Bytes free and in total on the calling thread's device, like `cuMemGetInfo` (ABI 1.1).
     fn mem_get_info(&self) -> Result<MemInfo>;
@@ -403,16 +459,20 @@ mod tramp {
     }
 }
 
-/// Builds the device adaptor table of `A`. Entries named in `absent` are exported as `None`
-/// (not supported) instead of a trampoline.
+/// Builds the device adaptor table of `A`. Entries named in `absent` (by entry name, e.g.
+/// `get_properties`, or by [`DeviceAdaptor`] method name, e.g. `properties`) are exported as
+/// `None` (not supported) instead of a trampoline. A name that is neither fails compilation
+/// where the table is a `static`.
 pub const fn device_table<A: DeviceAdaptor>(
     name: &'static std::ffi::CStr,
     absent: &[&str],
 ) -> DeviceAdaptorV1 {
+    use crate::table::{DEVICE_ALIASES, DEVICE_ENTRIES};
     use tramp::*;
+    crate::table::all_known(absent, DEVICE_ENTRIES, DEVICE_ALIASES);
     macro_rules! entry {
         ($f:ident) => {
-            if crate::table::listed(absent, stringify!($f)) {
+            if crate::table::is_absent(absent, stringify!($f), DEVICE_ALIASES) {
                 None
             } else {
                 Some($f::<A>)

@@ -1,4 +1,4 @@
-//! The collective library adaptor: what an NCCL-like library provides. The `TODO(vendor)`
+//! The collective library adaptor: what an NCCL-like library provides. The vendor-marked `TODO`
 //! messages name the NCCL call each method corresponds to; call your library's equivalent.
 //!
 //! Buffers are [`DevicePtr`]s and streams are [`Stream`]s of the device adaptor this CCL is
@@ -13,6 +13,16 @@ use ferrocx_plugin_sdk::prelude::*;
 pub struct VendorCcl {}
 
 impl CclAdaptor for VendorCcl {
+    // What the library supports, if less than everything: the most ranks per communicator, the
+    // data types and the reductions. Calls outside are refused for you, and the conformance
+    // kit reports them as "not claimed" instead of failing. For example, a first version for
+    // one process that reduces only f32 sums:
+    //
+    // const LIMITS: Limits = Limits::NONE
+    //     .max_ranks(1)
+    //     .dtypes(&[DataType::F32])
+    //     .reduce_ops(&[ReduceOp::SUM]);
+
     fn instance() -> &'static Self {
         singleton!(VendorCcl)
     }

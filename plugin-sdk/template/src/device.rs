@@ -1,5 +1,5 @@
-//! The device adaptor: what a CUDA-like runtime provides. The `TODO(vendor)` messages name the
-//! CUDA driver call each method corresponds to; call your runtime's equivalent.
+//! The device adaptor: what a CUDA-like runtime provides. The vendor-marked `TODO` messages
+//! name the CUDA driver call each method corresponds to; call your runtime's equivalent.
 
 use std::ffi::c_void;
 

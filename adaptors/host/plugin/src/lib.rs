@@ -8,5 +8,5 @@ ferrocx_plugin_sdk::export_plugin! {
     device_multicast: host::HostDevice,
     device_memops: host::HostDevice,
     ccl: host::HostCcl,
-    ccl_absent: ["mem_alloc", "mem_free"],
+    ccl_absent: [mem_alloc, mem_free],
 }
