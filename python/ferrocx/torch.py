@@ -55,6 +55,13 @@ _DTYPES = {
 _R = dist.ReduceOp
 
 
+def _opname(op) -> str:
+    for name, v in dist.ReduceOp.RedOpType.__members__.items():
+        if op == v:
+            return name
+    return str(op)
+
+
 def _redop(op, dtype: torch.dtype) -> int:
     """ferrocx's reduce op for torch's ``op`` on ``dtype``."""
     if dtype == torch.bool:
@@ -62,11 +69,11 @@ def _redop(op, dtype: torch.dtype) -> int:
             return _fx.MAX
         if op == _R.PRODUCT or op == _R.MIN:
             return _fx.MIN
-        raise Error(f"ferrocx: reduce op {op} has no meaning on bool tensors (SUM, MAX, MIN, PRODUCT do)")
+        raise Error(f"ferrocx: reduce op {_opname(op)} has no meaning on bool tensors (SUM, MAX, MIN, PRODUCT do)")
     for t, f in ((_R.SUM, _fx.SUM), (_R.AVG, _fx.AVG), (_R.MIN, _fx.MIN), (_R.MAX, _fx.MAX), (_R.PRODUCT, _fx.PROD)):
         if op == t:
             return f
-    raise Error(f"ferrocx: unsupported reduce op {op} (ferrocx reduces with SUM, AVG, MIN, MAX, PRODUCT)")
+    raise Error(f"ferrocx: unsupported reduce op {_opname(op)} (ferrocx reduces with SUM, AVG, MIN, MAX, PRODUCT)")
 
 
 def _dtype(t: torch.Tensor) -> int:
@@ -149,20 +156,20 @@ def _ensure_completer() -> None:
 class _Work(dist.Work):
     """A ferrocx call as a ``torch.distributed.Work``.
 
-    On CUDA the call is on ``stream`` already (``event`` is ``None``); on the host device
-    ``event`` is recorded after it on the communicator's stream, and ``post`` (copies into
+    On CUDA the call is on ``stream`` already and the work is done as far as the host is
+    concerned; on the host device (``pending``) the call is on the communicator's stream,
+    ``wait()`` synchronizes that stream (raising a failure of its work) and ``post`` (copies into
     the caller's tensors) runs once it completes.
     """
 
-    def __init__(self, pg, outputs, event=None, post=None, stream=None):
+    def __init__(self, pg, outputs, pending=False, post=None, stream=None):
         super().__init__()
         self._pg = pg
         self._outputs = outputs
-        self._event = event
         self._post = post
         self._stream = stream
         self._error: Optional[BaseException] = None
-        self._done = event is None
+        self._done = not pending
         self._lock = threading.Lock()
         self._future: Optional[torch.futures.Future] = None
         if self._done and post is not None:
@@ -174,18 +181,17 @@ class _Work(dist.Work):
             if self._done:
                 return
             try:
-                self._pg._comm.event_wait(self._event)
+                # The stream's failures are reported when it is synchronized (sticky, as
+                # CUDA's): waiting for the whole stream is what raises them.
+                self._pg._comm.synchronize()
                 if self._post is not None:
                     self._post()
             except BaseException as e:  # noqa: BLE001 - kept for exception()/the future
                 self._error = e
             finally:
-                try:
-                    self._pg._comm.event_destroy(self._event)
-                except Error:
-                    pass
                 self._done = True
                 self._post = None
+                self._keep = None
             fut = self._future
         if fut is not None and not fut.done():
             if self._error is not None:
@@ -316,11 +322,20 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         work completes) and returns its Work; ``post`` runs once the call has completed (at
         once on CUDA, where it is stream-ordered after it)."""
         outputs = tensors if outputs is None else outputs
+        work = self._issue_work(tensors, enqueue, outputs, post, stream_of)
+        # The buffers stay alive until the work has completed (ferrocx reads and writes them
+        # then): temporaries such as a concatenated input have no other owner.
+        work._keep = tensors or stream_of
+        if self._group is not None:
+            self._group.extend(tensors)
+        return work
+
+    def _issue_work(self, tensors, enqueue, outputs, post, stream_of):
         if not tensors and stream_of is not None:
             # The end of a coalesced group: done when its last call is.
             if self._cuda:
                 return _Work(self, outputs, stream=torch.cuda.current_stream())
-            return _Work(self, outputs, event=self._comm.record(), post=post)
+            return _Work(self, outputs, pending=True, post=post)
         is_cuda = [t.is_cuda for t in tensors]
         if any(is_cuda) and not all(is_cuda):
             raise Error("ferrocx: a call takes tensors of one device type (some are CUDA, some CPU)")
@@ -339,8 +354,8 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             return self._issue_staged(tensors, enqueue, outputs, post)
         enqueue(None)
         if self._group is not None:
-            return _Work(self, outputs, event=None, post=None)
-        return _Work(self, outputs, event=self._comm.record(), post=post)
+            return _Work(self, outputs)
+        return _Work(self, outputs, pending=True, post=post)
 
     def _issue_staged(self, tensors, enqueue, outputs, post):
         """CPU tensors on a CUDA rank: through device copies, synchronously."""
@@ -622,7 +637,7 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             torch.cuda.current_stream(dev).synchronize()
             return _Work(self, [])
         self._comm.barrier(None)
-        return _Work(self, [], event=self._comm.record())
+        return _Work(self, [], pending=True)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         raise Error("ferrocx: gather is not provided by the ferrocx backend yet (all_gather is)")
