@@ -22,6 +22,7 @@ mismatched shapes across ranks, a dead rank within the configured timeout) raise
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import socket
@@ -139,10 +140,13 @@ _completer_lock = threading.Lock()
 def _complete_forever() -> None:
     while True:
         work = _completions.get()
+        if work is None:
+            return
         try:
             work.wait()
         except BaseException:  # noqa: BLE001 - the future carries it
             pass
+        del work
 
 
 def _ensure_completer() -> None:
@@ -151,6 +155,18 @@ def _ensure_completer() -> None:
         if _completer is None:
             _completer = threading.Thread(target=_complete_forever, name="ferrocx-futures", daemon=True)
             _completer.start()
+            atexit.register(_stop_completer)
+
+
+def _stop_completer() -> None:
+    """Completes what is queued and stops the thread before the interpreter finalizes (a
+    thread that would take the interpreter's lock after that is killed mid-call)."""
+    global _completer
+    with _completer_lock:
+        t, _completer = _completer, None
+    if t is not None:
+        _completions.put(None)
+        t.join()
 
 
 class _Work(dist.Work):
@@ -265,6 +281,9 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         self._cuda = self._comm.device == "cuda"
         self._streams: dict = {}
         self._group: Optional[List] = None
+        self._name = ""
+        self._desc = ""
+        self._batch: list = []
 
     # -- identity -------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -278,6 +297,34 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
 
     def size(self) -> int:
         return self._size
+
+    # The group's name and description: torch keeps them in a group's C++ backends, and this
+    # group has none, so it keeps them itself (functional collectives find groups by name).
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._name = name
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return self._desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
 
     def rank(self) -> int:
         return self._rank
@@ -302,8 +349,51 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
 
     def end_coalescing(self, device=None):
         works, self._group = self._group or [], None
+        batch, self._batch = self._batch, []
         self._comm.group_end()
+        if batch:
+            return self._batch_as_all_to_allv(batch)
         return self._issue([], lambda s: None, stream_of=works)
+
+    def _batch_as_all_to_allv(self, batch):
+        """The sends and receives of a batch in a job across clusters, as one all-to-all with
+        per-peer byte counts: the bridge moves every channel at once, where calls issued one
+        after another (a receive before the send its peer waits for) would deadlock. Every
+        rank of the group takes part, as in a batch that is the group's first call."""
+        w = self._size
+        dev = batch[0][1].device
+        sends: List[list] = [[] for _ in range(w)]
+        recvs: List[list] = [[] for _ in range(w)]
+        for is_send, c, peer, back in batch:
+            (sends if is_send else recvs)[peer].append((c, back))
+
+        def u8(t):
+            return t.reshape(-1).view(torch.uint8)
+
+        sc = [sum(u8(c).numel() for c, _ in sends[p]) for p in range(w)]
+        rc = [sum(u8(c).numel() for c, _ in recvs[p]) for p in range(w)]
+        sd = [sum(sc[:p]) for p in range(w)]
+        rd = [sum(rc[:p]) for p in range(w)]
+        parts = [u8(c) for p in range(w) for c, _ in sends[p]]
+        sbuf = torch.cat(parts) if parts else torch.empty(1, dtype=torch.uint8, device=dev)
+        rbuf = torch.empty(max(sum(rc), 1), dtype=torch.uint8, device=dev)
+        comm = self._comm
+
+        def enq(s, remap=None):
+            comm.all_to_allv(self._addr(sbuf, remap), sc, sd, self._addr(rbuf, remap), rc, rd, _fx.U8, s)
+
+        def post():
+            off = 0
+            for p in range(w):
+                for c, back in recvs[p]:
+                    n = u8(c).numel()
+                    u8(c).copy_(rbuf[off : off + n])
+                    off += n
+                    if back is not None:
+                        back()
+
+        outs = [c for p in range(w) for c, _ in recvs[p]]
+        return self._issue([sbuf, rbuf], enq, outputs=outs, post=post)
 
     _start_coalescing = start_coalescing
     _end_coalescing = end_coalescing
@@ -649,7 +739,12 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
     def _p2p(self, tensors, peer: int, send: bool):
         t = self._one(tensors, "send" if send else "recv")
         d = _dtype(t)
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise Error(f"ferrocx: rank {self._rank} cannot {'send to' if send else 'receive from'} rank {peer} of {self._size}")
         c, back = self._contig(t)
+        if self._group is not None and self._comm.spans_clusters:
+            self._batch.append((send, c, peer, back))
+            return _Work(self, [t])
         comm, n = self._comm, c.numel()
 
         def enq(s, remap=None):
