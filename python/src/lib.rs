@@ -59,7 +59,9 @@ fn redop(code: u32) -> PyResult<ReduceOp> {
     if ReduceOp::ALL.contains(&ReduceOp(code)) {
         Ok(ReduceOp(code))
     } else {
-        Err(Error::new_err(format!("unknown ferrocx reduce op code {code}")))
+        Err(Error::new_err(format!(
+            "unknown ferrocx reduce op code {code}"
+        )))
     }
 }
 
@@ -169,13 +171,13 @@ impl PyCommunicator {
     }
 
     /// Wraps a stream another library made (a `CUstream` from `torch.cuda.current_stream()`)
-    /// as a stream of the device adaptor; returns its handle.
+    /// as a stream of the device adaptor; returns its handle. The native stream must stay alive
+    /// while calls use the handle.
     fn wrap_stream(&self, native: u64) -> PyResult<u64> {
-        let s = self
-            .comm
-            .device()
-            .stream_wrap(native as usize as *mut c_void)
-            .map_err(err)?;
+        let native = native as usize as *mut c_void;
+        // SAFETY: the caller passes a live stream of the device's runtime (the class docs:
+        // torch's current CUDA stream), which outlives the calls made on the wrapper.
+        let s = unsafe { self.comm.device().stream_wrap(native) }.map_err(err)?;
         Ok(handle_of(s))
     }
 
@@ -249,6 +251,7 @@ impl PyCommunicator {
 
     /// `recv = op over ranks of send`, `count` elements of dtype code `dtype`.
     #[pyo3(signature = (send, recv, count, dtype, op, stream=None))]
+    #[allow(clippy::too_many_arguments)]
     fn all_reduce(
         &self,
         py: Python<'_>,
