@@ -219,8 +219,11 @@ class _Work(dist.Work):
         self._finish()
         if self._error is not None:
             raise self._error
-        if self._stream is not None and torch.cuda.current_stream(self._stream.device) != self._stream:
-            torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
+        if self._stream is not None:
+            idx, raw = self._stream
+            if torch._C._cuda_getCurrentRawStream(idx) != raw:
+                # The current stream changed since the call: order it after the call's stream.
+                torch.cuda.current_stream(idx).wait_stream(torch.cuda.ExternalStream(raw, device=idx))
         return True
 
     def is_completed(self) -> bool:
@@ -246,7 +249,7 @@ class _Work(dist.Work):
     def get_future(self) -> torch.futures.Future:
         with self._lock:
             if self._future is None:
-                devices = [self._stream.device] if self._stream is not None else []
+                devices = [torch.device("cuda", self._stream[0])] if self._stream is not None else []
                 self._future = torch.futures.Future(devices=devices)
                 if self._done:
                     if self._error is not None:
@@ -400,12 +403,15 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
 
     # -- issuing --------------------------------------------------------------------------
     def _cuda_stream(self, device: torch.device):
-        s = torch.cuda.current_stream(device)
-        h = self._streams.get(s.cuda_stream)
+        """torch's current stream on `device` as (device index, raw stream), and its ferrocx
+        handle (wrapped once per stream)."""
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        raw = torch._C._cuda_getCurrentRawStream(idx)
+        h = self._streams.get(raw)
         if h is None:
-            h = self._comm.wrap_stream(s.cuda_stream)
-            self._streams[s.cuda_stream] = h
-        return s, h
+            h = self._comm.wrap_stream(raw)
+            self._streams[raw] = h
+        return (idx, raw), h
 
     def _issue(self, tensors: List[torch.Tensor], enqueue: Callable, outputs=None, post=None, stream_of=None):
         """Runs ``enqueue(stream)`` over ``tensors`` (their addresses must stay valid until the
@@ -424,7 +430,7 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         if not tensors and stream_of is not None:
             # The end of a coalesced group: done when its last call is.
             if self._cuda:
-                return _Work(self, outputs, stream=torch.cuda.current_stream())
+                return _Work(self, outputs, stream=self._cuda_stream(torch.device("cuda"))[0])
             return _Work(self, outputs, pending=True, post=post)
         is_cuda = [t.is_cuda for t in tensors]
         if any(is_cuda) and not all(is_cuda):
@@ -452,11 +458,11 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         dev = torch.device("cuda", torch.cuda.current_device())
         staged = [t.to(dev) for t in tensors]
         ptrs = {t.data_ptr(): s.data_ptr() for t, s in zip(tensors, staged)}
-        stream, handle = self._cuda_stream(dev)
+        _, handle = self._cuda_stream(dev)
         enqueue(handle, remap=ptrs)
         for t, s in zip(tensors, staged):
             t.copy_(s)
-        stream.synchronize()
+        torch.cuda.current_stream(dev).synchronize()
         return _Work(self, outputs, post=post)
 
     @staticmethod
