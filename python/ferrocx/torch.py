@@ -63,22 +63,46 @@ def _opname(op) -> str:
     return str(op)
 
 
+# torch's reduce ops and ferrocx's, looked up by comparison (SUM first: the common case).
+_BOOL = torch.bool
+_REDOPS = (
+    (_R.RedOpType.SUM, _fx.SUM),
+    (_R.RedOpType.AVG, _fx.AVG),
+    (_R.RedOpType.MAX, _fx.MAX),
+    (_R.RedOpType.MIN, _fx.MIN),
+    (_R.RedOpType.PRODUCT, _fx.PROD),
+)
+# On bool: SUM and MAX are a logical or, PRODUCT and MIN a logical and.
+_BOOL_REDOPS = (
+    (_R.RedOpType.SUM, _fx.MAX),
+    (_R.RedOpType.MAX, _fx.MAX),
+    (_R.RedOpType.MIN, _fx.MIN),
+    (_R.RedOpType.PRODUCT, _fx.MIN),
+)
+
+
 def _redop(op, dtype: torch.dtype) -> int:
     """ferrocx's reduce op for torch's ``op`` on ``dtype``."""
-    if dtype == torch.bool:
-        if op == _R.SUM or op == _R.MAX:
-            return _fx.MAX
-        if op == _R.PRODUCT or op == _R.MIN:
-            return _fx.MIN
-        raise Error(f"ferrocx: reduce op {_opname(op)} has no meaning on bool tensors (SUM, MAX, MIN, PRODUCT do)")
-    for t, f in ((_R.SUM, _fx.SUM), (_R.AVG, _fx.AVG), (_R.MIN, _fx.MIN), (_R.MAX, _fx.MAX), (_R.PRODUCT, _fx.PROD)):
+    table = _BOOL_REDOPS if dtype is _BOOL else _REDOPS
+    for t, f in table:
         if op == t:
             return f
+    if dtype is _BOOL and op == _R.RedOpType.AVG:
+        raise Error(f"ferrocx: reduce op {_opname(op)} has no meaning on bool tensors (SUM, MAX, MIN, PRODUCT do)")
     raise Error(f"ferrocx: unsupported reduce op {_opname(op)} (ferrocx reduces with SUM, AVG, MIN, MAX, PRODUCT)")
 
 
+def _current_raw_stream(idx: int) -> int:
+    """torch's current CUDA stream on device `idx`, as the raw `CUstream`."""
+    return torch._C._cuda_getCurrentRawStream(idx)
+
+
+# By the dtype's identity (torch's dtypes are singletons; hashing one costs more).
+_DTYPE_IDS = {id(k): v for k, v in _DTYPES.items()}
+
+
 def _dtype(t: torch.Tensor) -> int:
-    d = _DTYPES.get(t.dtype)
+    d = _DTYPE_IDS.get(id(t.dtype))
     if d is None:
         names = ", ".join(str(k).replace("torch.", "") for k in _DTYPES)
         raise Error(f"ferrocx: unsupported dtype {t.dtype} (ferrocx takes {names})")
@@ -169,6 +193,10 @@ def _stop_completer() -> None:
         t.join()
 
 
+# Guards completing works and making their futures (rare and short: one lock for all).
+_WORK_LOCK = threading.RLock()
+
+
 class _Work(dist.Work):
     """A ferrocx call as a ``torch.distributed.Work``.
 
@@ -186,28 +214,34 @@ class _Work(dist.Work):
         self._stream = stream
         self._error: Optional[BaseException] = None
         self._done = not pending
-        self._lock = threading.Lock()
         self._future: Optional[torch.futures.Future] = None
         if self._done and post is not None:
             post()
             self._post = None
 
     def _finish(self) -> None:
-        with self._lock:
+        if self._done:
+            return
+        # The stream's failures are reported when it is synchronized (sticky, as CUDA's):
+        # waiting for the whole stream is what raises them. Not under the lock: another
+        # thread may wait for the same stream meanwhile.
+        try:
+            self._pg._comm.synchronize()
+            error = None
+        except BaseException as e:  # noqa: BLE001 - kept for exception()/the future
+            error = e
+        with _WORK_LOCK:
             if self._done:
                 return
-            try:
-                # The stream's failures are reported when it is synchronized (sticky, as
-                # CUDA's): waiting for the whole stream is what raises them.
-                self._pg._comm.synchronize()
-                if self._post is not None:
-                    self._post()
-            except BaseException as e:  # noqa: BLE001 - kept for exception()/the future
-                self._error = e
-            finally:
-                self._done = True
-                self._post = None
-                self._keep = None
+            post, self._post = self._post, None
+            if error is None and post is not None:
+                try:
+                    post()
+                except BaseException as e:  # noqa: BLE001
+                    error = e
+            self._error = error
+            self._keep = None
+            self._done = True
             fut = self._future
         if fut is not None and not fut.done():
             if self._error is not None:
@@ -247,7 +281,7 @@ class _Work(dist.Work):
         raise Error("ferrocx: source_rank is only for receives from any source, which ferrocx does not do")
 
     def get_future(self) -> torch.futures.Future:
-        with self._lock:
+        with _WORK_LOCK:
             if self._future is None:
                 devices = [torch.device("cuda", self._stream[0])] if self._stream is not None else []
                 self._future = torch.futures.Future(devices=devices)
@@ -406,7 +440,7 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         """torch's current stream on `device` as (device index, raw stream), and its ferrocx
         handle (wrapped once per stream)."""
         idx = device.index if device.index is not None else torch.cuda.current_device()
-        raw = torch._C._cuda_getCurrentRawStream(idx)
+        raw = _current_raw_stream(idx)
         h = self._streams.get(raw)
         if h is None:
             h = self._comm.wrap_stream(raw)
@@ -432,10 +466,10 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             if self._cuda:
                 return _Work(self, outputs, stream=self._cuda_stream(torch.device("cuda"))[0])
             return _Work(self, outputs, pending=True, post=post)
-        is_cuda = [t.is_cuda for t in tensors]
-        if any(is_cuda) and not all(is_cuda):
+        on_cuda = tensors[0].is_cuda
+        if len(tensors) > 1 and any(t.is_cuda != on_cuda for t in tensors):
             raise Error("ferrocx: a call takes tensors of one device type (some are CUDA, some CPU)")
-        if any(is_cuda):
+        if on_cuda:
             if not self._cuda:
                 raise Error(
                     f"ferrocx: CUDA tensors on rank {self._rank}, whose cluster {self._comm.cluster!r} "
@@ -501,6 +535,26 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             tensors = [tensors]
         op = opts.reduceOp if opts is not None else _R.SUM
         t = self._one(tensors, "allreduce")
+        if self._group is None and t.is_contiguous():
+            # The common call, in short: one contiguous tensor on this rank's device.
+            on_cuda = t.is_cuda
+            if on_cuda and self._cuda:
+                d, o = _dtype(t), _redop(op, t.dtype)
+                idx = t.get_device()
+                raw = _current_raw_stream(idx)
+                h = self._streams.get(raw)
+                if h is None:
+                    h = self._streams[raw] = self._comm.wrap_stream(raw)
+                p = t.data_ptr()
+                self._comm.all_reduce(p, p, t.numel(), d, o, h)
+                return _Work(self, tensors, stream=(idx, raw))
+            if not on_cuda and not self._cuda:
+                d, o = _dtype(t), _redop(op, t.dtype)
+                p = t.data_ptr()
+                self._comm.all_reduce(p, p, t.numel(), d, o, None)
+                w = _Work(self, tensors, pending=True)
+                w._keep = tensors
+                return w
         return self._allreduce(t, op)
 
     def _allreduce(self, t: torch.Tensor, op):
