@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package's GPU runs, from the folder scripts/gpu-bundle.sh made (no Rust toolchain
-# needed): installs the bundle's abi3 wheel into ./pylib (beside the machine's PyTorch, touching
-# nothing else), then
+# needed): unpacks the bundle's abi3 wheel into ./pylib (beside the machine's PyTorch, touching
+# nothing else; no pip or network needed), then
 #
 #   world1    world 1 on CUDA tensors (configs/nccl.toml): every operation, dtype and reduce op,
 #             torch's current stream, no host synchronization, bad input
@@ -15,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 FERROCX_MULTICAST=0 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-"$py" -m pip install --quiet --no-deps --no-index --upgrade --target pylib wheels/ferrocx-*.whl || exit 1
+rm -rf pylib && "$py" -m zipfile -e wheels/ferrocx-*-abi3-*.whl pylib || exit 1
 export PYTHONPATH=$PWD/pylib${PYTHONPATH:+:$PYTHONPATH}
 "$py" -c 'import sys, torch, ferrocx; print("python", sys.version.split()[0], "torch", torch.__version__, "ferrocx", ferrocx.__version__)'
 stages=("$@")
