@@ -314,6 +314,10 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             port = store.get("ferrocx/master_port").decode()
             env = {"MASTER_PORT": port, "FERROCX_STORE_HOSTED": None, "FERROCX_JOB_ID": None}
         env.update(RANK=str(rank), WORLD_SIZE=str(size))
+        if str(size) != os.environ.get("WORLD_SIZE"):
+            # A subgroup: its ranks are numbered from 0 (on one host, as the local ones; the
+            # configuration's rank sets and the device choice then follow the group's ranks).
+            env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size))
         self._comm = _with_env(env, _fx.Communicator.from_env)
         self._cuda = self._comm.device == "cuda"
         self._streams: dict = {}

@@ -227,6 +227,18 @@ t = x.clone().t()
 dist.all_reduce(t)
 same(t, reference(R.SUM, x).t(), "all_reduce of a transposed tensor")
 
+# a subgroup of the ranks (every rank makes it; its members use it)
+if world >= 3:
+    members = [1, 2]
+    sub = dist.new_group(members, backend="ferrocx")
+    sub_gloo = dist.new_group(members, backend="gloo")
+    if rank in members:
+        x = data(1001, torch.float32, seed("sub"))
+        mine, theirs = x.clone(), x.clone()
+        dist.all_reduce(mine, group=sub)
+        dist.all_reduce(theirs, group=sub_gloo)
+        same(mine, theirs, "all_reduce on a subgroup")
+
 dist.barrier()
 print(f"ops ok: {checks} checks on rank {rank} of {world}", flush=True)
 dist.destroy_process_group()
