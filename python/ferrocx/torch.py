@@ -794,10 +794,56 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         return _Work(self, [], pending=True)
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        raise Error("ferrocx: gather is not provided by the ferrocx backend yet (all_gather is)")
+        root = opts.rootRank if opts is not None else 0
+        inp = self._one(input_tensors, "gather")
+        d = _dtype(inp)
+        n = inp.numel()
+        ci, _ = self._contig(inp)
+        outs = output_tensors[0] if self._rank == root else []
+        if self._rank == root:
+            if len(outs) != self._size:
+                raise Error(f"ferrocx: gather takes {self._size} output tensors on the root, got {len(outs)}")
+            for o in outs:
+                if o.numel() != n or o.dtype != inp.dtype:
+                    raise Error(
+                        f"ferrocx: gather outputs must match the input ({n} x {inp.dtype}), got {o.numel()} x {o.dtype}"
+                    )
+        flat = torch.empty((self._size * n if self._rank == root else 1,), dtype=inp.dtype, device=inp.device)
+        comm = self._comm
+
+        def enq(s, remap=None):
+            comm.gather(self._addr(ci, remap), self._addr(flat, remap), n, d, root, s)
+
+        def post():
+            for i, o in enumerate(outs):
+                o.copy_(flat[i * n : (i + 1) * n].view_as(o))
+
+        return self._issue([ci, flat], enq, outputs=[outs], post=post)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
-        raise Error("ferrocx: scatter is not provided by the ferrocx backend yet (broadcast is)")
+        root = opts.rootRank if opts is not None else 0
+        out = self._one(output_tensors, "scatter")
+        d = _dtype(out)
+        n = out.numel()
+        if self._rank == root:
+            ins = input_tensors[0]
+            if len(ins) != self._size:
+                raise Error(f"ferrocx: scatter takes {self._size} input tensors on the root, got {len(ins)}")
+            for i in ins:
+                if i.numel() != n or i.dtype != out.dtype:
+                    raise Error(
+                        f"ferrocx: scatter inputs must match the output ({n} x {out.dtype}), got {i.numel()} x {i.dtype}"
+                    )
+            flat = torch.cat([i.reshape(-1) for i in ins])
+        else:
+            flat = torch.empty((1,), dtype=out.dtype, device=out.device)
+        co, back = self._contig(out)
+        comm = self._comm
+
+        def enq(s, remap=None):
+            comm.scatter(self._addr(flat, remap), self._addr(co, remap), n, d, root, s)
+
+        return self._issue([flat, co], enq, outputs=[out], post=back)
 
     # -- point to point -------------------------------------------------------------------
     def _p2p(self, tensors, peer: int, send: bool):

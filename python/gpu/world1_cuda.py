@@ -68,6 +68,12 @@ for dtype in DTYPES:
         out = torch.empty_like(x)
         dist.reduce_scatter(out, [x], op=R.MAX if dtype == torch.bool else R.SUM)
         same(out, x, f"reduce_scatter {dtype} n={n}")
+        outs = [torch.empty_like(x)]
+        dist.gather(x, outs, dst=0)
+        same(outs[0], x, f"gather {dtype} n={n}")
+        out = torch.empty_like(x)
+        dist.scatter(out, [x], src=0)
+        same(out, x, f"scatter {dtype} n={n}")
         out = torch.empty_like(x)
         dist.all_to_all_single(out, x)
         same(out, x, f"all_to_all_single {dtype} n={n}")

@@ -349,6 +349,47 @@ impl PyCommunicator {
             .map_err(err)
     }
 
+    /// The root's `recv` (world * `count` elements) = every rank's `send` (`count` each), in
+    /// rank order.
+    #[pyo3(signature = (send, recv, count, dtype, root, stream=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn gather(
+        &self,
+        py: Python<'_>,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: u32,
+        root: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let d = self::dtype(dtype)?;
+        let call = self.call(stream);
+        // SAFETY: the caller's contract (the class docs).
+        py.detach(|| unsafe { call.gather(ptr(send), ptr(recv), count, d, root) })
+            .map_err(err)
+    }
+
+    /// Rank r's `recv` (`count` elements) = block r of the root's `send` (world * `count`).
+    #[pyo3(signature = (send, recv, count, dtype, root, stream=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: u32,
+        root: usize,
+        stream: Option<u64>,
+    ) -> PyResult<()> {
+        let d = self::dtype(dtype)?;
+        let call = self.call(stream);
+        // SAFETY: the caller's contract (the class docs).
+        py.detach(|| unsafe { call.scatter(ptr(send), ptr(recv), count, d, root) })
+            .map_err(err)
+    }
+
     /// Block `j` of `send` (`count` elements each) goes to rank `j`, into block `i` of its
     /// `recv` (`i`: this rank).
     #[pyo3(signature = (send, recv, count, dtype, stream=None))]

@@ -142,6 +142,23 @@ for dtype in DTYPES:
             dist.reduce_scatter(out2, list(big.chunk(world)), op=op)
             same(out2, want, f"reduce_scatter (list) {dtype} n={n} {op}")
 
+# gather and scatter, every rank as the root
+for dtype in (torch.float32, torch.float16, torch.int64, torch.bool):
+    for n in (1, 1001):
+        for root in range(world):
+            x = data(n, dtype, seed("ga", str(dtype), n, root))
+            everyone = gathered(x)
+            mine = [torch.empty_like(x) for _ in range(world)] if rank == root else None
+            dist.gather(x, mine, dst=root)
+            if rank == root:
+                for i in range(world):
+                    same(mine[i], everyone[i].to(dtype), f"gather {dtype} n={n} root={root} [{i}]")
+            # the same blocks on every rank (seeded without the rank): block i goes to rank i
+            parts = [data(n, dtype, zlib.crc32(repr(("sc", str(dtype), n, root, i)).encode())) for i in range(world)]
+            out = torch.empty_like(x)
+            dist.scatter(out, parts if rank == root else None, src=root)
+            same(out, parts[rank], f"scatter {dtype} n={n} root={root}")
+
 # all_to_all_single: even and uneven splits (rows of 3 elements), and the list form
 for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
     for rows in (1, 5):
