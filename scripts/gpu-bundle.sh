@@ -48,6 +48,13 @@ cp target/release/examples/window "$out/"
 cargo build --release -q -p ferrocx-cli --example allgather_matmul
 cp target/release/examples/allgather_matmul "$out/"
 cp -r configs scripts/gpu-run.sh scripts/torch-allreduce.py "$out/"
+# The Python package as one abi3 wheel (every CPython >= 3.9; CUDA and NCCL built in, loaded at
+# run time), its GPU scripts and the DDP worker they share with the CPU tests.
+maturin=${MATURIN:-$(command -v maturin || echo .venv/bin/maturin)}
+"$maturin" build --release -q -m python/Cargo.toml -o "$out/wheels"
+mkdir -p "$out/python/tests"
+cp -r python/gpu "$out/python/"
+cp -r python/tests/workers "$out/python/tests/"
 # The CLI has the adaptors built in and the window example finds them through
 # FERROCX_PLUGIN_PATH: the bundle's configs name no plugin directory (../target/release does not
 # exist there).

@@ -5,7 +5,7 @@
 # `$FERROCX_VENV`), reusing what an earlier run installed: the packages of
 # `scripts/test-requirements.txt` (MPI from its PyPI wheel, PyTorch, pytest, maturin). Then runs
 # `cargo test --workspace` with the environment's `bin/` first on PATH, so tests find `mpiexec`
-# and `python`.
+# and `python`, installs the Python package (python/) and runs its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -21,3 +21,11 @@ export FERROCX_VENV="$venv"
 
 echo "== cargo test --workspace"
 cargo test --workspace
+
+# The Python package, rebuilt and reinstalled each run (the dev profile: it shares the build
+# above), then its tests: the torch.distributed backend against gloo, in jobs of real processes.
+echo "== pip install ./python"
+MATURIN_PEP517_ARGS="--profile dev" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    --no-build-isolation --no-deps --force-reinstall ./python
+echo "== python -m pytest python/tests -q"
+"$venv/bin/python" -m pytest python/tests -q

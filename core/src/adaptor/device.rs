@@ -272,6 +272,21 @@ impl Device {
         Ok(s)
     }
 
+    /// Wraps a stream another library made (for CUDA a `CUstream`, such as PyTorch's current
+    /// stream) as a stream of this adaptor; destroying the wrapper leaves the native stream.
+    ///
+    /// # Safety
+    /// `native` is a live stream of the runtime this adaptor drives (for CUDA, of the current
+    /// device's context), and outlives every use of the returned stream.
+    pub unsafe fn stream_wrap(
+        &self,
+        native: *mut std::ffi::c_void,
+    ) -> Result<Stream, AdaptorError> {
+        let mut s = Stream::NULL;
+        call!(self, self.tables.root.get(), stream_wrap(native, &mut s))?;
+        Ok(s)
+    }
+
     /// Destroys a stream.
     pub fn stream_destroy(&self, stream: Stream) -> Result<(), AdaptorError> {
         call!(self, self.tables.root.get(), stream_destroy(stream))

@@ -1,0 +1,892 @@
+"""The ``"ferrocx"`` backend of ``torch.distributed``.
+
+``import ferrocx.torch`` registers it for ``cpu`` and ``cuda`` tensors; then
+``torch.distributed.init_process_group("ferrocx")`` works under ``torchrun`` and under
+``ferrocx launch``. Each process group is a :class:`ProcessGroupFerrocx` over one ferrocx
+communicator made from the environment (the configuration ``FERROCX_CONFIG`` names: one
+cluster, or several, e.g. GPU ranks on CUDA + NCCL beside CPU ranks on the host backend).
+
+- CUDA tensors (a rank whose cluster runs the ``cuda`` device): every call is enqueued on
+  torch's current stream, with no host synchronization; ``Work.wait()`` orders the then current
+  stream after it.
+- CPU tensors (a rank on the ``host`` device): calls are enqueued on the communicator's stream
+  and ``Work.wait()`` waits for them (so ``isend``/``irecv`` really run in the background).
+  CPU tensors on a CUDA rank are staged through device memory, synchronously.
+- The interpreter's lock is released while ferrocx works.
+
+Reduce ops: ``SUM``, ``AVG``, ``MIN``, ``MAX``, ``PRODUCT`` (for ``bool``: ``MIN``/``PRODUCT`` is
+a logical and, ``MAX``/``SUM`` a logical or). Anything ferrocx cannot do (another op or dtype,
+mismatched shapes across ranks, a dead rank within the configured timeout) raises
+:class:`ferrocx.Error` with ferrocx's message.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import socket
+import threading
+from datetime import timedelta
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _ferrocx as _fx
+from ._ferrocx import Error
+
+__all__ = ["ProcessGroupFerrocx", "Error", "BACKEND"]
+
+#: The backend's name, for ``init_process_group``.
+BACKEND = "ferrocx"
+
+_DTYPES = {
+    torch.float32: _fx.F32,
+    torch.float64: _fx.F64,
+    torch.float16: _fx.F16,
+    torch.bfloat16: _fx.BF16,
+    torch.int8: _fx.I8,
+    torch.uint8: _fx.U8,
+    torch.int32: _fx.I32,
+    torch.int64: _fx.I64,
+    torch.bool: _fx.U8,
+}
+
+_R = dist.ReduceOp
+
+
+def _opname(op) -> str:
+    for name, v in dist.ReduceOp.RedOpType.__members__.items():
+        if op == v:
+            return name
+    return str(op)
+
+
+# torch's reduce ops and ferrocx's, looked up by comparison (SUM first: the common case).
+_BOOL = torch.bool
+_REDOPS = (
+    (_R.RedOpType.SUM, _fx.SUM),
+    (_R.RedOpType.AVG, _fx.AVG),
+    (_R.RedOpType.MAX, _fx.MAX),
+    (_R.RedOpType.MIN, _fx.MIN),
+    (_R.RedOpType.PRODUCT, _fx.PROD),
+)
+# On bool: SUM and MAX are a logical or, PRODUCT and MIN a logical and.
+_BOOL_REDOPS = (
+    (_R.RedOpType.SUM, _fx.MAX),
+    (_R.RedOpType.MAX, _fx.MAX),
+    (_R.RedOpType.MIN, _fx.MIN),
+    (_R.RedOpType.PRODUCT, _fx.MIN),
+)
+
+
+def _redop(op, dtype: torch.dtype) -> int:
+    """ferrocx's reduce op for torch's ``op`` on ``dtype``."""
+    table = _BOOL_REDOPS if dtype is _BOOL else _REDOPS
+    for t, f in table:
+        if op == t:
+            return f
+    if dtype is _BOOL and op == _R.RedOpType.AVG:
+        raise Error(f"ferrocx: reduce op {_opname(op)} has no meaning on bool tensors (SUM, MAX, MIN, PRODUCT do)")
+    raise Error(f"ferrocx: unsupported reduce op {_opname(op)} (ferrocx reduces with SUM, AVG, MIN, MAX, PRODUCT)")
+
+
+def _current_raw_stream(idx: int) -> int:
+    """torch's current CUDA stream on device `idx`, as the raw `CUstream`."""
+    return torch._C._cuda_getCurrentRawStream(idx)
+
+
+# By the dtype's identity (torch's dtypes are singletons; hashing one costs more).
+_DTYPE_IDS = {id(k): v for k, v in _DTYPES.items()}
+
+
+def _dtype(t: torch.Tensor) -> int:
+    d = _DTYPE_IDS.get(id(t.dtype))
+    if d is None:
+        names = ", ".join(str(k).replace("torch.", "") for k in _DTYPES)
+        raise Error(f"ferrocx: unsupported dtype {t.dtype} (ferrocx takes {names})")
+    return d
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# The environment is process-wide: communicators are made one at a time.
+_ENV_LOCK = threading.Lock()
+
+
+def _with_env(overrides: dict, make: Callable):
+    """Runs ``make()`` with ``overrides`` in ``os.environ`` (``None`` removes a variable)."""
+    with _ENV_LOCK:
+        saved = {k: os.environ.get(k) for k in overrides}
+        try:
+            for k, v in overrides.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            return make()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+# `ferrocx launch` hosts ferrocx's store at MASTER_PORT; torch's env:// rendezvous would bind
+# the same port on rank 0. At import the ranks agree, through the launcher's store, on another
+# port for torch, and keep the launcher's for ferrocx's communicators.
+_LAUNCH_PORT = "FERROCX_LAUNCH_STORE_PORT"
+
+
+def _move_torch_off_launcher_store() -> None:
+    if os.environ.get("FERROCX_STORE_HOSTED") != "1" or _LAUNCH_PORT in os.environ:
+        return
+    if "MASTER_PORT" not in os.environ or "RANK" not in os.environ:
+        return
+    mine = str(_free_port()) if os.environ.get("RANK") == "0" else None
+    port = _fx.store_exchange("ferrocx/torch/master_port", mine)
+    os.environ[_LAUNCH_PORT] = os.environ["MASTER_PORT"]
+    os.environ["MASTER_PORT"] = port
+
+
+# The Future of every CPU work whose future was asked for is completed here, in issue order.
+_completions: "queue.Queue[_Work]" = queue.Queue()
+_completer: Optional[threading.Thread] = None
+_completer_lock = threading.Lock()
+
+
+def _complete_forever() -> None:
+    while True:
+        work = _completions.get()
+        if work is None:
+            return
+        try:
+            work.wait()
+        except BaseException:  # noqa: BLE001 - the future carries it
+            pass
+        del work
+
+
+def _ensure_completer() -> None:
+    global _completer
+    with _completer_lock:
+        if _completer is None:
+            _completer = threading.Thread(target=_complete_forever, name="ferrocx-futures", daemon=True)
+            _completer.start()
+            atexit.register(_stop_completer)
+
+
+def _stop_completer() -> None:
+    """Completes what is queued and stops the thread before the interpreter finalizes (a
+    thread that would take the interpreter's lock after that is killed mid-call)."""
+    global _completer
+    with _completer_lock:
+        t, _completer = _completer, None
+    if t is not None:
+        _completions.put(None)
+        t.join()
+
+
+# Guards completing works and making their futures (rare and short: one lock for all).
+_WORK_LOCK = threading.RLock()
+
+
+class _Work(dist.Work):
+    """A ferrocx call as a ``torch.distributed.Work``.
+
+    On CUDA the call is on ``stream`` already and the work is done as far as the host is
+    concerned; on the host device (``pending``) the call is on the communicator's stream,
+    ``wait()`` synchronizes that stream (raising a failure of its work) and ``post`` (copies into
+    the caller's tensors) runs once it completes.
+    """
+
+    def __init__(self, pg, outputs, pending=False, post=None, stream=None):
+        super().__init__()
+        self._pg = pg
+        self._outputs = outputs
+        self._post = post
+        self._stream = stream
+        self._error: Optional[BaseException] = None
+        self._done = not pending
+        self._future: Optional[torch.futures.Future] = None
+        if self._done and post is not None:
+            post()
+            self._post = None
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        # The stream's failures are reported when it is synchronized (sticky, as CUDA's):
+        # waiting for the whole stream is what raises them. Not under the lock: another
+        # thread may wait for the same stream meanwhile.
+        try:
+            self._pg._comm.synchronize()
+            error = None
+        except BaseException as e:  # noqa: BLE001 - kept for exception()/the future
+            error = e
+        with _WORK_LOCK:
+            if self._done:
+                return
+            post, self._post = self._post, None
+            if error is None and post is not None:
+                try:
+                    post()
+                except BaseException as e:  # noqa: BLE001
+                    error = e
+            self._error = error
+            self._keep = None
+            self._done = True
+            fut = self._future
+        if fut is not None and not fut.done():
+            if self._error is not None:
+                fut.set_exception(self._error)
+            else:
+                fut.set_result(self._outputs)
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:  # noqa: B008
+        self._finish()
+        if self._error is not None:
+            raise self._error
+        if self._stream is not None:
+            idx, raw = self._stream
+            if torch._C._cuda_getCurrentRawStream(idx) != raw:
+                # The current stream changed since the call: order it after the call's stream.
+                torch.cuda.current_stream(idx).wait_stream(torch.cuda.ExternalStream(raw, device=idx))
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._done and self._pg._comm.query():
+            self._finish()
+        return self._done
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self) -> List[torch.Tensor]:
+        return self._outputs
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        raise Error("ferrocx: source_rank is only for receives from any source, which ferrocx does not do")
+
+    def get_future(self) -> torch.futures.Future:
+        with _WORK_LOCK:
+            if self._future is None:
+                devices = [torch.device("cuda", self._stream[0])] if self._stream is not None else []
+                self._future = torch.futures.Future(devices=devices)
+                if self._done:
+                    if self._error is not None:
+                        self._future.set_exception(self._error)
+                    else:
+                        self._future.set_result(self._outputs)
+                else:
+                    _ensure_completer()
+                    _completions.put(self)
+            return self._future
+
+
+class ProcessGroupFerrocx(dist.ProcessGroup):
+    """A ``torch.distributed`` process group over a ferrocx communicator (see the module docs)."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        if os.environ.get(_LAUNCH_PORT):
+            # Under `ferrocx launch`: the launcher's store, which it hosts.
+            env = {"MASTER_PORT": os.environ[_LAUNCH_PORT], "FERROCX_STORE_HOSTED": "1"}
+        else:
+            # Under torchrun (or any env:// rendezvous): rank 0 of the group hosts ferrocx's
+            # store on a port the ranks agree on through torch's store.
+            if rank == 0:
+                store.set("ferrocx/master_port", str(_free_port()))
+            port = store.get("ferrocx/master_port").decode()
+            env = {"MASTER_PORT": port, "FERROCX_STORE_HOSTED": None, "FERROCX_JOB_ID": None}
+        env.update(RANK=str(rank), WORLD_SIZE=str(size))
+        if str(size) != os.environ.get("WORLD_SIZE"):
+            # A subgroup: its ranks are numbered from 0 (on one host, as the local ones; the
+            # configuration's rank sets and the device choice then follow the group's ranks).
+            env.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size))
+        self._comm = _with_env(env, _fx.Communicator.from_env)
+        self._cuda = self._comm.device == "cuda"
+        self._streams: dict = {}
+        self._group: Optional[List] = None
+        self._name = ""
+        self._desc = ""
+        self._batch: list = []
+
+    # -- identity -------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND
+
+    def _get_backend_name(self) -> str:
+        return BACKEND
+
+    def name(self) -> str:
+        return BACKEND
+
+    def size(self) -> int:
+        return self._size
+
+    # The group's name and description: torch keeps them in a group's C++ backends, and this
+    # group has none, so it keeps them itself (functional collectives find groups by name).
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._name = name
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return self._desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
+
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def comm(self) -> "_fx.Communicator":
+        """The ferrocx communicator under this group."""
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupFerrocx(rank={self._rank}, size={self._size}, {self._comm!r})"
+
+    # batch_isend_irecv asks the backend of the device whether it coalesces: this group does.
+    supports_coalescing = True
+
+    def _get_backend(self, device=None):
+        return self
+
+    def start_coalescing(self, device=None) -> None:
+        self._comm.group_start()
+        self._group = []
+
+    def end_coalescing(self, device=None):
+        works, self._group = self._group or [], None
+        batch, self._batch = self._batch, []
+        self._comm.group_end()
+        if batch:
+            return self._batch_as_all_to_allv(batch)
+        return self._issue([], lambda s: None, stream_of=works)
+
+    def _batch_as_all_to_allv(self, batch):
+        """The sends and receives of a batch in a job across clusters, as one all-to-all with
+        per-peer byte counts: the bridge moves every channel at once, where calls issued one
+        after another (a receive before the send its peer waits for) would deadlock. Every
+        rank of the group takes part, as in a batch that is the group's first call."""
+        w = self._size
+        dev = batch[0][1].device
+        sends: List[list] = [[] for _ in range(w)]
+        recvs: List[list] = [[] for _ in range(w)]
+        for is_send, c, peer, back in batch:
+            (sends if is_send else recvs)[peer].append((c, back))
+
+        def u8(t):
+            return t.reshape(-1).view(torch.uint8)
+
+        sc = [sum(u8(c).numel() for c, _ in sends[p]) for p in range(w)]
+        rc = [sum(u8(c).numel() for c, _ in recvs[p]) for p in range(w)]
+        sd = [sum(sc[:p]) for p in range(w)]
+        rd = [sum(rc[:p]) for p in range(w)]
+        parts = [u8(c) for p in range(w) for c, _ in sends[p]]
+        sbuf = torch.cat(parts) if parts else torch.empty(1, dtype=torch.uint8, device=dev)
+        rbuf = torch.empty(max(sum(rc), 1), dtype=torch.uint8, device=dev)
+        comm = self._comm
+
+        def enq(s, remap=None):
+            comm.all_to_allv(self._addr(sbuf, remap), sc, sd, self._addr(rbuf, remap), rc, rd, _fx.U8, s)
+
+        def post():
+            off = 0
+            for p in range(w):
+                for c, back in recvs[p]:
+                    n = u8(c).numel()
+                    u8(c).copy_(rbuf[off : off + n])
+                    off += n
+                    if back is not None:
+                        back()
+
+        outs = [c for p in range(w) for c, _ in recvs[p]]
+        return self._issue([sbuf, rbuf], enq, outputs=outs, post=post)
+
+    _start_coalescing = start_coalescing
+    _end_coalescing = end_coalescing
+
+    # -- issuing --------------------------------------------------------------------------
+    def _cuda_stream(self, device: torch.device):
+        """torch's current stream on `device` as (device index, raw stream), and its ferrocx
+        handle (wrapped once per stream)."""
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        raw = _current_raw_stream(idx)
+        h = self._streams.get(raw)
+        if h is None:
+            h = self._comm.wrap_stream(raw)
+            self._streams[raw] = h
+        return (idx, raw), h
+
+    def _issue(self, tensors: List[torch.Tensor], enqueue: Callable, outputs=None, post=None, stream_of=None):
+        """Runs ``enqueue(stream)`` over ``tensors`` (their addresses must stay valid until the
+        work completes) and returns its Work; ``post`` runs once the call has completed (at
+        once on CUDA, where it is stream-ordered after it)."""
+        outputs = tensors if outputs is None else outputs
+        work = self._issue_work(tensors, enqueue, outputs, post, stream_of)
+        # The buffers stay alive until the work has completed (ferrocx reads and writes them
+        # then): temporaries such as a concatenated input have no other owner.
+        work._keep = tensors or stream_of
+        if self._group is not None:
+            self._group.extend(tensors)
+        return work
+
+    def _issue_work(self, tensors, enqueue, outputs, post, stream_of):
+        if not tensors and stream_of is not None:
+            # The end of a coalesced group: done when its last call is.
+            if self._cuda:
+                return _Work(self, outputs, stream=self._cuda_stream(torch.device("cuda"))[0])
+            return _Work(self, outputs, pending=True, post=post)
+        on_cuda = tensors[0].is_cuda
+        if len(tensors) > 1 and any(t.is_cuda != on_cuda for t in tensors):
+            raise Error("ferrocx: a call takes tensors of one device type (some are CUDA, some CPU)")
+        if on_cuda:
+            if not self._cuda:
+                raise Error(
+                    f"ferrocx: CUDA tensors on rank {self._rank}, whose cluster {self._comm.cluster!r} "
+                    f"runs the {self._comm.device!r} device (CPU tensors only)"
+                )
+            stream, handle = self._cuda_stream(tensors[0].device)
+            enqueue(handle)
+            if self._group is not None:
+                return _Work(self, outputs, stream=stream)
+            return _Work(self, outputs, post=post, stream=stream)
+        if self._cuda:
+            return self._issue_staged(tensors, enqueue, outputs, post)
+        enqueue(None)
+        if self._group is not None:
+            return _Work(self, outputs)
+        return _Work(self, outputs, pending=True, post=post)
+
+    def _issue_staged(self, tensors, enqueue, outputs, post):
+        """CPU tensors on a CUDA rank: through device copies, synchronously."""
+        dev = torch.device("cuda", torch.cuda.current_device())
+        staged = [t.to(dev) for t in tensors]
+        ptrs = {t.data_ptr(): s.data_ptr() for t, s in zip(tensors, staged)}
+        _, handle = self._cuda_stream(dev)
+        enqueue(handle, remap=ptrs)
+        for t, s in zip(tensors, staged):
+            t.copy_(s)
+        torch.cuda.current_stream(dev).synchronize()
+        return _Work(self, outputs, post=post)
+
+    @staticmethod
+    def _contig(t: torch.Tensor):
+        """``t`` if contiguous, else a contiguous copy and the copy-back."""
+        if t.is_contiguous():
+            return t, None
+        c = t.contiguous()
+        return c, (lambda: t.copy_(c))
+
+    @staticmethod
+    def _chain(*fns):
+        fns = [f for f in fns if f is not None]
+        if not fns:
+            return None
+
+        def run():
+            for f in fns:
+                f()
+
+        return run
+
+    def _one(self, tensor_list, what: str) -> torch.Tensor:
+        if len(tensor_list) != 1:
+            raise Error(f"ferrocx: {what} takes one tensor per call, got {len(tensor_list)}")
+        return tensor_list[0]
+
+    @staticmethod
+    def _addr(t: torch.Tensor, remap) -> int:
+        p = t.data_ptr()
+        return remap.get(p, p) if remap else p
+
+    # -- collectives ----------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        op = opts.reduceOp if opts is not None else _R.SUM
+        t = self._one(tensors, "allreduce")
+        if self._group is None and t.is_contiguous():
+            # The common call, in short: one contiguous tensor on this rank's device.
+            on_cuda = t.is_cuda
+            if on_cuda and self._cuda:
+                d, o = _dtype(t), _redop(op, t.dtype)
+                idx = t.get_device()
+                raw = _current_raw_stream(idx)
+                h = self._streams.get(raw)
+                if h is None:
+                    h = self._streams[raw] = self._comm.wrap_stream(raw)
+                p = t.data_ptr()
+                self._comm.all_reduce(p, p, t.numel(), d, o, h)
+                return _Work(self, tensors, stream=(idx, raw))
+            if not on_cuda and not self._cuda:
+                d, o = _dtype(t), _redop(op, t.dtype)
+                p = t.data_ptr()
+                self._comm.all_reduce(p, p, t.numel(), d, o, None)
+                w = _Work(self, tensors, pending=True)
+                w._keep = tensors
+                return w
+        return self._allreduce(t, op)
+
+    def _allreduce(self, t: torch.Tensor, op):
+        d, o = _dtype(t), _redop(op, t.dtype)
+        c, back = self._contig(t)
+        comm, n = self._comm, c.numel()
+
+        def enq(s, remap=None):
+            a = self._addr(c, remap)
+            comm.all_reduce(a, a, n, d, o, s)
+
+        return self._issue([c], enq, outputs=[t], post=back)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = opts.reduceOp if opts is not None else _R.SUM
+        works = [self._allreduce(t, op) for t in tensors]
+        for w in works[:-1]:
+            w.wait()
+        return works[-1] if works else self._issue([], lambda s: None, stream_of=[])
+
+    def broadcast(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        root = opts.rootRank if opts is not None else 0
+        t = self._one(tensors, "broadcast")
+        d = _dtype(t)
+        c, back = self._contig(t)
+        comm, n = self._comm, c.numel()
+
+        def enq(s, remap=None):
+            a = self._addr(c, remap)
+            comm.broadcast(a, a, n, d, root, s)
+
+        return self._issue([c], enq, outputs=[t], post=back)
+
+    def reduce(self, tensors, opts=None):
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
+        root = opts.rootRank if opts is not None else 0
+        op = opts.reduceOp if opts is not None else _R.SUM
+        t = self._one(tensors, "reduce")
+        d, o = _dtype(t), _redop(op, t.dtype)
+        c, back = self._contig(t)
+        comm, n = self._comm, c.numel()
+
+        def enq(s, remap=None):
+            a = self._addr(c, remap)
+            comm.reduce(a, a, n, d, o, root, s)
+
+        return self._issue([c], enq, outputs=[t], post=back if self._rank == root else None)
+
+    def _gather_into(self, out: torch.Tensor, inp: torch.Tensor, outputs, post=None):
+        if out.dtype != inp.dtype:
+            raise Error(f"ferrocx: all_gather output is {out.dtype}, input {inp.dtype}")
+        if out.numel() != inp.numel() * self._size:
+            raise Error(
+                f"ferrocx: all_gather output holds {out.numel()} elements, not {self._size} x {inp.numel()}"
+            )
+        d = _dtype(inp)
+        ci, _ = self._contig(inp)
+        co, back = self._contig(out)
+        comm, n = self._comm, ci.numel()
+
+        def enq(s, remap=None):
+            comm.all_gather(self._addr(ci, remap), self._addr(co, remap), n, d, s)
+
+        return self._issue([ci, co], enq, outputs=outputs, post=self._chain(back, post))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        inp = self._one(input_tensors, "allgather")
+        outs = self._one(output_tensors, "allgather")
+        if len(outs) != self._size:
+            raise Error(f"ferrocx: all_gather takes {self._size} output tensors, got {len(outs)}")
+        for o in outs:
+            if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                raise Error(
+                    f"ferrocx: all_gather outputs must match the input ({inp.numel()} x {inp.dtype}), "
+                    f"got {o.numel()} x {o.dtype}"
+                )
+        flat = torch.empty((self._size * inp.numel(),), dtype=inp.dtype, device=inp.device)
+
+        def post():
+            for i, o in enumerate(outs):
+                o.copy_(flat[i * inp.numel() : (i + 1) * inp.numel()].view_as(o))
+
+        return self._gather_into(flat, inp, [outs], post)
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._gather_into(output, input, [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i) for o, i in zip(outputs, inputs)]
+        for w in works[:-1]:
+            w.wait()
+        return works[-1]
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        works = [self.allgather([o], [i]) for o, i in zip(output_lists, input_list)]
+        for w in works[:-1]:
+            w.wait()
+        return works[-1]
+
+    def _reduce_scatter_from(self, out: torch.Tensor, inp: torch.Tensor, op, outputs, pre_stage=None):
+        if out.dtype != inp.dtype:
+            raise Error(f"ferrocx: reduce_scatter output is {out.dtype}, input {inp.dtype}")
+        if inp.numel() != out.numel() * self._size:
+            raise Error(
+                f"ferrocx: reduce_scatter input holds {inp.numel()} elements, not {self._size} x {out.numel()}"
+            )
+        d, o = _dtype(out), _redop(op, out.dtype)
+        ci, _ = self._contig(inp)
+        co, back = self._contig(out)
+        comm, n = self._comm, co.numel()
+
+        def enq(s, remap=None):
+            comm.reduce_scatter(self._addr(ci, remap), self._addr(co, remap), n, d, o, s)
+
+        return self._issue([ci, co], enq, outputs=outputs, post=back)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op = opts.reduceOp if opts is not None else _R.SUM
+        out = self._one(output_tensors, "reduce_scatter")
+        ins = self._one(input_tensors, "reduce_scatter")
+        if len(ins) != self._size:
+            raise Error(f"ferrocx: reduce_scatter takes {self._size} input tensors, got {len(ins)}")
+        for i in ins:
+            if i.numel() != out.numel() or i.dtype != out.dtype:
+                raise Error(
+                    f"ferrocx: reduce_scatter inputs must match the output ({out.numel()} x {out.dtype}), "
+                    f"got {i.numel()} x {i.dtype}"
+                )
+        flat = torch.cat([i.reshape(-1) for i in ins])
+        return self._reduce_scatter_from(out, flat, op, [out])
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        op = opts.reduceOp if opts is not None else _R.SUM
+        return self._reduce_scatter_from(output, input, op, [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        for w in works[:-1]:
+            w.wait()
+        return works[-1]
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        if output.dtype != input.dtype:
+            raise Error(f"ferrocx: all_to_all output is {output.dtype}, input {input.dtype}")
+        d = _dtype(input)
+        w = self._size
+        ci, _ = self._contig(input)
+        co, back = self._contig(output)
+        if not output_split_sizes and not input_split_sizes:
+            if ci.numel() % w or co.numel() != ci.numel():
+                raise Error(
+                    f"ferrocx: all_to_all_single without splits needs equal input and output sizes "
+                    f"divisible by {w}, got {ci.numel()} and {co.numel()}"
+                )
+            n = ci.numel() // w
+            comm = self._comm
+
+            def enq(s, remap=None):
+                comm.all_to_all(self._addr(ci, remap), self._addr(co, remap), n, d, s)
+
+            return self._issue([ci, co], enq, outputs=[output], post=back)
+        row_in = ci.numel() // max(ci.shape[0], 1) if ci.dim() else 1
+        row_out = co.numel() // max(co.shape[0], 1) if co.dim() else 1
+
+        def counts(splits, rows, total, what):
+            if not splits:
+                if total % w:
+                    raise Error(f"ferrocx: all_to_all_single {what} of {total} rows does not split in {w}")
+                splits = [total // w] * w
+            if len(splits) != w:
+                raise Error(f"ferrocx: all_to_all_single takes {w} {what} split sizes, got {len(splits)}")
+            if sum(splits) != total:
+                raise Error(f"ferrocx: all_to_all_single {what} splits sum to {sum(splits)}, not {total} rows")
+            c = [int(s) * rows for s in splits]
+            disp = [sum(c[:i]) for i in range(w)]
+            return c, disp
+
+        sc, sd = counts(list(input_split_sizes), row_in, ci.shape[0] if ci.dim() else ci.numel(), "input")
+        rc, rd = counts(list(output_split_sizes), row_out, co.shape[0] if co.dim() else co.numel(), "output")
+        comm = self._comm
+
+        def enqv(s, remap=None):
+            comm.all_to_allv(self._addr(ci, remap), sc, sd, self._addr(co, remap), rc, rd, d, s)
+
+        return self._issue([ci, co], enqv, outputs=[output], post=back)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        if len(input_tensors) != self._size or len(output_tensors) != self._size:
+            raise Error(f"ferrocx: all_to_all takes {self._size} input and output tensors")
+        inp = torch.cat([t.reshape(-1) for t in input_tensors])
+        out = torch.empty((sum(t.numel() for t in output_tensors),), dtype=inp.dtype, device=inp.device)
+        sizes_in = [t.numel() for t in input_tensors]
+        sizes_out = [t.numel() for t in output_tensors]
+        work = self.all_to_all_single(out, inp, sizes_out, sizes_in)
+        inner = work._post
+
+        def post():
+            if inner is not None:
+                inner()
+            off = 0
+            for t in output_tensors:
+                t.copy_(out[off : off + t.numel()].view_as(t))
+                off += t.numel()
+
+        if work._done:
+            post()
+        else:
+            work._post = post
+        work._outputs = output_tensors
+        return work
+
+    def barrier(self, opts=None):
+        if self._cuda:
+            dev = torch.device("cuda", torch.cuda.current_device())
+            _, handle = self._cuda_stream(dev)
+            self._comm.barrier(handle)
+            torch.cuda.current_stream(dev).synchronize()
+            return _Work(self, [])
+        self._comm.barrier(None)
+        return _Work(self, [], pending=True)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        inp = self._one(input_tensors, "gather")
+        d = _dtype(inp)
+        n = inp.numel()
+        ci, _ = self._contig(inp)
+        outs = output_tensors[0] if self._rank == root else []
+        if self._rank == root:
+            if len(outs) != self._size:
+                raise Error(f"ferrocx: gather takes {self._size} output tensors on the root, got {len(outs)}")
+            for o in outs:
+                if o.numel() != n or o.dtype != inp.dtype:
+                    raise Error(
+                        f"ferrocx: gather outputs must match the input ({n} x {inp.dtype}), got {o.numel()} x {o.dtype}"
+                    )
+        flat = torch.empty((self._size * n if self._rank == root else 1,), dtype=inp.dtype, device=inp.device)
+        comm = self._comm
+
+        def enq(s, remap=None):
+            comm.gather(self._addr(ci, remap), self._addr(flat, remap), n, d, root, s)
+
+        def post():
+            for i, o in enumerate(outs):
+                o.copy_(flat[i * n : (i + 1) * n].view_as(o))
+
+        return self._issue([ci, flat], enq, outputs=[outs], post=post)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        out = self._one(output_tensors, "scatter")
+        d = _dtype(out)
+        n = out.numel()
+        if self._rank == root:
+            ins = input_tensors[0]
+            if len(ins) != self._size:
+                raise Error(f"ferrocx: scatter takes {self._size} input tensors on the root, got {len(ins)}")
+            for i in ins:
+                if i.numel() != n or i.dtype != out.dtype:
+                    raise Error(
+                        f"ferrocx: scatter inputs must match the output ({n} x {out.dtype}), got {i.numel()} x {i.dtype}"
+                    )
+            flat = torch.cat([i.reshape(-1) for i in ins])
+        else:
+            flat = torch.empty((1,), dtype=out.dtype, device=out.device)
+        co, back = self._contig(out)
+        comm = self._comm
+
+        def enq(s, remap=None):
+            comm.scatter(self._addr(flat, remap), self._addr(co, remap), n, d, root, s)
+
+        return self._issue([flat, co], enq, outputs=[out], post=back)
+
+    # -- point to point -------------------------------------------------------------------
+    def _p2p(self, tensors, peer: int, send: bool):
+        t = self._one(tensors, "send" if send else "recv")
+        d = _dtype(t)
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise Error(f"ferrocx: rank {self._rank} cannot {'send to' if send else 'receive from'} rank {peer} of {self._size}")
+        c, back = self._contig(t)
+        if self._group is not None and self._comm.spans_clusters:
+            self._batch.append((send, c, peer, back))
+            return _Work(self, [t])
+        comm, n = self._comm, c.numel()
+
+        def enq(s, remap=None):
+            a = self._addr(c, remap)
+            if send:
+                comm.send(a, n, d, peer, s)
+            else:
+                comm.recv(a, n, d, peer, s)
+
+        return self._issue([c], enq, outputs=[t], post=None if send else back)
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        return self._p2p(tensors, dst, True)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        return self._p2p(tensors, src, False)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise Error("ferrocx: receives from any source are not supported; name the source rank")
+
+    recvAnysource = recv_anysource  # noqa: N815 - torch's name
+
+
+def _create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupFerrocx:
+    return ProcessGroupFerrocx(store, rank, size, timeout)
+
+
+def _register() -> None:
+    if "ferrocx" in dist.Backend.backend_list:
+        return
+    _move_torch_off_launcher_store()
+    dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
+
+
+_register()

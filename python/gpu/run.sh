@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The Python package's GPU runs, from the folder scripts/gpu-bundle.sh made (no Rust toolchain
+# needed): unpacks the bundle's abi3 wheel into ./pylib (beside the machine's PyTorch, touching
+# nothing else; no pip or network needed), then
+#
+#   world1    world 1 on CUDA tensors (configs/nccl.toml): every operation, dtype and reduce op,
+#             torch's current stream, no host synchronization, bad input
+#   hetero    DDP across 1 GPU rank (CUDA + NCCL) and 3 CPU ranks (host + host CCL), bridged
+#             (configs/hetero-1gpu.toml), against gloo
+#   overhead  Python's per-call overhead at 8 bytes over the Rust call (world 1 on CUDA)
+#
+#   ./python/gpu/run.sh [stage...]    (default: all; each stage's output also goes to
+#                                      $OUT/py-<stage>.log when OUT is set)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 FERROCX_MULTICAST=0 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+rm -rf pylib && "$py" -m zipfile -e wheels/ferrocx-*-abi3-*.whl pylib || exit 1
+export PYTHONPATH=$PWD/pylib${PYTHONPATH:+:$PYTHONPATH}
+"$py" -c 'import sys, torch, ferrocx; print("python", sys.version.split()[0], "torch", torch.__version__, "ferrocx", ferrocx.__version__)'
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(world1 hetero overhead)
+status=0
+run() {
+  local stage=$1
+  shift
+  echo "== $stage: $*"
+  if [ -n "${OUT:-}" ]; then
+    "$@" 2>&1 | tee "$OUT/py-$stage.log"
+    rc=${PIPESTATUS[0]}
+  else
+    "$@"
+    rc=$?
+  fi
+  [ "$rc" -eq 0 ] || { echo "!! $stage failed (exit $rc)"; status=1; }
+}
+torchrun=("$py" -m torch.distributed.run --master-addr 127.0.0.1)
+for stage in "${stages[@]}"; do
+  case $stage in
+    world1) FERROCX_CONFIG=configs/nccl.toml run world1 "${torchrun[@]}" --nproc-per-node 1 python/gpu/world1_cuda.py ;;
+    hetero) FERROCX_CONFIG=configs/hetero-1gpu.toml run hetero "${torchrun[@]}" --nproc-per-node 4 python/tests/workers/ddp.py ;;
+    overhead) FERROCX_CONFIG=configs/nccl.toml run overhead "${torchrun[@]}" --nproc-per-node 1 python/gpu/overhead.py 20000 ;;
+    *) echo "unknown stage $stage"; status=1 ;;
+  esac
+done
+exit $status

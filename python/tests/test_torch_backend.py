@@ -1,0 +1,48 @@
+"""The "ferrocx" backend of torch.distributed, in jobs of real processes on the host backend:
+every operation against gloo's result on the same inputs, DDP against gloo (one cluster and two
+clusters bridged), functional collectives and torch.compile, `ferrocx launch`, bad input."""
+
+import pytest
+
+from conftest import run_job, two_cluster_config
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_operation_matches_gloo(world):
+    run_job("ops.py", world).expect_ok("ops ok", world)
+
+
+def test_ddp_matches_gloo():
+    run_job("ddp.py", 3).expect_ok("ddp ok", 3)
+
+
+@pytest.mark.parametrize("first,world", [(1, 3)])
+def test_ddp_across_two_clusters_matches_gloo(tmp_path, first, world):
+    """The CPU-only stand-in of a GPU cluster beside a CPU cluster: two host clusters."""
+    cfg = two_cluster_config(tmp_path, first, world)
+    job = run_job("ddp.py", world, env={"FERROCX_CONFIG": cfg})
+    job.expect_ok("ddp ok", world)
+    assert len(job.lines("(left, cpu)")) == first and len(job.lines("(right, cpu)")) == world - first, job.out
+
+
+def test_every_operation_across_two_clusters_matches_gloo(tmp_path):
+    cfg = two_cluster_config(tmp_path, 1, 2)
+    run_job("ops.py", 2, env={"FERROCX_CONFIG": cfg}).expect_ok("ops ok", 2)
+
+
+def test_functional_collectives_and_torch_compile():
+    run_job("funcol.py", 2).expect_ok("funcol ok", 2)
+
+
+def test_ddp_under_ferrocx_launch_matches_gloo():
+    run_job("ddp.py", 2, launcher="ferrocx").expect_ok("ddp ok", 2)
+
+
+@pytest.mark.parametrize("cases,world", [(["dtype", "op", "shape"], 2), (["dead"], 3)])
+def test_bad_input_raises_ferrocx_error(cases, world):
+    job = run_job("errors.py", world, *cases, env={"FERROCX_TIMEOUT_MS": "5000"})
+    survivors = world - 1 if cases == ["dead"] else world
+    for case in cases:
+        assert job.rc == 0 and len(job.lines(f"error ok: {case}:")) == survivors, (
+            f"{case}: exit {job.rc}\n{job.out[-6000:]}"
+        )
