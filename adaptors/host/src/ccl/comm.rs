@@ -127,16 +127,16 @@ impl HostComm {
     }
 
     /// Runs operation `ticket` once every earlier ticket has run; `resume` when an inline
-    /// attempt ([`run_inline`](Self::run_inline)) already made its start.
+    /// attempt ([`run_inline`](Self::run_inline)) already made its start; `small` for a
+    /// latency-bound operation (see `Placement::bind_for`).
     pub fn run(
         &self,
         ticket: u64,
         resume: bool,
+        small: bool,
         f: impl FnOnce(&mut Ctx<'_>) -> Result<()>,
     ) -> Result<()> {
-        if let Some(cpus) = &self.placement.bind {
-            super::cores::bind_once(cpus);
-        }
+        self.placement.bind_for(small);
         let mut ex = self.exec.lock().unwrap_or_else(|p| p.into_inner());
         while ex.next != ticket && ex.broken.is_none() {
             ex.waiting += 1;

@@ -5,12 +5,15 @@
 //! the `r`-th share. Two settings, each an option of `comm_init_rank` or an environment
 //! variable (the option wins):
 //!
-//! - `bind` / [`BIND_ENV`]: `auto` (the default) binds the threads that run this
-//!   communicator's collectives (a stream's worker, the helpers below) to the rank's share when
-//!   every rank gets at least one core of its own; `none` leaves every thread where it is. Two
-//!   ranks that poll for each other on one core wait for the scheduler to swap them, so a
-//!   loaded machine turns microsecond calls into hundred-microsecond ones; Open MPI binds its
-//!   ranks to cores by default for the same reason. The caller's own thread is never bound.
+//! - `bind` / [`BIND_ENV`]: `auto` (the default) binds the thread that runs a small collective
+//!   of this communicator (a stream's worker) to the rank's share when every rank gets at least
+//!   one core of its own, and lets it run on every allowed core again for a large one; `none`
+//!   leaves every thread where it is. Two ranks that poll for each other on one core wait for
+//!   the scheduler to swap them, so a loaded machine turns microsecond calls into
+//!   hundred-microsecond ones (Open MPI binds its ranks to cores by default for the same
+//!   reason); a long copy, though, is better off free to move away from a core that other work
+//!   has taken. The switch costs a system call only when it changes the mask. The caller's own
+//!   thread and the helpers are never bound.
 //! - `threads` / [`THREADS_ENV`]: threads per rank for the copies and reductions of large
 //!   collectives, the stream's worker included; `auto` (the default) takes the rank's share of
 //!   the cores, at most [`MAX_AUTO_THREADS`]. On a machine with no more cores than ranks that
@@ -30,8 +33,10 @@ pub const MAX_THREADS: usize = 64;
 /// Where a rank's collective work runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
-    /// The cores to bind the collective threads to (`None`: leave them unbound).
+    /// The cores to bind the thread running a small collective to (`None`: leave it unbound).
     pub bind: Option<Vec<usize>>,
+    /// Every core the process may use (what a large collective runs on when `bind` is set).
+    pub all: Vec<usize>,
     /// Threads per rank for large copies and reductions (at least 1: the worker itself).
     pub threads: usize,
 }
@@ -90,7 +95,21 @@ pub fn plan_on(cpus: &[usize], o: &Options, rank: usize, nranks: usize) -> Resul
             }
         },
     };
-    Ok(Placement { bind, threads })
+    Ok(Placement {
+        bind,
+        all: cpus.to_vec(),
+        threads,
+    })
+}
+
+impl Placement {
+    /// Binds the calling thread as a collective needs it: to the rank's cores for a small one
+    /// (`small`), to every allowed core for a large one; nothing when binding is off.
+    pub fn bind_for(&self, small: bool) {
+        if let Some(mine) = &self.bind {
+            bind_once(if small { mine } else { &self.all });
+        }
+    }
 }
 
 thread_local! {
@@ -147,6 +166,7 @@ mod tests {
         let cpus: Vec<usize> = (0..16).collect();
         let p = plan_on(&cpus, &opts(&[]), 2, 4).unwrap();
         assert_eq!(p.bind, Some(vec![8, 9, 10, 11]));
+        assert_eq!(p.all, cpus);
         assert_eq!(p.threads, 4);
         let p = plan_on(&[0, 1], &opts(&[]), 1, 2).unwrap();
         assert_eq!(p.bind, Some(vec![1]));

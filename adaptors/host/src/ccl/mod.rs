@@ -5,8 +5,8 @@
 //! pid, and once all are attached rank 0 removes the name, so a crash leaves nothing behind.
 //! Every collective is enqueued on the device stream and returns at once; waits on peers spin
 //! briefly, then yield (for up to 2 ms), then sleep on a futex, and fail by the deadline naming
-//! the rank. The threads that run collectives are bound to the rank's share of the cores when
-//! each rank gets one (`bind`), and large copies and reductions are split over `threads`
+//! the rank. The thread that runs a small collective is bound to the rank's share of the cores
+//! when each rank gets one (`bind`), and large copies and reductions are split over `threads`
 //! threads per rank (see `cores`).
 //!
 //! The files: `handles` (communicators by handle), `comm` (a communicator and the order its
@@ -174,7 +174,7 @@ impl CclAdaptor for HostCcl {
             seg.unlink();
         }
         attached?;
-        let helpers = helpers::Helpers::start(placement.threads - 1, placement.bind.clone())?;
+        let helpers = helpers::Helpers::start(placement.threads - 1, None)?;
         let comm = Arc::new(HostComm::new(
             rank, nranks, seg, timeout, placement, helpers,
         ));

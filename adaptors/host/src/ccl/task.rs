@@ -74,7 +74,8 @@ impl CollTask {
             op,
             resume,
         } = self;
-        comm.run(ticket, resume, |ctx| op.exec(ctx))
+        let small = op.one_round(&comm).is_some();
+        comm.run(ticket, resume, small, |ctx| op.exec(ctx))
     }
 }
 
