@@ -129,7 +129,7 @@ pub fn bind_once(cpus: &[usize]) {
 }
 
 /// Binds the calling thread to `cpus` (best effort: a failure leaves it where it was).
-pub fn bind_current(cpus: &[usize]) {
+fn bind_current(cpus: &[usize]) {
     if cpus.is_empty() {
         return;
     }

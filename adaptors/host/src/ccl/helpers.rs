@@ -44,8 +44,8 @@ pub struct Helpers {
 }
 
 impl Helpers {
-    /// Starts `count` helpers, bound to `cpus` when given.
-    pub fn start(count: usize, cpus: Option<Vec<usize>>) -> Result<Helpers> {
+    /// Starts `count` helpers (unbound: the scheduler spreads them over the idle cores).
+    pub fn start(count: usize) -> Result<Helpers> {
         let shared = Arc::new(Shared {
             phase: AtomicU32::new(0),
             sleepers: AtomicU32::new(0),
@@ -59,15 +59,10 @@ impl Helpers {
             threads: Vec::with_capacity(count),
         };
         for i in 0..count {
-            let (s, cpus) = (shared.clone(), cpus.clone());
+            let s = shared.clone();
             let t = std::thread::Builder::new()
                 .name(format!("ferrocx-helper-{}", i + 1))
-                .spawn(move || {
-                    if let Some(c) = &cpus {
-                        super::cores::bind_current(c);
-                    }
-                    helper(&s, i + 1);
-                })
+                .spawn(move || helper(&s, i + 1))
                 .map_err(|e| Error::system("spawn a collective helper thread", e))?;
             pool.threads.push(t);
         }
@@ -181,7 +176,7 @@ mod tests {
     #[test]
     fn every_part_runs_once_per_phase() {
         for count in [0, 1, 3] {
-            let h = Helpers::start(count, None).unwrap();
+            let h = Helpers::start(count).unwrap();
             assert_eq!(h.parts(), count + 1);
             let hits: Vec<AtomicU64> = (0..h.parts()).map(|_| AtomicU64::new(0)).collect();
             for phase in 0..500u64 {
@@ -207,7 +202,7 @@ mod tests {
 
     #[test]
     fn a_panicking_part_is_an_error_not_a_hang() {
-        let h = Helpers::start(2, None).unwrap();
+        let h = Helpers::start(2).unwrap();
         let e = h
             .run(&|i| {
                 if i == 2 {

@@ -174,7 +174,7 @@ impl CclAdaptor for HostCcl {
             seg.unlink();
         }
         attached?;
-        let helpers = helpers::Helpers::start(placement.threads - 1, None)?;
+        let helpers = helpers::Helpers::start(placement.threads - 1)?;
         let comm = Arc::new(HostComm::new(
             rank, nranks, seg, timeout, placement, helpers,
         ));
