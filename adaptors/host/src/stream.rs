@@ -13,8 +13,9 @@
 //! The memops group's operations run on the worker too: a store of a 32-bit word
 //! ([`StreamInner::enqueue_write_value32`]) and a wait for one
 //! ([`StreamInner::enqueue_wait_value32`]). The worker polls the word: it spins briefly, then
-//! yields, then sleeps between reads (growing to [`WAIT_POLL_MAX`]), so a long wait costs
-//! little CPU and a short one little latency. A wait is abortable: destroying the stream ends
+//! yields, then sleeps on it (a futex, growing to [`WAIT_POLL_MAX`] between reads); a host
+//! stream's store wakes the word's sleepers at once, a writer that cannot (a device) is seen
+//! within the sleep. A long wait costs little CPU and a short one little latency. A wait is abortable: destroying the stream ends
 //! it at the next read with `ABORTED` (left on the stream as its error), so the worker exits
 //! and no thread is left polling memory that may be gone. A wait is not otherwise bounded: like
 //! CUDA's `cuStreamWaitValue32`, a word that is never written holds the stream (and whoever
@@ -39,7 +40,8 @@ const IDLE_SPINS: u32 = 512;
 const WAIT_SPINS: u32 = 2048;
 /// Reads of a waited-for word with a yield between them before the worker sleeps between reads.
 const WAIT_YIELDS: u32 = 256;
-/// The longest sleep between two reads of a waited-for word.
+/// The longest sleep between two reads of a waited-for word (a store by a host stream wakes the
+/// sleeper at once).
 pub const WAIT_POLL_MAX: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Operations a stream holds (queued or running) by default.
@@ -92,6 +94,8 @@ impl Work {
                 // a 32-bit atomic store until this store has run (the memops contract).
                 let word = unsafe { AtomicU32::from_ptr(addr as *mut u32) };
                 word.store(value, Ordering::Release);
+                // A stream of this process (or another) may sleep on the word.
+                ferrocx::futex::wake(word);
                 Ok(())
             }
             Work::Wait(addr, value, condition) => stream.wait_value32(addr, value, condition),
@@ -106,6 +110,9 @@ struct State {
     closing: bool,
     /// The worker sleeps on `work`: only then does an enqueue need to wake it.
     worker_asleep: bool,
+    /// A caller runs an operation itself (see [`StreamInner::claim_inline`]): the worker
+    /// starts nothing until it is done or handed over.
+    inline: bool,
 }
 
 /// One stream: its queue and the worker's progress.
@@ -254,7 +261,7 @@ impl StreamInner {
                 return Err(Error::new(
                     ferrocx::abi::Status::ABORTED,
                     format!(
-                        "stream {} was destroyed while it waited for the word at {addr:#x} to be                          {} {value} (it read {current}): the wait is abandoned",
+                        "stream {} was destroyed while it waited for the word at {addr:#x} to be {} {value} (it read {current}): the wait is abandoned",
                         self.id,
                         match condition {
                             WaitCondition::Geq => ">= (with wrap-around)",
@@ -266,7 +273,9 @@ impl StreamInner {
             if reads < WAIT_SPINS + WAIT_YIELDS {
                 thread::yield_now();
             } else {
-                thread::sleep(pause);
+                // Woken at once by a store of a host stream (it wakes the word's sleepers);
+                // a writer that cannot wake (a device) is seen within `pause`.
+                ferrocx::futex::wait(word, current, pause);
                 pause = (pause * 2).min(WAIT_POLL_MAX);
             }
         }
@@ -324,12 +333,12 @@ impl StreamInner {
             {
                 let mut s = self.lock();
                 loop {
-                    if !s.queue.is_empty() {
+                    if !s.queue.is_empty() && !s.inline {
                         // Take everything queued at once: one lock per batch, not per task.
                         std::mem::swap(&mut s.queue, &mut batch);
                         break;
                     }
-                    if s.closing {
+                    if s.closing && s.queue.is_empty() && !s.inline {
                         return;
                     }
                     s.worker_asleep = true;
@@ -341,19 +350,102 @@ impl StreamInner {
                 let outcome =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(&self)))
                         .unwrap_or_else(|_| Err(Error::internal("a task on the stream panicked")));
-                if let Err(e) = outcome {
-                    tracing::debug!(stream = self.id, "task failed: {e}");
-                    self.lock().error.get_or_insert(e);
-                }
-                let done = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
-                if done >= self.wake_at.load(Ordering::SeqCst) {
-                    // Under the lock, so the waiter is either before its check or asleep. Every
-                    // waiter wakes, re-registers its own target if it is not reached yet.
-                    let _s = self.lock();
-                    self.wake_at.store(u64::MAX, Ordering::SeqCst);
-                    self.done.notify_all();
-                }
+                self.complete(outcome);
             }
+        }
+    }
+
+    /// Counts one operation complete (its failure, if any, becomes the sticky error) and wakes
+    /// a thread in `synchronize` whose target it reaches.
+    fn complete(&self, outcome: Result<()>) {
+        if let Err(e) = outcome {
+            tracing::debug!(stream = self.id, "task failed: {e}");
+            self.lock().error.get_or_insert(e);
+        }
+        let done = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
+        if done >= self.wake_at.load(Ordering::SeqCst) {
+            // Under the lock, so the waiter is either before its check or asleep. Every
+            // waiter wakes, re-registers its own target if it is not reached yet.
+            let _s = self.lock();
+            self.wake_at.store(u64::MAX, Ordering::SeqCst);
+            self.done.notify_all();
+        }
+    }
+
+    /// Claims the stream for one operation the calling thread runs itself, at once: only when
+    /// nothing is queued or running on it, and never on a stream's worker thread. The claim
+    /// counts as an enqueued operation (`synchronize` waits for it, `is_idle` is false) and
+    /// holds the worker off until the caller ends it with [`Inline::finish`] (it ran) or
+    /// [`Inline::hand_over`] (the worker runs the rest, before anything enqueued meanwhile).
+    /// So whatever is enqueued after the claimed operation runs after it, and the claimed
+    /// operation starts after everything enqueued before it: stream order holds.
+    pub(crate) fn claim_inline(self: &Arc<Self>) -> Option<Inline> {
+        if ON_WORKER.with(|w| w.get()) || !self.is_idle() {
+            return None;
+        }
+        let mut s = self.lock();
+        if s.closing
+            || s.inline
+            || !s.queue.is_empty()
+            || self.completed.load(Ordering::Acquire) != self.enqueued.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        s.inline = true;
+        self.enqueued.fetch_add(1, Ordering::Release);
+        drop(s);
+        Some(Inline {
+            stream: self.clone(),
+        })
+    }
+}
+
+/// An operation the calling thread runs on an idle stream in the stream's place (see
+/// [`StreamInner::claim_inline`]). Dropped without an end, it counts as failed.
+pub(crate) struct Inline {
+    stream: Arc<StreamInner>,
+}
+
+impl Inline {
+    /// The operation ran here with `outcome`: it completes on the stream (a failure becomes
+    /// the stream's sticky error, as the worker's would), and the worker may go on.
+    pub(crate) fn finish(self, outcome: Result<()>) {
+        let s = self.stream.clone();
+        std::mem::forget(self);
+        s.complete(outcome);
+        s.release(None);
+    }
+
+    /// The worker finishes the operation: `rest` runs first on the stream, before anything
+    /// enqueued while the caller held the claim.
+    pub(crate) fn hand_over(self, rest: CollTask) {
+        let s = self.stream.clone();
+        std::mem::forget(self);
+        s.release(Some(Work::Coll(rest)));
+    }
+}
+
+impl Drop for Inline {
+    fn drop(&mut self) {
+        self.stream.complete(Err(Error::internal(
+            "an operation run on the calling thread ended without completing",
+        )));
+        self.stream.release(None);
+    }
+}
+
+impl StreamInner {
+    /// Ends an inline claim, queueing `rest` at the front; wakes the worker if it has work.
+    fn release(&self, rest: Option<Work>) {
+        let mut s = self.lock();
+        if let Some(w) = rest {
+            s.queue.push_front(w);
+        }
+        s.inline = false;
+        let wake = s.worker_asleep && (!s.queue.is_empty() || s.closing);
+        drop(s);
+        if wake {
+            self.work.notify_one();
         }
     }
 }

@@ -483,12 +483,43 @@ fn collectives_worker() {
 }
 
 fn on(n: usize) {
+    on_with(n, &[]);
+}
+
+fn on_with(n: usize, env: &[(&str, String)]) {
     // Generous: a loaded 2-core machine runs 17 of these processes at once.
     let outcomes = wait(
-        spawn("collectives_worker", n, &[]),
+        spawn("collectives_worker", n, env),
         Duration::from_secs(900),
     );
     assert_all_ok(&outcomes);
+}
+
+/// Every collective again with 3 threads per rank (the large copies and reductions split over
+/// helper threads) and the fast path that runs small calls on the calling thread.
+fn with_helpers_and_fast_path(n: usize) {
+    on_with(
+        n,
+        &[
+            ("FERROCX_HOST_THREADS", "3".to_string()),
+            ("FERROCX_HOST_INLINE_US", "1000".to_string()),
+        ],
+    );
+}
+
+#[test]
+fn every_collective_on_2_ranks_with_helpers_and_the_fast_path() {
+    with_helpers_and_fast_path(2);
+}
+
+#[test]
+fn every_collective_on_3_ranks_with_helpers_and_the_fast_path() {
+    with_helpers_and_fast_path(3);
+}
+
+#[test]
+fn every_collective_on_4_ranks_with_helpers_and_the_fast_path() {
+    with_helpers_and_fast_path(4);
 }
 
 #[test]

@@ -149,6 +149,7 @@ impl Enqueuer {
         // SAFETY: `end` is the enqueuer's word (alive while any task runs).
         let w = unsafe { &*(end as *const AtomicU32) };
         w.store(seq, Ordering::Release);
+        crate::futex::wake(w);
     }
 
     /// Stops the thread once every queued task ran; frees the words after `drain` emptied

@@ -13,7 +13,9 @@ use std::time::Duration;
 use ferrocx_plugin_sdk::abi::Status;
 use ferrocx_plugin_sdk::{Error, Result};
 
+use super::cores::Placement;
 use super::ctx::Ctx;
+use super::helpers::Helpers;
 use super::segment::Segment;
 
 struct Exec {
@@ -34,6 +36,10 @@ pub struct HostComm {
     pub nranks: usize,
     pub seg: Segment,
     pub timeout: Duration,
+    /// Where this rank's collective work runs.
+    pub placement: Placement,
+    /// Helper threads for the copies and reductions of large collectives.
+    pub helpers: Helpers,
     tickets: AtomicU64,
     exec: Mutex<Exec>,
     turn: Condvar,
@@ -44,12 +50,21 @@ pub struct HostComm {
 
 impl HostComm {
     /// Wraps an attached segment.
-    pub fn new(rank: usize, nranks: usize, seg: Segment, timeout: Duration) -> Self {
+    pub fn new(
+        rank: usize,
+        nranks: usize,
+        seg: Segment,
+        timeout: Duration,
+        placement: Placement,
+        helpers: Helpers,
+    ) -> Self {
         HostComm {
             rank,
             nranks,
             seg,
             timeout,
+            placement,
+            helpers,
             tickets: AtomicU64::new(0),
             exec: Mutex::new(Exec {
                 waiting: 0,
@@ -111,8 +126,17 @@ impl HostComm {
         self.turn.notify_all();
     }
 
-    /// Runs operation `ticket` once every earlier ticket has run.
-    pub fn run(&self, ticket: u64, f: impl FnOnce(&mut Ctx<'_>) -> Result<()>) -> Result<()> {
+    /// Runs operation `ticket` once every earlier ticket has run; `resume` when an inline
+    /// attempt ([`run_inline`](Self::run_inline)) already made its start; `small` for a
+    /// latency-bound operation (see `Placement::bind_for`).
+    pub fn run(
+        &self,
+        ticket: u64,
+        resume: bool,
+        small: bool,
+        f: impl FnOnce(&mut Ctx<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.placement.bind_for(small);
         let mut ex = self.exec.lock().unwrap_or_else(|p| p.into_inner());
         while ex.next != ticket && ex.broken.is_none() {
             ex.waiting += 1;
@@ -125,15 +149,48 @@ impl HostComm {
                 format!("the communicator failed earlier: {}", e.message()),
             )),
             None => {
-                let mut ctx = Ctx {
-                    comm: self,
-                    gen: ex.gen,
-                };
+                let mut ctx = Ctx::new(self, ex.gen, resume);
                 let r = f(&mut ctx);
                 ex.gen = ctx.gen;
                 r
             }
         };
+        self.end(ex, ticket, result)
+    }
+
+    /// Runs operation `ticket` on the calling thread if it is its turn now (no earlier
+    /// operation of the communicator is still to run), letting its agreement wait for peers
+    /// at most `budget`. `None`: not its turn (nothing was done). `Some(None)`: the start was
+    /// published but a peer had not arrived: the operation stays the communicator's next and
+    /// must be finished by [`run`](Self::run) with `resume`. `Some(Some(result))`: it ran.
+    pub fn run_inline(
+        &self,
+        ticket: u64,
+        budget: Duration,
+        f: impl FnOnce(&mut Ctx<'_>) -> Result<()>,
+    ) -> Option<Option<Result<()>>> {
+        let mut ex = self.exec.try_lock().ok()?;
+        if ex.next != ticket || ex.broken.is_some() {
+            return None;
+        }
+        let mut ctx = Ctx::new(self, ex.gen, false);
+        ctx.budget = Some(budget);
+        let r = f(&mut ctx);
+        if ctx.pending {
+            return Some(None);
+        }
+        ex.gen = ctx.gen;
+        Some(Some(self.end(ex, ticket, r)))
+    }
+
+    /// Records the end of operation `ticket` (its failure breaks the communicator) and lets
+    /// the next one run.
+    fn end(
+        &self,
+        mut ex: std::sync::MutexGuard<'_, Exec>,
+        ticket: u64,
+        result: Result<()>,
+    ) -> Result<()> {
         if let Err(e) = &result {
             if ex.broken.is_none() {
                 ex.broken = Some(e.clone());

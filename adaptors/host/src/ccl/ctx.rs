@@ -3,6 +3,7 @@
 //! compared across ranks).
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::{Error, Result};
@@ -10,7 +11,7 @@ use ferrocx_plugin_sdk::{Error, Result};
 use super::algo::copy;
 use super::comm::HostComm;
 use super::segment::{Segment, LINE, LINE_BYTES};
-use super::sync::{barrier, notify, wait_until};
+use super::sync::{barrier, notify, poll, wait_until};
 
 /// Operation kinds, as written in descriptors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +74,15 @@ pub struct Desc {
 pub struct Ctx<'a> {
     pub comm: &'a HostComm,
     pub(super) gen: u64,
+    /// Set while the operation runs on the calling thread (see `HostComm::run_inline`): how
+    /// long its agreement may wait for peers before the operation is handed to the worker.
+    pub(super) budget: Option<Duration>,
+    /// This run continues an operation whose start (the published line and, for a slot path,
+    /// the copy into this rank's slot) an inline attempt already made.
+    pub(super) resume: bool,
+    /// Set when an inline attempt published its start but its peers had not all arrived within
+    /// the budget: the operation goes on from there on the worker.
+    pub(super) pending: bool,
 }
 
 impl Ctx<'_> {
@@ -91,6 +101,23 @@ impl Ctx<'_> {
     }
     pub(super) fn slot_bytes(&self) -> usize {
         self.seg().layout.slot_bytes
+    }
+
+    /// A context for operations that run in their turn (on the worker).
+    pub(super) fn new(comm: &HostComm, gen: u64, resume: bool) -> Ctx<'_> {
+        Ctx {
+            comm,
+            gen,
+            budget: None,
+            resume,
+            pending: false,
+        }
+    }
+
+    /// Whether the start of this operation was already made by an inline attempt: its data is
+    /// in this rank's slot and line, so the algorithm must not write them again.
+    pub(super) fn resuming(&self) -> bool {
+        self.resume
     }
 
     /// A barrier; returns the parity of the buffers it published.
@@ -120,28 +147,42 @@ impl Ctx<'_> {
             d.root as u64,
             g,
         ];
-        for (slot, v) in line.desc.iter().zip(mine) {
-            slot.store(v, Ordering::Relaxed);
+        let all_there = || (0..n).all(|r| seg.rank(r).line[p].gen.load(Ordering::Acquire) >= g);
+        if std::mem::take(&mut self.resume) {
+            // An inline attempt published this generation already (same descriptor, same data).
+            debug_assert_eq!(line.gen.load(Ordering::Relaxed), g);
+        } else {
+            for (slot, v) in line.desc.iter().zip(mine) {
+                slot.store(v, Ordering::Relaxed);
+            }
+            if let Some(bytes) = small {
+                // SAFETY: at most LINE_BYTES bytes into this rank's own line, which no peer
+                // reads until the generation below is published.
+                unsafe {
+                    copy(
+                        line.data.get() as *mut u8,
+                        bytes.as_ptr(),
+                        bytes.len().min(LINE_BYTES),
+                    )
+                };
+            }
+            line.gen.store(g, Ordering::SeqCst);
+            notify(seg);
+            if let Some(budget) = self.budget {
+                if !poll(budget, n, all_there) {
+                    self.pending = true;
+                    return Err(Error::internal(
+                        "handed to the stream's worker (peers not there yet)",
+                    ));
+                }
+            }
         }
-        if let Some(bytes) = small {
-            // SAFETY: at most LINE_BYTES bytes into this rank's own line, which no peer reads
-            // until the generation below is published.
-            unsafe {
-                copy(
-                    line.data.get() as *mut u8,
-                    bytes.as_ptr(),
-                    bytes.len().min(LINE_BYTES),
-                )
-            };
-        }
-        line.gen.store(g, Ordering::SeqCst);
-        notify(seg);
         wait_until(
             seg,
             me,
             comm.timeout,
             d.kind.name(),
-            || Ok((0..n).all(|r| seg.rank(r).line[p].gen.load(Ordering::Acquire) >= g)),
+            || Ok(all_there()),
             || {
                 (0..n)
                     .filter(|&r| seg.rank(r).line[p].gen.load(Ordering::Acquire) < g)
@@ -149,24 +190,27 @@ impl Ctx<'_> {
             },
         )?;
         self.gen = g;
+        let same = |r: usize| {
+            let theirs = &seg.rank(r).line[p].desc;
+            let at = |i: usize| theirs[i].load(Ordering::Relaxed);
+            if d.kind == Kind::AllToAllV {
+                at(0) == mine[0] && at(2) == mine[2]
+            } else {
+                (0..5).all(|i| at(i) == mine[i])
+            }
+        };
+        // The common case allocates nothing: every rank called the same operation.
+        if (0..n).all(same) {
+            return Ok(p);
+        }
         let mut differ = Vec::new();
-        for r in 0..n {
+        for r in (0..n).filter(|&r| !same(r)) {
             let theirs: Vec<u64> = seg.rank(r).line[p]
                 .desc
                 .iter()
                 .map(|x| x.load(Ordering::Relaxed))
                 .collect();
-            let same = if d.kind == Kind::AllToAllV {
-                theirs[0] == mine[0] && theirs[2] == mine[2]
-            } else {
-                theirs[..5] == mine[..5]
-            };
-            if !same {
-                differ.push((r, theirs));
-            }
-        }
-        if differ.is_empty() {
-            return Ok(p);
+            differ.push((r, theirs));
         }
         let show = |r: usize, v: &[u64]| {
             let kind = Kind::from(v[0]).map(Kind::name).unwrap_or("?");

@@ -46,6 +46,7 @@ fn issue(pending: Vec<Pending>) -> Result<()> {
             comm,
             ticket,
             op: Coll::Transfers(transfers),
+            resume: false,
         })?;
     }
     Ok(())

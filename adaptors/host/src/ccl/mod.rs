@@ -4,20 +4,26 @@
 //! the unique id, the others attach to it (retrying until the timeout), every rank publishes its
 //! pid, and once all are attached rank 0 removes the name, so a crash leaves nothing behind.
 //! Every collective is enqueued on the device stream and returns at once; waits on peers spin
-//! briefly, then yield, then sleep on a futex, and fail by the deadline naming the rank.
+//! briefly, then yield (for up to 2 ms), then sleep on a futex, and fail by the deadline naming
+//! the rank. The thread that runs a small collective is bound to the rank's share of the cores
+//! when each rank gets one (`bind`), and large copies and reductions are split over `threads`
+//! threads per rank (see `cores`).
 //!
 //! The files: `handles` (communicators by handle), `comm` (a communicator and the order its
 //! operations run in), `task` (an operation as queued on a stream), `group` (point-to-point
 //! calls and their grouping), `ctx` (what an algorithm runs with, and the agreement on each
 //! operation), `algo/` (one collective algorithm a file), `p2p` (the transfers over rings),
-//! `segment` (the shared-memory layout), `sync` (waits on peers) and `reduce` (element
-//! reductions).
+//! `segment` (the shared-memory layout), `sync` (waits on peers), `reduce` (element
+//! reductions), `cores` (the cores a rank's collective threads are bound to and how many it
+//! uses) and `helpers` (the threads that share a large collective's copies and reductions).
 
 mod algo;
 mod comm;
+mod cores;
 mod ctx;
 mod group;
 mod handles;
+mod helpers;
 mod p2p;
 pub(crate) mod reduce;
 mod segment;
@@ -148,6 +154,7 @@ impl CclAdaptor for HostCcl {
             slot_bytes: slot,
             ring_bytes: ring,
         };
+        let placement = cores::plan(&init.options, rank, nranks)?;
         let pid0 = u32::from_le_bytes([uid[4], uid[5], uid[6], uid[7]]);
         let hex: String = uid[8..].iter().map(|b| format!("{b:02x}")).collect();
         let name = format!("/ferrocx-{}-{pid0}-c{hex}", crate::shm::job_id());
@@ -167,7 +174,10 @@ impl CclAdaptor for HostCcl {
             seg.unlink();
         }
         attached?;
-        let comm = Arc::new(HostComm::new(rank, nranks, seg, timeout));
+        let helpers = helpers::Helpers::start(placement.threads - 1)?;
+        let comm = Arc::new(HostComm::new(
+            rank, nranks, seg, timeout, placement, helpers,
+        ));
         comm.set_generation(1);
         let id = COMMS.insert(comm);
         Ok(Comm(id as usize as *mut std::ffi::c_void))

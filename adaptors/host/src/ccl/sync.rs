@@ -55,8 +55,12 @@ const SPIN: u32 = 2_000;
 /// Iterations of pure spinning when ranks outnumber cores: a spinning rank would hold the core
 /// a peer needs to arrive, so yield almost at once.
 const SPIN_OVERSUBSCRIBED: u32 = 16;
-/// Iterations of yielding before sleeping on the futex.
-const YIELD: u32 = 200;
+/// How long a waiter yields (after spinning) before it sleeps on the futex. A sleeper gives
+/// its core away and, on a loaded machine, waits for one to be woken on: every later hand-off
+/// then costs a wake-up (tens to hundreds of microseconds). A yielding waiter stays runnable
+/// (as MPI's polling does), so lockstep collectives keep going at memory speed; a peer late by
+/// more than this is a real imbalance, and then sleeping frees the core.
+const YIELD_FOR: Duration = Duration::from_millis(2);
 
 /// The spin budget for a communicator of `nranks` processes on this host.
 fn spin_budget(nranks: usize) -> u32 {
@@ -66,6 +70,33 @@ fn spin_budget(nranks: usize) -> u32 {
         SPIN_OVERSUBSCRIBED
     } else {
         SPIN
+    }
+}
+
+/// Polls `ready()` for at most `budget` without sleeping (an inline attempt's bounded wait):
+/// spins where every rank of the `nranks` can have a core, yields otherwise (a spinning rank
+/// would hold the core a peer needs). Returns whether it held.
+pub fn poll(budget: Duration, nranks: usize, mut ready: impl FnMut() -> bool) -> bool {
+    let oversubscribed = spin_budget(nranks) == SPIN_OVERSUBSCRIBED;
+    let mut start = None;
+    let mut n = 0u32;
+    loop {
+        if ready() {
+            return true;
+        }
+        n = n.wrapping_add(1);
+        if oversubscribed {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        // Read the clock every few polls only: a poll is tens of nanoseconds.
+        if n % 16 == 0 {
+            let t0 = *start.get_or_insert_with(Instant::now);
+            if t0.elapsed() >= budget {
+                return ready();
+            }
+        }
     }
 }
 
@@ -92,6 +123,8 @@ pub fn wait_until(
     };
     let h = seg.header();
     let mut n = 0u32;
+    let mut yield_until = None;
+    let mut sleeping = false;
     loop {
         if ready()? {
             return Ok(());
@@ -101,7 +134,19 @@ pub fn wait_until(
             std::hint::spin_loop();
             continue;
         }
-        if n < spin + YIELD {
+        let yielding = match yield_until {
+            None => {
+                yield_until = Some(Instant::now() + YIELD_FOR);
+                true
+            }
+            Some(t) => {
+                if !sleeping && n % 16 == 0 && Instant::now() >= t {
+                    sleeping = true;
+                }
+                !sleeping
+            }
+        };
+        if yielding {
             std::thread::yield_now();
         } else {
             // Register as a sleeper, then re-check: a publisher either sees the sleeper (and

@@ -1,6 +1,7 @@
 //! One collective (or group of transfers) as queued on a stream, and how it runs there.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use ferrocx_plugin_sdk::prelude::*;
 
@@ -17,6 +18,8 @@ pub(crate) struct CollTask {
     pub(super) comm: Arc<HostComm>,
     pub(super) ticket: u64,
     pub(super) op: Coll,
+    /// An inline attempt already published the operation's start (see `enqueue`).
+    pub(super) resume: bool,
 }
 
 /// Buffers are addresses (`usize`) so the task is `Send`; they stay valid until the operation
@@ -65,8 +68,22 @@ pub(super) enum Coll {
 impl CollTask {
     /// Runs the operation in its turn on the communicator.
     pub(crate) fn run(self) -> Result<()> {
-        let CollTask { comm, ticket, op } = self;
-        comm.run(ticket, |ctx| {
+        let CollTask {
+            comm,
+            ticket,
+            op,
+            resume,
+        } = self;
+        let small = op.one_round(&comm).is_some();
+        comm.run(ticket, resume, small, |ctx| op.exec(ctx))
+    }
+}
+
+impl Coll {
+    /// Runs the operation with `ctx` (in its turn on the communicator).
+    fn exec(self, ctx: &mut super::ctx::Ctx<'_>) -> Result<()> {
+        let op = self;
+        {
             // SAFETY: (every arm) the buffers hold what the ABI requires for the operation and
             // stay valid until it completes on the stream.
             unsafe {
@@ -149,14 +166,126 @@ impl CollTask {
                     Coll::Transfers(t) => p2p::run(ctx.comm, t),
                 }
             }
-        })
+        }
+    }
+
+    /// A copy of the operation if it is one agreement with local work before and after it
+    /// (no other wait on peers), so an inline attempt can hand it to the worker at that one
+    /// point; `None` for every other operation.
+    fn one_round(&self, comm: &HostComm) -> Option<Coll> {
+        let slot = comm.seg.layout.slot_bytes;
+        match *self {
+            Coll::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                root,
+            } if algo::all_reduce_is_one_round(count, dtype, slot) => Some(Coll::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                root,
+            }),
+            Coll::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            } if algo::broadcast_is_one_round(count, dtype, slot) => Some(Coll::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            }),
+            _ => None,
+        }
     }
 }
 
 /// Enqueues an operation on `stream`: it takes a ticket now and runs on the stream's worker.
+///
+/// Fast path, off unless [`INLINE_US_ENV`] is set above 0: a small operation (one agreement,
+/// see `Coll::one_round`) on an idle stream whose communicator has nothing else to run first
+/// is run on the calling thread, as an MPI call would be, saving the hand-off to the worker.
+/// The caller waits for its peers at most that many microseconds; if one has not arrived by
+/// then, the operation (its start published) is handed to the worker, which finishes it before
+/// anything enqueued later. So the caller never waits on a peer longer than the budget (a
+/// bounded cost like a launch, never a wait that another process's progress could withhold),
+/// operations still run in stream and communicator order, and event waits and host functions
+/// enqueued before it have run (the stream was idle). Errors go to the stream (sticky) as the
+/// worker's would, not to this call. It is off by default: on a loaded machine a late peer
+/// makes the calls alternate between the caller and a sleeping worker, which costs more than
+/// the hand-off it saves (measured with `scripts/bench-vs-mpi.sh`).
 pub(super) fn enqueue(c: Comm, s: Stream, op: Coll) -> Result<()> {
     let comm = get(c)?;
     let st = stream::get(s)?;
     let ticket = comm.ticket();
-    st.enqueue_coll(CollTask { comm, ticket, op })
+    let budget = inline_budget();
+    if let Some(attempt) = op.one_round(&comm).filter(|_| !budget.is_zero()) {
+        if let Some(claim) = st.claim_inline() {
+            return match comm.run_inline(ticket, budget, |ctx| attempt.exec(ctx)) {
+                Some(Some(outcome)) => {
+                    claim.finish(outcome);
+                    Ok(())
+                }
+                // Started, peers not there yet: the worker finishes it.
+                Some(None) => {
+                    claim.hand_over(CollTask {
+                        comm,
+                        ticket,
+                        op,
+                        resume: true,
+                    });
+                    Ok(())
+                }
+                // Not its turn on the communicator: queued as usual, first on the stream.
+                None => {
+                    claim.hand_over(CollTask {
+                        comm,
+                        ticket,
+                        op,
+                        resume: false,
+                    });
+                    Ok(())
+                }
+            };
+        }
+    }
+    st.enqueue_coll(CollTask {
+        comm,
+        ticket,
+        op,
+        resume: false,
+    })
+}
+
+/// Environment variable: how long (microseconds) a small collective run on the calling thread
+/// waits for its peers before the stream's worker takes it over; 0 turns the fast path off.
+pub const INLINE_US_ENV: &str = "FERROCX_HOST_INLINE_US";
+
+/// Default of [`INLINE_US_ENV`].
+const DEFAULT_INLINE_US: u64 = 0;
+
+/// [`INLINE_US_ENV`], read once per process.
+pub(super) fn inline_budget() -> Duration {
+    static BUDGET: OnceLock<Duration> = OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let us = match std::env::var(INLINE_US_ENV) {
+            Err(_) => DEFAULT_INLINE_US,
+            Ok(v) => v.trim().parse::<u64>().unwrap_or_else(|_| {
+                tracing::warn!(
+                    "{INLINE_US_ENV}={v:?} is not a number of microseconds; using \
+                     {DEFAULT_INLINE_US}"
+                );
+                DEFAULT_INLINE_US
+            }),
+        };
+        Duration::from_micros(us)
+    })
 }

@@ -3,7 +3,7 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::Result;
 
-use super::{copy, elem_size};
+use super::{elem_size, par_copy};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
 
 /// All-gather (or gather to `root`).
@@ -40,7 +40,7 @@ pub unsafe fn all_gather(
         let p = ctx.next_parity();
         // SAFETY: n fits the slot; send holds bytes. In place, the own block is copied out before
         // any peer data lands in recv (peers' blocks are elsewhere in recv).
-        unsafe { copy(ctx.slot(p, ctx.me()), send.add(done), n) };
+        unsafe { par_copy(ctx, ctx.slot(p, ctx.me()), send.add(done), n) }?;
         let p = if first {
             ctx.agree(&desc, None)?
         } else {
@@ -50,7 +50,7 @@ pub unsafe fn all_gather(
         if root.is_none_or(|r| r == ctx.me()) {
             for r in 0..ctx.n() {
                 // SAFETY: recv holds nranks * bytes.
-                unsafe { copy(recv.add(r * bytes + done), ctx.slot(p, r), n) };
+                unsafe { par_copy(ctx, recv.add(r * bytes + done), ctx.slot(p, r), n) }?;
             }
         }
         done += n;

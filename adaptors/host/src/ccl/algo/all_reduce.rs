@@ -4,13 +4,21 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::{Error, Result};
 
-use super::{copy, elem_size, reduce_slots, share, with_scratch};
+use super::{copy, elem_size, par_copy, par_reduce_slots, reduce_into, share};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
-use crate::ccl::reduce::reduce;
 use crate::ccl::segment::LINE_BYTES;
 
 /// Messages up to this size take the one-shot path (every rank reduces everything).
 const ONE_SHOT_BYTES: usize = 16 * 1024;
+
+/// Whether an all-reduce (or reduce) of `count` elements of `dtype` is one agreement with
+/// local work around it (the line and one-shot paths), given the slot size.
+pub fn all_reduce_is_one_round(count: usize, dtype: DataType, slot_bytes: usize) -> bool {
+    dtype
+        .size()
+        .and_then(|es| count.checked_mul(es))
+        .is_some_and(|b| b <= LINE_BYTES || b <= ONE_SHOT_BYTES.min(slot_bytes))
+}
 
 /// All-reduce (and reduce to `root` when `root` is Some).
 ///
@@ -53,33 +61,24 @@ pub unsafe fn all_reduce(
         let data = unsafe { std::slice::from_raw_parts(send, bytes) };
         let p = ctx.agree(&desc, Some(data))?;
         if writes(ctx) && bytes > 0 {
-            with_scratch(bytes, |s| -> Result<()> {
-                let srcs: Vec<&[u8]> = (0..ctx.n())
-                    // SAFETY: every rank's line of parity p holds `bytes` published bytes,
-                    // 8-byte aligned, until the next generation of that parity.
-                    .map(|r| unsafe { std::slice::from_raw_parts(ctx.line_data(p, r), bytes) })
-                    .collect();
-                reduce(s, &srcs, dtype, op)?;
-                // SAFETY: recv holds bytes.
-                unsafe { copy(recv, s.as_ptr(), bytes) };
-                Ok(())
-            })?;
+            // SAFETY: every rank's line of parity p holds `bytes` published bytes, 8-byte
+            // aligned, until the next generation of that parity; recv holds `bytes` and is none
+            // of them (the sources are copies in the segment, so in place is fine too).
+            unsafe { reduce_into(recv, bytes, ctx.n(), |r| ctx.line_data(p, r), dtype, op) }?;
         }
         return Ok(());
     }
     if bytes <= ONE_SHOT_BYTES.min(ctx.slot_bytes()) {
-        let p = ctx.next_parity();
-        // SAFETY: the slot holds slot_bytes >= bytes; send holds bytes.
-        unsafe { copy(ctx.slot(p, ctx.me()), send, bytes) };
+        if !ctx.resuming() {
+            let p = ctx.next_parity();
+            // SAFETY: the slot holds slot_bytes >= bytes; send holds bytes.
+            unsafe { copy(ctx.slot(p, ctx.me()), send, bytes) };
+        }
         let p = ctx.agree(&desc, None)?;
         if writes(ctx) && bytes > 0 {
-            with_scratch(bytes, |s| -> Result<()> {
-                // SAFETY: scratch holds bytes, 8-aligned.
-                unsafe { reduce_slots(ctx, p, 0, count, es, dtype, op, s) }?;
-                // SAFETY: recv holds bytes.
-                unsafe { copy(recv, s.as_ptr(), bytes) };
-                Ok(())
-            })?;
+            // SAFETY: every rank's slot of parity p holds `bytes` published bytes until the
+            // next generation of that parity; recv holds `bytes` and is none of them.
+            unsafe { reduce_into(recv, bytes, ctx.n(), |r| ctx.slot(p, r), dtype, op) }?;
         }
         return Ok(());
     }
@@ -90,7 +89,7 @@ pub unsafe fn all_reduce(
         let n = chunk.min(count - done);
         let p = ctx.next_parity();
         // SAFETY: n elements fit in the slot; send holds count elements.
-        unsafe { copy(ctx.slot(p, ctx.me()), send.add(done * es), n * es) };
+        unsafe { par_copy(ctx, ctx.slot(p, ctx.me()), send.add(done * es), n * es) }?;
         let p = if first {
             ctx.agree(&desc, None)?
         } else {
@@ -104,12 +103,12 @@ pub unsafe fn all_reduce(
             // SAFETY: the result buffer holds a whole chunk; the share is within it and aligned.
             let dst = unsafe { std::slice::from_raw_parts_mut(res.add(lo * es), (hi - lo) * es) };
             // SAFETY: as above.
-            unsafe { reduce_slots(ctx, p, lo, hi, es, dtype, op, dst) }?;
+            unsafe { par_reduce_slots(ctx, p, lo, hi, es, dtype, op, dst) }?;
         }
         ctx.barrier(kind.name())?;
         if writes(ctx) {
             // SAFETY: the result holds n elements; recv holds count.
-            unsafe { copy(recv.add(done * es), res, n * es) };
+            unsafe { par_copy(ctx, recv.add(done * es), res, n * es) }?;
         }
         done += n;
     }

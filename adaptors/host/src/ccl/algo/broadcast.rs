@@ -3,8 +3,18 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::Result;
 
-use super::{copy, elem_size};
+use super::{copy, elem_size, par_copy};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
+use crate::ccl::segment::LINE_BYTES;
+
+/// Whether a broadcast of `count` elements of `dtype` is one agreement with local work around
+/// it (it fits one slot), given the slot size.
+pub fn broadcast_is_one_round(count: usize, dtype: DataType, slot_bytes: usize) -> bool {
+    dtype
+        .size()
+        .and_then(|es| count.checked_mul(es).map(|b| b <= Ctx::fit(slot_bytes, es)))
+        .unwrap_or(false)
+}
 
 /// Broadcast from `root`.
 ///
@@ -28,14 +38,25 @@ pub unsafe fn broadcast(
     };
     let chunk = Ctx::fit(ctx.slot_bytes(), es);
     let bytes = count * es;
+    if bytes <= LINE_BYTES {
+        // The root's data rides in the line that announces the call.
+        let mine = (ctx.me() == root)
+            // SAFETY: send holds `bytes` bytes on the root.
+            .then(|| unsafe { std::slice::from_raw_parts(send, bytes) });
+        let p = ctx.agree(&desc, mine)?;
+        // SAFETY: recv holds bytes; the root's line holds `bytes` published bytes until the
+        // next generation of that parity.
+        unsafe { copy(recv, ctx.line_data(p, root), bytes) };
+        return Ok(());
+    }
     let mut done = 0;
     let mut first = true;
     while done < bytes || first {
         let n = chunk.min(bytes - done);
         let p = ctx.next_parity();
-        if ctx.me() == root {
+        if ctx.me() == root && !(first && ctx.resuming()) {
             // SAFETY: n <= slot bytes; send holds bytes.
-            unsafe { copy(ctx.slot(p, root), send.add(done), n) };
+            unsafe { par_copy(ctx, ctx.slot(p, root), send.add(done), n) }?;
         }
         let p = if first {
             ctx.agree(&desc, None)?
@@ -44,7 +65,7 @@ pub unsafe fn broadcast(
         };
         first = false;
         // SAFETY: recv holds bytes; the root's slot holds n published bytes.
-        unsafe { copy(recv.add(done), ctx.slot(p, root), n) };
+        unsafe { par_copy(ctx, recv.add(done), ctx.slot(p, root), n) }?;
         done += n;
     }
     Ok(())

@@ -16,9 +16,9 @@ use super::ctx::Ctx;
 use super::reduce::reduce;
 
 pub use all_gather::all_gather;
-pub use all_reduce::all_reduce;
+pub use all_reduce::{all_reduce, all_reduce_is_one_round};
 pub use all_to_allv::all_to_allv;
-pub use broadcast::broadcast;
+pub use broadcast::{broadcast, broadcast_is_one_round};
 pub use exchange::exchange;
 
 thread_local! {
@@ -63,6 +63,109 @@ pub(super) fn share(n: usize, k: usize, r: usize) -> (usize, usize) {
     let extra = n % k;
     let lo = r * base + r.min(extra);
     (lo, lo + base + usize::from(r < extra))
+}
+
+/// Bytes below which a copy or reduction is not split over helper threads (a fork-join costs
+/// microseconds).
+const PAR_MIN_BYTES: usize = 64 << 10;
+
+/// Byte range `[lo, hi)` of part `i` of `parts` over `len` bytes, cut at cache lines.
+fn piece(len: usize, parts: usize, i: usize) -> (usize, usize) {
+    let (lo, hi) = share(len.div_ceil(64), parts, i);
+    ((lo * 64).min(len), (hi * 64).min(len))
+}
+
+/// Copies `n` bytes as [`copy`] does, split over the communicator's helper threads when large.
+///
+/// # Safety
+/// As [`copy`]; the ranges do not overlap unless equal.
+pub(super) unsafe fn par_copy(ctx: &Ctx<'_>, dst: *mut u8, src: *const u8, n: usize) -> Result<()> {
+    let h = &ctx.comm.helpers;
+    if h.parts() == 1 || n < PAR_MIN_BYTES {
+        // SAFETY: by the caller's contract.
+        unsafe { copy(dst, src, n) };
+        return Ok(());
+    }
+    let (d, s, parts) = (dst as usize, src as usize, h.parts());
+    h.run(&|i| {
+        let (lo, hi) = piece(n, parts, i);
+        // SAFETY: disjoint parts of the caller's ranges.
+        unsafe { copy((d + lo) as *mut u8, (s + lo) as *const u8, hi - lo) };
+    })
+}
+
+/// [`reduce_slots`] of elements `[lo, hi)` into `dst`, split over the communicator's helper
+/// threads when large.
+///
+/// # Safety
+/// As [`reduce_slots`].
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn par_reduce_slots(
+    ctx: &Ctx<'_>,
+    p: usize,
+    lo: usize,
+    hi: usize,
+    es: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    dst: &mut [u8],
+) -> Result<()> {
+    let h = &ctx.comm.helpers;
+    if h.parts() == 1 || (hi - lo) * es < PAR_MIN_BYTES {
+        // SAFETY: by the caller's contract.
+        return unsafe { reduce_slots(ctx, p, lo, hi, es, dtype, op, dst) };
+    }
+    let (out, parts) = (dst.as_mut_ptr() as usize, h.parts());
+    let failed = std::sync::Mutex::new(None);
+    h.run(&|i| {
+        let (a, b) = share(hi - lo, parts, i);
+        // SAFETY: a part of `dst`, disjoint from the others.
+        let d = unsafe { std::slice::from_raw_parts_mut((out + a * es) as *mut u8, (b - a) * es) };
+        // SAFETY: a part of the caller's range.
+        if let Err(e) = unsafe { reduce_slots(ctx, p, lo + a, lo + b, es, dtype, op, d) } {
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        }
+    })?;
+    match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Ranks whose sources [`reduce_into`] gathers on the stack; more take one allocation.
+const STACK_SOURCES: usize = 16;
+
+/// `dst = op over src(0..n)`, `bytes` bytes each, with no allocation for up to
+/// [`STACK_SOURCES`] sources.
+///
+/// # Safety
+/// `dst` holds `bytes` writable bytes; each `src(r)` holds `bytes` readable bytes, none of
+/// which overlap `dst`, and nobody writes them during the call.
+pub(super) unsafe fn reduce_into(
+    dst: *mut u8,
+    bytes: usize,
+    n: usize,
+    src: impl Fn(usize) -> *const u8,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    // SAFETY: by the caller's contract.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst, bytes) };
+    // SAFETY: by the caller's contract.
+    let at = |r: usize| unsafe { std::slice::from_raw_parts(src(r), bytes) };
+    if n <= STACK_SOURCES {
+        let mut srcs: [&[u8]; STACK_SOURCES] = [&[]; STACK_SOURCES];
+        for (r, s) in srcs.iter_mut().enumerate().take(n) {
+            *s = at(r);
+        }
+        reduce(out, &srcs[..n], dtype, op)
+    } else {
+        let srcs: Vec<&[u8]> = (0..n).map(at).collect();
+        reduce(out, &srcs, dtype, op)
+    }
 }
 
 /// Reduces elements `[lo, hi)` of every rank's slot of parity `p` into `dst`.
