@@ -15,7 +15,11 @@
 # Ranks are bound to cores, for MPI as for ferrocx (the host CCL binds its threads by default,
 # see FERROCX_HOST_BIND), when there are at least as many cores as ranks.
 #
-# Usage: [MPI=openmpi|mpich] [ROUNDS=3] scripts/bench-vs-mpi.sh [RANKS...]   (default: 2 4)
+# ferrocx: built here (cargo build --release), or the binary named by FERROCX (a machine
+# without a Rust toolchain: the GPU bundle's ./ferrocx).
+#
+# Usage: [MPI=openmpi|mpich] [ROUNDS=3] [FERROCX=path] scripts/bench-vs-mpi.sh [RANKS...]
+#        (default ranks: 2 4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ranks=("$@")
@@ -53,12 +57,17 @@ case "$mpi" in
   *) echo "MPI=$mpi: expected openmpi or mpich" >&2; exit 2 ;;
 esac
 
-cargo build --release -q -p ferrocx-cli
+if [ -n "${FERROCX:-}" ]; then
+  fxbin=$FERROCX
+else
+  cargo build --release -q -p ferrocx-cli
+  fxbin=./target/release/ferrocx
+fi
 "$mpicc" -O2 -o "$out/mpi_bench" scripts/mpi_allreduce_bench.c -Wl,-rpath,"$(dirname "$(command -v "$mpicc")")/../lib"
 
 fx() { # ranks, op, args...
   local n=$1 op=$2; shift 2
-  ./target/release/ferrocx bench --config configs/local.toml -n "$n" --op "$op" --json "$@"
+  "$fxbin" bench --config configs/local.toml -n "$n" --op "$op" --json "$@"
 }
 
 for r in $(seq "$rounds"); do
