@@ -4,7 +4,7 @@
 //! ```toml
 //! [bridge]
 //! ccl         = "auto"      # host | mpi | auto: shared memory on one host, MPI across hosts
-//! chunk_bytes = 1048576     # bytes per rank and pipeline slot
+//! chunk_bytes = 4194304     # bytes per rank and pipeline slot
 //! depth       = 2           # chunks in flight
 //! ```
 
@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::position::KeyPositions;
 
 /// The bridge's default chunk: bytes per rank and pipeline slot.
-pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
+pub const DEFAULT_CHUNK_BYTES: u64 = 4 << 20;
 /// The bridge's default pipeline depth.
 pub const DEFAULT_DEPTH: u64 = 2;
 /// The largest chunk accepted (a bridge segment holds `world * depth` of them).

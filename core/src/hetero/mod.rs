@@ -1394,16 +1394,23 @@ impl HeteroCore {
             count: count as u64,
             kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
         };
-        let mut steps = self.flat_steps(send, recv, count, dtype, op, es, first, &free, (call, d));
-        // An injected failure (tests): step A of the middle chunk.
-        if let Some(e) = fault {
-            let k = steps.len() / 4 * 2;
-            steps[k].fault = Some(e);
-        }
+        let steps = move |core: &HeteroCore| {
+            let mut steps =
+                core.flat_steps(send, recv, count, dtype, op, es, first, &free, (call, d));
+            // An injected failure (tests): step A of the middle chunk.
+            if let Some(e) = fault {
+                let k = steps.len() / 4 * 2;
+                steps[k].fault = Some(e);
+            }
+            steps
+        };
         let what = Stage::Bridge.name();
         if let Some(q) = queued {
+            // The steps are made by the enqueuer thread too: this thread's time does not grow
+            // with the message.
             let r = q.submit(self, stream, |seq, start, end| {
                 Box::new(move |core: &HeteroCore| {
+                    let steps = steps(core);
                     // SAFETY: the contract of the call, passed on (the caller's stream waits
                     // for the steps' last signal before it goes on).
                     let r = unsafe { core.run_steps(steps, Link::Words { start, end, seq }) };
@@ -1416,7 +1423,8 @@ impl HeteroCore {
             return r.map_err(|e| self.fail_call(what, e));
         }
         // SAFETY: this function's contract.
-        unsafe { self.run_steps(steps, Link::Stream(stream)) }.map_err(|e| self.fail_call(what, e))
+        unsafe { self.run_steps(steps(self), Link::Stream(stream)) }
+            .map_err(|e| self.fail_call(what, e))
     }
 
     /// The stages of an all-reduce, chunk by chunk; `stage` follows the stage being enqueued.
