@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Creates a new ferrocx adaptor crate from this template.
 #
-#   plugin-sdk/template/new-adaptor.sh [--local] NAME DEST
+#   plugin-sdk/template/new-adaptor.sh [--git | --local] NAME DEST
 #
 # NAME     the adaptor's name: lowercase ASCII letters, digits and '_', starting with a letter
 #          (e.g. `acme`); the plugin builds to libferrocx_adaptor_NAME.so.
 # DEST     a directory that does not exist yet (or is empty), e.g. ../ferrocx-adaptor-acme.
-# --local  depend on this checkout's plugin-sdk/ and conformance/ by absolute path, instead of
-#          the release tag of this checkout (`v<version>` of the ferrocx repository): for
-#          building against unreleased changes, or without network access.
+# --local  (the default) depend on this checkout's plugin-sdk/ and conformance/ by absolute
+#          path: builds offline, and against exactly the SDK of this checkout.
+# --git    depend on the release tag of this checkout (`v<version>` of the ferrocx repository)
+#          instead: a crate that builds anywhere with network access, once that tag exists.
 #
 # It copies the template, puts NAME wherever the template says `myvendor`, and writes the
 # dependencies on the SDK and the conformance kit.
@@ -19,12 +20,15 @@ die() {
     exit 2
 }
 
-local_deps=0
-if [ "${1:-}" = "--local" ]; then
-    local_deps=1
-    shift
-fi
-[ $# -eq 2 ] || die "usage: new-adaptor.sh [--local] NAME DEST"
+local_deps=1
+case "${1:-}" in
+    --local) shift ;;
+    --git)
+        local_deps=0
+        shift
+        ;;
+esac
+[ $# -eq 2 ] || die "usage: new-adaptor.sh [--git | --local] NAME DEST"
 name=$1
 dest=$2
 
