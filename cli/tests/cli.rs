@@ -219,11 +219,12 @@ fn config_check_prints_the_plan_across_clusters_of_the_one_gpu_config() {
     for line in [
         "cluster gpu: ranks [0]",
         "cluster cpu: ranks [1, 2, 3]",
-        "bridge: ccl host, chunk_bytes 1048576, depth 2",
-        "all_reduce of f32: chunks of 262143 elements",
-        "  rank 0 (gpu): share 0..262143: 0..87381 with [0,1]; 87381..174762 with [0,2]; \
-         174762..262143 with [0,3]",
-        "  rank 2 (cpu): share 87381..174762: 87381..174762 with [0,2]",
+        "bridge: ccl host, chunk_bytes 4194304, depth 2",
+        "all_reduce up to 64 KiB per rank: one step over the bridge",
+        "all_reduce of f32 past that: the flat plan",
+        "chunks of 1048576 elements (4194304 bytes)",
+        "  rank 0 (gpu): share 0..262144 of each chunk",
+        "  rank 2 (cpu): share 524288..786432 of each chunk",
     ] {
         assert!(stdout.contains(line), "{line:?} not in:\n{stdout}");
     }

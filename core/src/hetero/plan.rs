@@ -225,12 +225,37 @@ pub fn describe(config: &crate::config::Config, world: usize) -> Result<Option<S
         b.chunk_bytes,
         b.depth
     );
+    let _ = writeln!(
+        out,
+        "all_reduce up to 64 KiB per rank: one step over the bridge (every rank publishes its \
+         input and reduces every rank's)"
+    );
+    if t0.clusters.iter().all(|c| c.flat) {
+        let w = t0.world();
+        let e = (b.chunk_bytes as usize / 4).max(1);
+        let _ = writeln!(
+            out,
+            "all_reduce of f32 past that: the flat plan (every cluster of several ranks is on \
+             the host device): chunks of {e} elements ({} bytes); per chunk each rank reduces \
+             its share from every rank's slot, then copies the others' shares",
+            e * 4
+        );
+        for r in 0..w {
+            let (lo, hi) = share_of(e, w, r);
+            let _ = writeln!(
+                out,
+                "  rank {r} ({}): share {lo}..{hi} of each chunk",
+                t0.cluster_name_of(r)
+            );
+        }
+        return Ok(Some(out));
+    }
     let sizes = t0.sizes();
     let slot_elems = b.chunk_bytes as usize / 4;
     let e = chunk_elems(&sizes, slot_elems.max(1));
     let _ = writeln!(
         out,
-        "all_reduce of f32: chunks of {e} elements ({} bytes), {} in flight; per chunk: \
+        "all_reduce of f32 past that: chunks of {e} elements ({} bytes), {} in flight; per chunk: \
          reduce-scatter in each cluster, each rank reduces its share over the bridge with its \
          owners in the other clusters, all-gather in each cluster",
         e * 4,
