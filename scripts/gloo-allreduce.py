@@ -41,7 +41,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda_ranks = {int(x) for x in a.cuda_ranks.split(",") if x}
     on_cuda = rank in cuda_ranks
-    device = torch.device("cuda", 0) if on_cuda else torch.device("cpu")
+    # The k-th CUDA rank (in rank order) uses GPU k.
+    gpu = sorted(cuda_ranks).index(rank) if on_cuda else 0
+    device = torch.device("cuda", gpu) if on_cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if on_cuda else (lambda: None)
     if rank == 0:
         kinds = ["cuda" if r in cuda_ranks else "cpu" for r in range(world)]

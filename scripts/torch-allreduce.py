@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch's all_reduce on NCCL, timed as `ferrocx bench` times its collectives: the outside
-reference next to `ferrocx bench --direct`.
+"""PyTorch's all_reduce on NCCL (or on ferrocx's backend, `--backend ferrocx`), timed as
+`ferrocx bench` times its collectives: the outside reference next to `ferrocx bench --direct`.
 
     torchrun --nproc-per-node N scripts/torch-allreduce.py -b 8 -e 256M -f 4 [--graph]
 
@@ -70,6 +70,11 @@ def main():
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("--repeats", type=int, default=1, help="timed runs per size (median)")
     p.add_argument("--graph", action="store_true", help="time CUDA graph replays")
+    p.add_argument(
+        "--backend",
+        default="nccl",
+        help="torch.distributed backend: nccl (default), or ferrocx (imports ferrocx.torch)",
+    )
     a = p.parse_args()
     if a.minbytes < 1 or a.minbytes > a.maxbytes or a.stepfactor < 2 or a.iters < 1:
         p.error("need 1 <= -b <= -e, -f >= 2 and -n >= 1")
@@ -79,10 +84,16 @@ def main():
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
     device = torch.device("cuda", local)
-    try:
-        dist.init_process_group("nccl", device_id=device)
-    except TypeError:  # torch without device_id
-        dist.init_process_group("nccl")
+    if a.backend == "ferrocx":
+        import ferrocx.torch  # noqa: F401  registers the backend
+
+    if a.backend != "nccl":
+        dist.init_process_group(a.backend)
+    else:
+        try:
+            dist.init_process_group(a.backend, device_id=device)
+        except TypeError:  # torch without device_id
+            dist.init_process_group(a.backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     bus_factor = 2 * (n - 1) / n
 

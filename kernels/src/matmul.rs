@@ -96,27 +96,43 @@ impl Matmul {
                 .map_err(|e| e.to_string())
             }
             Matmul::Cuda(f) => {
-                let (mut pa, mut pb, mut pc) = (a.0, b.0, c.0);
                 let to_u32 = |v: usize| {
                     u32::try_from(v).map_err(|_| format!("matmul: dimension {v} exceeds u32"))
                 };
-                let (mut um, mut un, mut uk) = (to_u32(m)?, to_u32(n)?, to_u32(k)?);
-                let mut args = [
-                    (&mut pa as *mut u64).cast(),
-                    (&mut pb as *mut u64).cast(),
-                    (&mut pc as *mut u64).cast(),
-                    (&mut um as *mut u32).cast(),
-                    (&mut un as *mut u32).cast(),
-                    (&mut uk as *mut u32).cast(),
-                ];
-                let grid = [un.div_ceil(16), um.div_ceil(16), 1];
-                // SAFETY: one pointer per parameter of `fx_matmul_f32`, each to a value of its
-                // type (device addresses as u64, sizes as u32), live across the call (the
-                // adaptor copies them); the buffers hold the shapes' elements until the launch
-                // completes (the caller's contract); `stream` is a stream of the module's
-                // device.
-                unsafe { f.launch(grid, [16, 16, 1], 0, &mut args, stream) }
-                    .map_err(|e| e.to_string())
+                let (un, uk) = (to_u32(n)?, to_u32(k)?);
+                // CUDA's grid is at most 65535 blocks high: rows go in launches of at most
+                // that many 16-row blocks, each on its rows of `a` and `c`.
+                const ROWS: usize = 65535 * 16;
+                let mut r = Ok(());
+                for first in (0..m).step_by(ROWS) {
+                    let rows = ROWS.min(m - first);
+                    let (mut pa, mut pb, mut pc) = (
+                        a.0 + (first * k * 4) as u64,
+                        b.0,
+                        c.0 + (first * n * 4) as u64,
+                    );
+                    let (mut um, mut un, mut uk) = (to_u32(rows)?, un, uk);
+                    let mut args = [
+                        (&mut pa as *mut u64).cast(),
+                        (&mut pb as *mut u64).cast(),
+                        (&mut pc as *mut u64).cast(),
+                        (&mut um as *mut u32).cast(),
+                        (&mut un as *mut u32).cast(),
+                        (&mut uk as *mut u32).cast(),
+                    ];
+                    let grid = [un.div_ceil(16), um.div_ceil(16), 1];
+                    // SAFETY: one pointer per parameter of `fx_matmul_f32`, each to a value of
+                    // its type (device addresses as u64, sizes as u32), live across the call
+                    // (the adaptor copies them); the buffers hold the shapes' elements until the
+                    // launch completes (the caller's contract), and `rows` rows from `first` lie
+                    // inside them; `stream` is a stream of the module's device.
+                    r = unsafe { f.launch(grid, [16, 16, 1], 0, &mut args, stream) }
+                        .map_err(|e| e.to_string());
+                    if r.is_err() {
+                        break;
+                    }
+                }
+                r
             }
         }
     }
