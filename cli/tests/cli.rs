@@ -250,8 +250,9 @@ fn info_prints_the_plan_across_clusters_when_the_clusters_fix_the_world() {
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     for line in [
         "plan across clusters (4 ranks):",
-        "bridge: ccl host, chunk_bytes 1048576, depth 2",
-        "  rank 3 (cpu): share 174762..262143: 174762..262143 with [0,3]",
+        "bridge: ccl host, chunk_bytes 4194304, depth 2",
+        "all_reduce of f32 past that: the flat plan",
+        "  rank 3 (cpu): share 786432..1048576 of each chunk",
     ] {
         assert!(stdout.contains(line), "{line:?} not in:\n{stdout}");
     }
