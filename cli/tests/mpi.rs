@@ -101,6 +101,8 @@ fn conformance_under_mpiexec(n: usize) {
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    // The ranks the abort check leaves skip MPI_Finalize: MPICH's segment stays behind them.
+    ferrocx_test_support::shm::sweep_unmapped_mpich_segments();
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     for r in 0..n {

@@ -29,3 +29,44 @@ impl Drop for JobCleanup {
         }
     }
 }
+
+/// Removes MPICH's shared-memory segments (`/dev/shm/mpich_shm_*`) that no process maps and
+/// that are older than a few seconds: the ones ranks left that ended without `MPI_Finalize` (a
+/// test of an aborted or dead rank). A segment of a job still starting is younger, and one in
+/// use is mapped. Returns how many were removed.
+pub fn sweep_unmapped_mpich_segments() -> usize {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return 0;
+    };
+    let now = std::time::SystemTime::now();
+    let old: Vec<String> = dir
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().into_string().ok()?;
+            let age = now
+                .duration_since(e.metadata().ok()?.modified().ok()?)
+                .ok()?;
+            (name.starts_with("mpich_shm_") && age > std::time::Duration::from_secs(5))
+                .then_some(name)
+        })
+        .collect();
+    if old.is_empty() {
+        return 0;
+    }
+    // Every mapping of every process: a segment in use appears as /dev/shm/<name>.
+    let mut mapped = String::new();
+    if let Ok(procs) = std::fs::read_dir("/proc") {
+        for p in procs.flatten() {
+            if let Ok(maps) = std::fs::read_to_string(p.path().join("maps")) {
+                mapped.push_str(&maps);
+            }
+        }
+    }
+    let mut removed = 0;
+    for name in old {
+        if !mapped.contains(&format!("/dev/shm/{name}")) {
+            removed += usize::from(std::fs::remove_file(format!("/dev/shm/{name}")).is_ok());
+        }
+    }
+    removed
+}

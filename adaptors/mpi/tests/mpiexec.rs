@@ -134,16 +134,12 @@ fn launch_with(
 
 /// Removes the host device's segments a job's ranks left in /dev/shm (ranks started by mpiexec
 /// end without the host device's teardown, and each job here has a name of its own, so no
-/// later start of the job would remove them).
+/// later start of the job would remove them), and MPICH's that no process maps any more.
 fn sweep(job: &str) {
-    let prefix = format!("ferrocx-{job}-");
-    if let Ok(dir) = std::fs::read_dir("/dev/shm") {
-        for e in dir.flatten() {
-            if e.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
+    drop(ferrocx_test_support::shm::JobCleanup(job.to_string()));
+    // MPICH's own segments that ranks ended without `MPI_Finalize` left (any job's, once no
+    // process maps them).
+    ferrocx_test_support::shm::sweep_unmapped_mpich_segments();
 }
 
 fn text(o: &Output) -> String {
