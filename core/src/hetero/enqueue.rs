@@ -20,15 +20,16 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::abi::{DevicePtr, MemKind, Stream, WAIT_VALUE_GEQ};
+use crate::abi::{Stream, WAIT_VALUE_GEQ};
 use crate::adaptor::Device;
 
+use super::words::Words;
 use super::{HeteroCore, HeteroError};
 
 /// Work for the enqueuer thread.
 pub(crate) type Task = Box<dyn FnOnce(&HeteroCore) + Send>;
 
-const BLOCK: usize = 4096;
+/// Byte offset of `end` in the words (`start` at 0).
 const END: usize = 64;
 
 /// A communicator's enqueuer: the thread, its queue and the pinned words.
@@ -37,9 +38,7 @@ pub(crate) struct Enqueuer {
     /// sequence order).
     queue: Mutex<(Option<Sender<Task>>, u32)>,
     thread: Option<JoinHandle<()>>,
-    block: usize,
-    /// The words, when they are the process's own memory (else a pinned allocation).
-    heap: Option<Box<[AtomicU32]>>,
+    words: Words,
     /// Plans of at least this many chunks are enqueued here.
     pub(crate) chunks: usize,
 }
@@ -61,24 +60,14 @@ impl Enqueuer {
             return None;
         }
         // A device whose memory the host addresses reaches any host memory: the words are
-        // the process's own (no device allocation a crashed rank could leave behind).
-        let own = core.staging.is_none();
-        let (block, heap) = if own {
-            let words: Box<[AtomicU32]> = (0..BLOCK / 4).map(|_| AtomicU32::new(0)).collect();
-            (words.as_ptr() as usize, Some(words))
-        } else {
-            match device.mem_alloc(BLOCK, MemKind::PINNED) {
-                Ok(p) => (p.0 as usize, None),
-                Err(e) => {
-                    tracing::debug!("no enqueuer thread (no pinned memory: {e})");
-                    return None;
-                }
+        // the process's own.
+        let mut words = match Words::new(device, core.staging.is_some()) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!("no enqueuer thread (no pinned memory: {e})");
+                return None;
             }
         };
-        if heap.is_none() {
-            // SAFETY: a fresh allocation of `BLOCK` bytes, host memory.
-            unsafe { std::ptr::write_bytes(block as *mut u8, 0, BLOCK) };
-        }
         let (tx, rx) = channel::<Task>();
         let run = core.clone();
         let thread = std::thread::Builder::new()
@@ -93,25 +82,19 @@ impl Enqueuer {
             Ok(t) => Some(Enqueuer {
                 queue: Mutex::new((Some(tx), 0)),
                 thread: Some(t),
-                block,
-                heap,
+                words,
                 chunks,
             }),
             Err(e) => {
                 tracing::debug!("no enqueuer thread: {e}");
-                if heap.is_none() {
-                    // SAFETY: our allocation, never handed out.
-                    let _ = unsafe { device.mem_free(DevicePtr(block as u64), MemKind::PINNED) };
-                }
+                words.free(device);
                 None
             }
         }
     }
 
     fn word(&self, off: usize) -> &AtomicU32 {
-        // SAFETY: a live block of `BLOCK` bytes (pinned, or `heap`; freed in `stop`, after the
-        // streams that use it are drained), 4-aligned at `off`, touched only atomically.
-        unsafe { &*((self.block + off) as *const AtomicU32) }
+        self.words.word(off)
     }
 
     /// Hangs the next task on `stream` (it writes `start`, then waits for `end`) and queues
@@ -160,9 +143,7 @@ impl Enqueuer {
             let _ = t.join();
         }
         drain();
-        if self.heap.take().is_none() {
-            // SAFETY: the thread is gone and the streams that use the words are drained.
-            let _ = unsafe { device.mem_free(DevicePtr(self.block as u64), MemKind::PINNED) };
-        }
+        // The thread is gone and the streams that use the words are drained.
+        self.words.free(device);
     }
 }

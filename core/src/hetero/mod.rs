@@ -86,6 +86,7 @@ pub mod pool;
 mod proxy;
 pub mod reduce;
 pub mod topo;
+mod words;
 pub mod workers;
 
 use std::collections::HashMap;
@@ -407,6 +408,8 @@ pub struct HeteroCore {
     proxy: Option<Proxy>,
     /// What the enqueuer thread has yet to enqueue.
     backlog: Backlog,
+    /// All-reduces past one step take the flat plan (see [`HeteroCore::flat`]).
+    flat_plan: bool,
 }
 
 /// One copy or reduction of a bridge step: `dst` gets `n` elements (bytes for a copy) read
@@ -772,6 +775,11 @@ impl HeteroCore {
             inject: Mutex::new(None),
             proxy,
             backlog: Backlog::default(),
+            flat_plan: match std::env::var("FERROCX_BRIDGE_PLAN").as_deref() {
+                Ok("flat") => true,
+                Ok("clusters") => false,
+                _ => topo.clusters.iter().all(|c| c.flat),
+            },
             topo,
         })
     }
@@ -1096,11 +1104,7 @@ impl HeteroCore {
     /// host device (`FERROCX_BRIDGE_PLAN=flat|clusters` forces one, for comparisons). The same
     /// answer on every rank: it depends on the config only.
     fn flat(&self) -> bool {
-        match std::env::var("FERROCX_BRIDGE_PLAN").as_deref() {
-            Ok("flat") => true,
-            Ok("clusters") => false,
-            _ => self.topo.clusters.iter().all(|c| c.flat),
-        }
+        self.flat_plan
     }
 
     /// The steps of the flat all-reduce (see the module docs): per chunk of a slot's elements,

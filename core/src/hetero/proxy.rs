@@ -24,13 +24,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::abi::{DevicePtr, MemKind, Stream, WAIT_VALUE_GEQ};
+use crate::abi::{Stream, WAIT_VALUE_GEQ};
 use crate::adaptor::Device;
 
+use super::words::Words;
 use super::{HeteroError, Job};
 
-/// Bytes of the pinned block holding the two words (`req` at 0, `ack` at 64).
-const BLOCK: usize = 4096;
+/// Byte offset of `ack` in the pinned words (`req` at 0).
 const ACK: usize = 64;
 
 struct Queue {
@@ -42,16 +42,13 @@ struct Queue {
 struct Inner {
     queue: Mutex<Queue>,
     ready: Condvar,
-    /// The pinned block's address.
-    block: usize,
+    /// The pinned words.
+    words: Words,
 }
 
 impl Inner {
     fn word(&self, off: usize) -> &AtomicU32 {
-        // SAFETY: `block` is a live pinned allocation of `BLOCK` bytes (freed only after the
-        // thread ended), 4-aligned at `off`; the device and this thread touch it only with
-        // 32-bit atomic accesses.
-        unsafe { &*((self.block + off) as *const AtomicU32) }
+        self.words.word(off)
     }
 }
 
@@ -68,15 +65,13 @@ impl Proxy {
         if !device.has_memops() {
             return None;
         }
-        let block = match device.mem_alloc(BLOCK, MemKind::PINNED) {
-            Ok(p) => p.0 as usize,
+        let words = match Words::new(device, true) {
+            Ok(w) => w,
             Err(e) => {
                 tracing::debug!("bridge proxy not started (no pinned memory: {e})");
                 return None;
             }
         };
-        // SAFETY: a fresh allocation of `BLOCK` bytes.
-        unsafe { std::ptr::write_bytes(block as *mut u8, 0, BLOCK) };
         let inner = Arc::new(Inner {
             queue: Mutex::new(Queue {
                 jobs: VecDeque::new(),
@@ -84,12 +79,13 @@ impl Proxy {
                 stop: false,
             }),
             ready: Condvar::new(),
-            block,
+            words,
         });
         let run = inner.clone();
         let thread = std::thread::Builder::new()
             .name("ferrocx-bridge-proxy".into())
             .spawn(move || serve(&run));
+        let mut inner = inner;
         match thread {
             Ok(t) => Some(Proxy {
                 inner,
@@ -97,8 +93,9 @@ impl Proxy {
             }),
             Err(e) => {
                 tracing::debug!("bridge proxy not started: {e}");
-                // SAFETY: our allocation, never handed out.
-                let _ = unsafe { device.mem_free(DevicePtr(block as u64), MemKind::PINNED) };
+                if let Some(inner) = Arc::get_mut(&mut inner) {
+                    inner.words.free(device);
+                }
                 None
             }
         }
@@ -137,8 +134,11 @@ impl Proxy {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // SAFETY: the thread is gone and the streams that wrote the words are drained.
-        let _ = unsafe { device.mem_free(DevicePtr(self.inner.block as u64), MemKind::PINNED) };
+        // The thread is gone (its reference with it) and the streams that wrote the words are
+        // drained.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.words.free(device);
+        }
     }
 }
 
