@@ -143,7 +143,7 @@ for stage in "${stages[@]}"; do
         cfg=configs/hetero-${ngpu}gpu.toml
         printf '[runtime]\ntimeout_ms = 60000\n\n[[cluster]]\nname = "gpu"\nranks = "0-%d"\ndevice = "cuda"\nccl = "nccl"\n\n[[cluster]]\nname = "cpu"\nranks = "%d-%d"\ndevice = "host"\nccl = "host"\n\n[bridge]\nccl = "host"\n' \
           $((ngpu - 1)) "$ngpu" $((nr - 1)) >"$cfg"
-        step ./ferrocx config check --config "$cfg" --world "$nr"
+        step ./ferrocx config check "$cfg" --world "$nr"
         step ./ferrocx bench --config "$cfg" -n "$nr" --op all -b 16 -e 4M -f 16
         step ./ferrocx bench --config "$cfg" -n "$nr" --repeats 3 --op all_reduce -b 16 -e 64M -f 4
         step ./ferrocx bench --config configs/local.toml -n 4 --repeats 3 --op all_reduce -b 16 -e 64M -f 4

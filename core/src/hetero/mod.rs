@@ -2486,7 +2486,7 @@ impl Hetero {
             name,
             timeout,
         )?);
-        let enqueuer = Enqueuer::start(&core);
+        let enqueuer = Enqueuer::start(&core, local_device);
         Ok(Hetero { core, enqueuer })
     }
 
