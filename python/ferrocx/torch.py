@@ -12,6 +12,9 @@ cluster, or several, e.g. GPU ranks on CUDA + NCCL beside CPU ranks on the host 
 - CPU tensors (a rank on the ``host`` device): calls are enqueued on the communicator's stream
   and ``Work.wait()`` waits for them (so ``isend``/``irecv`` really run in the background).
   CPU tensors on a CUDA rank are staged through device memory, synchronously.
+- A caller that waits at once (torch's functions without ``async_op``: ``asyncOp`` false in the
+  options) gets no Work from the common calls, as from torch's own NCCL backend: on CUDA the
+  call is then on torch's current stream, on the host device it has completed on return.
 - The interpreter's lock is released while ferrocx works.
 
 Reduce ops: ``SUM``, ``AVG``, ``MIN``, ``MAX``, ``PRODUCT`` (for ``bool``: ``MIN``/``PRODUCT`` is
@@ -105,6 +108,12 @@ _NO_TIMEOUT = timedelta(0)
 
 # What a short path answers where the call is not its to make (the general path makes it).
 _GENERAL = object()
+
+# Whether torch's options tell a call that its caller waits at once (`asyncOp`, torch >= 2.8).
+_ASYNC_OPT = all(
+    hasattr(getattr(dist.distributed_c10d, o)(), "asyncOp")
+    for o in ("AllreduceOptions", "BroadcastOptions", "AllgatherOptions", "ReduceScatterOptions")
+)
 
 
 # By the dtype's identity (torch's dtypes are singletons; hashing one costs more).
@@ -590,7 +599,7 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             if h is None:
                 h = self._streams[raw] = self._comm.wrap_stream(raw)
             call(*args, h)
-            if opts is not None and getattr(opts, "asyncOp", True) is False:
+            if opts is not None and _ASYNC_OPT and opts.asyncOp is False:
                 return None
             w = _StreamWork()
             w._idx = dev
@@ -599,7 +608,7 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             return _GENERAL
         else:
             call(*args, None)
-            if opts is not None and getattr(opts, "asyncOp", True) is False:
+            if opts is not None and _ASYNC_OPT and opts.asyncOp is False:
                 self._comm.synchronize()
                 return None
             w = _Work()
@@ -620,7 +629,22 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
                 op = opts.reduceOp if opts is not None else _SUM
                 o = _fx.SUM if op == _SUM and dt is not _BOOL else _redop(op, dt)
                 p = t.data_ptr()
-                w = self._go(self._comm.all_reduce, (p, p, t.numel(), d, o), t.get_device(), tensors, opts)
+                dev = t.get_device()
+                if dev >= 0 and self._cuda:
+                    # `_go`'s CUDA branch written out: the call DDP and training loops make most.
+                    raw = _raw_stream(dev)
+                    h = self._streams.get(raw)
+                    if h is None:
+                        h = self._streams[raw] = self._comm.wrap_stream(raw)
+                    self._comm.all_reduce(p, p, t.numel(), d, o, h)
+                    if opts is not None and _ASYNC_OPT and opts.asyncOp is False:
+                        return None
+                    w = _StreamWork()
+                    w._idx = dev
+                    w._raw = raw
+                    w._outputs = tensors
+                    return w
+                w = self._go(self._comm.all_reduce, (p, p, t.numel(), d, o), dev, tensors, opts)
                 if w is not _GENERAL:
                     return w
         if isinstance(tensors, torch.Tensor):
@@ -983,7 +1007,13 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         return self._issue([c], enq, outputs=[t], post=None if send else back)
 
     def send(self, tensors, dst: int, tag: int = 0):
-        if type(tensors) is list and len(tensors) == 1 and self._group is None and dst != self._rank and 0 <= dst < self._size:
+        if (
+            type(tensors) is list
+            and len(tensors) == 1
+            and self._group is None
+            and dst != self._rank
+            and 0 <= dst < self._size
+        ):
             t = tensors[0]
             d = _DTYPE_IDS.get(id(t.dtype))
             if d is not None and t.is_contiguous():
@@ -993,7 +1023,13 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         return self._p2p(tensors, dst, True)
 
     def recv(self, tensors, src: int, tag: int = 0):
-        if type(tensors) is list and len(tensors) == 1 and self._group is None and src != self._rank and 0 <= src < self._size:
+        if (
+            type(tensors) is list
+            and len(tensors) == 1
+            and self._group is None
+            and src != self._rank
+            and 0 <= src < self._size
+        ):
             t = tensors[0]
             d = _DTYPE_IDS.get(id(t.dtype))
             if d is not None and t.is_contiguous():
