@@ -38,7 +38,7 @@ def test_ddp_under_ferrocx_launch_matches_gloo():
     run_job("ddp.py", 2, launcher="ferrocx").expect_ok("ddp ok", 2)
 
 
-@pytest.mark.parametrize("cases,world", [(["dtype", "op", "shape"], 2), (["dead"], 3)])
+@pytest.mark.parametrize("cases,world", [(["dtype", "op", "local", "shape"], 2), (["dead"], 3)])
 def test_bad_input_raises_ferrocx_error(cases, world):
     job = run_job("errors.py", world, *cases, env={"FERROCX_TIMEOUT_MS": "5000"})
     survivors = world - 1 if cases == ["dead"] else world
