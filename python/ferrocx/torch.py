@@ -427,6 +427,9 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
 
     # batch_isend_irecv asks the backend of the device whether it coalesces: this group does.
     supports_coalescing = True
+    # new_group asks it whether it splits (when the default group is bound to a device): no,
+    # every group makes its own communicator.
+    supports_splitting = False
 
     def _get_backend(self, device=None):
         return self

@@ -12,6 +12,10 @@ def test_every_operation_matches_gloo(world):
     run_job("ops.py", world).expect_ok("ops ok", world)
 
 
+def test_new_groups_beside_a_default_group_bound_to_a_device():
+    run_job("groups.py", 3).expect_ok("groups ok", 3)
+
+
 def test_ddp_matches_gloo():
     run_job("ddp.py", 3).expect_ok("ddp ok", 3)
 
