@@ -8,7 +8,10 @@ cluster, or several, e.g. GPU ranks on CUDA + NCCL beside CPU ranks on the host 
 
 - CUDA tensors (a rank whose cluster runs the ``cuda`` device): every call is enqueued on
   torch's current stream, with no host synchronization; ``Work.wait()`` orders the then current
-  stream after it.
+  stream after it. An ``all_reduce`` whose caller waits later (``async_op=True``, DDP's
+  gradient buckets) runs as with torch's NCCL backend: on a communication stream of the group,
+  after what the current stream holds, so that the caller's stream goes on with its own work
+  (``FERROCX_TORCH_COMM_STREAM=0``: on the current stream too).
 - CPU tensors (a rank on the ``host`` device): calls are enqueued on the communicator's stream
   and ``Work.wait()`` waits for them (so ``isend``/``irecv`` really run in the background).
   CPU tensors on a CUDA rank are staged through device memory, synchronously.
@@ -110,6 +113,12 @@ _NO_TIMEOUT = timedelta(0)
 _GENERAL = object()
 
 # Whether torch's options tell a call that its caller waits at once (`asyncOp`, torch >= 2.8).
+# Whether an all_reduce of CUDA tensors whose caller does not wait at once (DDP's gradient
+# buckets, ``async_op=True``) runs on a communication stream of the group, ordered after the
+# current stream, as torch's NCCL backend runs it: backward computation then overlaps it.
+# ``FERROCX_TORCH_COMM_STREAM=0`` keeps every call on the current stream.
+_COMM_STREAM = os.environ.get("FERROCX_TORCH_COMM_STREAM", "1").strip() != "0"
+
 _ASYNC_OPT = all(
     hasattr(getattr(dist.distributed_c10d, o)(), "asyncOp")
     for o in ("AllreduceOptions", "BroadcastOptions", "AllgatherOptions", "ReduceScatterOptions")
@@ -228,6 +237,8 @@ class _Work(dist.Work):
     """
 
     _pg: "Optional[ProcessGroupFerrocx]" = None
+    # The raw CUDA stream of a CUDA call (with ``_idx``).
+    _raw = 0
     _outputs: list = []
     _post: Optional[Callable] = None
     _error: Optional[BaseException] = None
@@ -302,6 +313,11 @@ class _Work(dist.Work):
                 if self._done:
                     if self._error is not None:
                         self._future.set_exception(self._error)
+                    elif self._idx >= 0:
+                        # A CUDA future marks its value ready on the current stream: make that
+                        # the call's, so that a consumer of the value waits for the call.
+                        with torch.cuda.stream(torch.cuda.ExternalStream(self._raw, device=self._idx)):
+                            self._future.set_result(self._outputs)
                     else:
                         self._future.set_result(self._outputs)
                 else:
@@ -311,10 +327,9 @@ class _Work(dist.Work):
 
 
 class _StreamWork(_Work):
-    """A CUDA call, enqueued on torch's stream ``_raw`` of device ``_idx``: done as far as the
-    host is concerned; ``wait()`` orders the then current stream after it."""
-
-    _raw = 0
+    """A CUDA call, enqueued on stream ``_raw`` of device ``_idx`` (torch's current one, or the
+    group's communication stream): done as far as the host is concerned; ``wait()`` orders the
+    then current stream after it."""
 
     def wait(self, timeout: timedelta = _NO_TIMEOUT) -> bool:
         idx = self._idx
@@ -368,6 +383,8 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         self._comm = _with_env(env, _fx.Communicator.from_env)
         self._cuda = self._comm.device == "cuda"
         self._streams: dict = {}
+        # Device index -> (torch stream, raw stream, ferrocx handle): the communication streams.
+        self._comm_streams: dict = {}
         self._group: Optional[List] = None
         self._name = ""
         self._desc = ""
@@ -635,12 +652,15 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
                 dev = t.get_device()
                 if dev >= 0 and self._cuda:
                     # `_go`'s CUDA branch written out: the call DDP and training loops make most.
+                    waits = opts is not None and _ASYNC_OPT and opts.asyncOp is False
+                    if _COMM_STREAM and not waits:
+                        return self._allreduce_comm_stream(t, p, d, o, dev, tensors)
                     raw = _raw_stream(dev)
                     h = self._streams.get(raw)
                     if h is None:
                         h = self._streams[raw] = self._comm.wrap_stream(raw)
                     self._comm.all_reduce(p, p, t.numel(), d, o, h)
-                    if opts is not None and _ASYNC_OPT and opts.asyncOp is False:
+                    if waits:
                         return None
                     w = _StreamWork()
                     w._idx = dev
@@ -654,6 +674,26 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             tensors = [tensors]
         op = opts.reduceOp if opts is not None else _R.SUM
         return self._allreduce(self._one(tensors, "allreduce"), op)
+
+    def _allreduce_comm_stream(self, t, p, d, o, dev, tensors):
+        """An all_reduce of CUDA tensor ``t`` (address ``p``) whose caller waits later, on the
+        group's communication stream of device ``dev``, after the work enqueued so far on the
+        current stream (as torch's NCCL backend runs it): the caller's stream goes on with its
+        own work (DDP's backward pass) while it runs. The tensor's memory is marked in use on
+        that stream for torch's allocator; ``wait()`` orders the current stream after it."""
+        cs = self._comm_streams.get(dev)
+        if cs is None:
+            st = torch.cuda.Stream(device=dev)
+            cs = self._comm_streams[dev] = (st, st.cuda_stream, self._comm.wrap_stream(st.cuda_stream))
+        st, raw, h = cs
+        st.wait_stream(torch.cuda.current_stream(dev))
+        self._comm.all_reduce(p, p, t.numel(), d, o, h)
+        t.record_stream(st)
+        w = _StreamWork()
+        w._idx = dev
+        w._raw = raw
+        w._outputs = tensors
+        return w
 
     def _allreduce(self, t: torch.Tensor, op):
         d, o = _dtype(t), _redop(op, t.dtype)
