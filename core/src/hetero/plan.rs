@@ -218,6 +218,16 @@ pub fn describe(config: &crate::config::Config, world: usize) -> Result<Option<S
     for c in &t0.clusters {
         let _ = writeln!(out, "cluster {}: ranks {:?}", c.name, c.ranks);
     }
+    if b.ccl == crate::config::BridgeCcl::Mpi {
+        let _ = writeln!(
+            out,
+            "bridge: MPI (ccl mpi): one communicator of the mpi CCL over all {} ranks; every \
+             collective across clusters is one MPI collective of the whole job, on the caller's \
+             stream (send/recv between clusters on the bridge's send and receive streams)",
+            t0.world()
+        );
+        return Ok(Some(out));
+    }
     let _ = writeln!(
         out,
         "bridge: ccl {}, chunk_bytes {}, depth {}",
@@ -225,6 +235,14 @@ pub fn describe(config: &crate::config::Config, world: usize) -> Result<Option<S
         b.chunk_bytes,
         b.depth
     );
+    if b.ccl == crate::config::BridgeCcl::Auto {
+        let _ = writeln!(
+            out,
+            "bridge: shared memory when every rank is on one host (decided at communicator \
+             creation from every rank's host identity), else MPI as with ccl mpi; the plan \
+             below is the shared-memory one"
+        );
+    }
     let _ = writeln!(
         out,
         "all_reduce up to 64 KiB per rank: one step over the bridge (every rank publishes its \
