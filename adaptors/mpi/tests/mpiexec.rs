@@ -16,10 +16,13 @@ use std::time::{Duration, Instant};
 use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp};
 use ferrocx::comm::Communicator;
 use ferrocx::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use ferrocx::hetero::BridgeKind;
 use ferrocx::route::Route;
 
 const ROLE: &str = "FERROCX_MPI_TEST_ROLE";
 const SEED: &str = "FERROCX_MPI_TEST_SEED";
+/// Set (to `mpi`) when the job spans clusters and must cross them over that bridge.
+const BRIDGE: &str = "FERROCX_MPI_TEST_BRIDGE";
 
 /// `mpiexec` from `PATH` (the test script puts the virtual environment's `bin` first) or
 /// `$FERROCX_VENV/bin`; a clear failure when neither has it.
@@ -307,6 +310,106 @@ fn two_clusters_on_mpi_make_their_communicators_side_by_side_and_bridge() {
             )),
             "rank {r}:\n{t}"
         );
+    }
+}
+
+/// A config of two clusters on the host device (`a`: `ranks_a` on `ccl_a`, `b`: the others on
+/// `ccl_b`) bridged by `bridge`.
+fn two_clusters(
+    dir: &tempfile::TempDir,
+    timeout_ms: u64,
+    ranks_a: &str,
+    ranks_b: &str,
+    (ccl_a, ccl_b): (&str, &str),
+    bridge: &str,
+) -> String {
+    let cfg = dir.path().join("two.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[runtime]\ntimeout_ms = {timeout_ms}\n\n\
+             [[cluster]]\nname = \"a\"\nranks = \"{ranks_a}\"\ndevice = \"host\"\n\
+             ccl = \"{ccl_a}\"\nfallback = \"none\"\nmulticast = \"off\"\n\n\
+             [[cluster]]\nname = \"b\"\nranks = \"{ranks_b}\"\ndevice = \"host\"\n\
+             ccl = \"{ccl_b}\"\nfallback = \"none\"\nmulticast = \"off\"\n\n\
+             [bridge]\nccl = \"{bridge}\"\n"
+        ),
+    )
+    .unwrap();
+    cfg.to_str().unwrap().to_string()
+}
+
+fn every_collective_over_the_mpi_bridge(n: usize, ranks: (&str, &str), ccls: (&str, &str)) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = two_clusters(&dir, 20_000, ranks.0, ranks.1, ccls, "mpi");
+    let out = launch(
+        n,
+        "collectives",
+        20_000,
+        &["-genv", "FERROCX_CONFIG", &cfg, "-genv", BRIDGE, "mpi"],
+        Duration::from_secs(150),
+    );
+    expect_all_match(&out, n, "libmpi_abi.so.1 (standard)");
+    let t = text(&out);
+    for r in 0..n {
+        assert!(
+            t.contains(&format!("rank {r} (cluster ")) && t.contains("bridge MPI"),
+            "rank {r} did not cross over MPI:\n{t}"
+        );
+    }
+}
+
+#[test]
+fn every_collective_across_clusters_on_the_host_and_mpi_ccls_over_the_mpi_bridge() {
+    // Cluster a: rank 0 alone on the MPI CCL; cluster b: ranks 1-2 on the host CCL. Every
+    // collective, type and op (odd sizes, in place and not) crosses them over MPI.
+    every_collective_over_the_mpi_bridge(3, ("0", "1-2"), ("mpi", "host"));
+}
+
+#[test]
+fn every_collective_across_interleaved_clusters_over_the_mpi_bridge() {
+    // Clusters of non-contiguous ranks, both on the MPI CCL (the bridge's own adaptor: one
+    // group covers sends and receives inside and across clusters).
+    every_collective_over_the_mpi_bridge(4, ("0,2", "1,3"), ("mpi", "mpi"));
+}
+
+#[test]
+fn a_dead_rank_fails_the_mpi_bridge_naming_it_and_its_cluster() {
+    // Rank 1 (cluster b) dies once the communicator exists; ranks 0 and 2 all-reduce across
+    // the clusters over MPI: they fail within the timeout, naming rank 1 and cluster b.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = two_clusters(&dir, 1500, "0", "1-2", ("mpi", "host"), "mpi");
+    let out = launch(
+        3,
+        "dead",
+        1500,
+        &[
+            "-disable-auto-cleanup",
+            "-genv",
+            "MPIR_CVAR_NOLOCAL",
+            "1",
+            "-genv",
+            "FERROCX_CONFIG",
+            &cfg,
+        ],
+        Duration::from_secs(40),
+    );
+    let t = text(&out);
+    let lines: Vec<&str> = t.lines().filter(|l| l.starts_with("survivor:")).collect();
+    assert_eq!(lines.len(), 2, "ranks 0 and 2 must both report:\n{t}");
+    for line in lines {
+        assert!(
+            line.contains("rank 1 (cluster \"b\") died"),
+            "{line}\n{t}"
+        );
+        let ms: u64 = line
+            .rsplit("after ")
+            .next()
+            .and_then(|s| s.trim_end_matches(" ms").parse().ok())
+            .unwrap_or_else(|| panic!("no time in {line}"));
+        // The operations' deadline and the look at the heartbeats fit in the 1.5 s timeout
+        // (1.4 s on an idle machine); slack for a loaded one; never a hang.
+        assert!(ms < 6_000, "{line}");
     }
 }
 
@@ -839,7 +942,16 @@ fn rank_collectives() {
     let seed: u64 = std::env::var(SEED).unwrap().parse().unwrap();
     let comm = Communicator::from_env().expect("communicator");
     let (me, p) = (comm.rank(), comm.world());
-    assert_eq!(comm.ccl().name(), "mpi");
+    match std::env::var(BRIDGE).ok().as_deref() {
+        // A job across clusters: every call below crosses them, over the MPI bridge.
+        Some("mpi") => {
+            let h = comm.hetero().expect("a job across clusters");
+            assert_eq!(h.kind(), BridgeKind::Mpi, "rank {me}");
+            println!("rank {me} (cluster {}): bridge {}", comm.cluster(), h.kind());
+        }
+        Some(b) => panic!("unknown bridge {b}"),
+        None => assert_eq!(comm.ccl().name(), "mpi"),
+    }
     let mut case = 0usize;
     let mut fails: Vec<String> = Vec::new();
     let mut check = |what: String, got: &[u8], want: &[u8], d: DataType| {

@@ -191,15 +191,25 @@ impl Communicator {
             .init(&options(cluster.options_for(&cluster.device)))?;
         let local_device = rank.local_rank as i32 % sel.device.device_count()?.max(1);
         sel.device.set_device(local_device)?;
-        if sel.ccl.tables().root.get().init.is_some() {
-            sel.ccl
-                .init_with(&options(cluster.options_for(&cluster.ccl)))?;
-        }
         let (store, server) = Store::from_env(rank, job, timeout)?;
         // Communicators are made collectively, in the same order on every rank, so the n-th of
         // each process is the same communicator: its id travels under a key of its own (a new
         // `Store` starts its rounds at 0, and would read an earlier communicator's id).
         let seq = COMMUNICATORS.fetch_add(1, Ordering::Relaxed);
+        let bridge = match &topo {
+            Some(_) => Some(choose_bridge(config, &store, seq, me, world)?),
+            None => None,
+        };
+        let ccl_options = options(cluster.options_for(&cluster.ccl));
+        if bridge == Some(BridgeKind::Mpi) {
+            // Every rank opens MPI here, at the same point (MPI's initialisation waits for
+            // every process of the MPI job), whatever its cluster's CCL; the store is up
+            // already (rank 0 hosts it: no rank may block in MPI before it binds).
+            MpiBridge::open(registry, &sel.ccl, &ccl_options)?;
+        }
+        if sel.ccl.tables().root.get().init.is_some() {
+            sel.ccl.init_with(&ccl_options)?;
+        }
         // Across clusters each cluster has its own id, under a key naming the cluster.
         let (uid_key, ccl_rank, ccl_world) = match &topo {
             None => (format!("ferrocx/unique_id/{seq}"), me, world),
@@ -214,10 +224,6 @@ impl Communicator {
             store.broadcast(&uid_key, true, Some(&id))?
         } else {
             store.broadcast(&uid_key, false, None)?
-        };
-        let bridge = match &topo {
-            Some(_) => Some(choose_bridge(config, &store, seq, me, world)?),
-            None => None,
         };
         let comm = sel.ccl.comm_init_rank(
             ccl_rank as i32,
@@ -234,6 +240,7 @@ impl Communicator {
                     Some(BridgeKind::Mpi) => MpiBridge::make(
                         t,
                         sel.device.clone(),
+                        &sel.ccl,
                         local_device,
                         registry,
                         &store,
@@ -430,12 +437,22 @@ impl Communicator {
     /// [`Communicator::group_end`] (NCCL's `ncclGroupStart`): sends and receives in a group
     /// cannot deadlock whatever their order. Groups are per thread and nest.
     pub fn group_start(&self) -> Result<(), CommError> {
-        Ok(self.ccl.group_start()?)
+        self.ccl.group_start()?;
+        if let Some(h) = &self.hetero {
+            if let Err(e) = h.group_start() {
+                let _ = self.ccl.group_end();
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
 
     /// Ends a group and issues its calls.
     pub fn group_end(&self) -> Result<(), CommError> {
-        Ok(self.ccl.group_end()?)
+        let ended = self.ccl.group_end();
+        let bridge = self.hetero.as_ref().map_or(Ok(()), |h| h.group_end());
+        ended?;
+        Ok(bridge?)
     }
 
     /// Runs `calls` inside a group: [`Communicator::group_start`], `calls`, then

@@ -2638,6 +2638,23 @@ impl Hetero {
         both!(self, barrier(stream))
     }
 
+    /// Starts a group on the bridge's own CCL, where it has one apart from the cluster's
+    /// (MPI): the communicator's [`group_start`](crate::comm::Communicator::group_start).
+    pub fn group_start(&self) -> Result<(), HeteroError> {
+        match &self.imp {
+            Imp::Shm { .. } => Ok(()),
+            Imp::Mpi(m) => m.group_start(),
+        }
+    }
+
+    /// Ends the group [`Hetero::group_start`] started.
+    pub fn group_end(&self) -> Result<(), HeteroError> {
+        match &self.imp {
+            Imp::Shm { .. } => Ok(()),
+            Imp::Mpi(m) => m.group_end(),
+        }
+    }
+
     /// Enqueues a broadcast from `root` (any cluster).
     ///
     /// # Safety

@@ -9,9 +9,10 @@
 //! host device's stream worker (the calling thread only enqueues). The clusters' own CCLs take
 //! no part in it. Every collective of the shared-memory bridge maps to one MPI collective:
 //! all_reduce, reduce, broadcast, gather, all_gather, scatter, reduce_scatter, all_to_all(v),
-//! barrier (a one-word all-reduce), and send/recv between ranks of different clusters (on
-//! the communicator's send and receive streams, as over shared memory). Every type and reduce
-//! op of the ABI is taken (the adaptor reduces f16 and bf16 in f32).
+//! barrier (a one-word all-reduce), and send/recv between ranks of different clusters (in a
+//! group of the communicator's, started together with the cluster's own sends and receives: a
+//! send and a receive that depend on each other must be grouped, as on any CCL). Every type
+//! and reduce op of the ABI is taken (the adaptor reduces f16 and bf16 in f32).
 //!
 //! The MPI operations run on the host device's streams, so the cluster's device must be the
 //! host device the `mpi` adaptor enqueues on (`device = "host"` with the built-in adaptor;
@@ -21,9 +22,10 @@
 //!
 //! **Failures:** each MPI operation fails when its peers do not answer within `timeout_ms` (or
 //! as soon as MPI reports a peer gone). To say *which* rank is gone, every rank keeps a
-//! heartbeat in the job's store (a counter it bumps a few times per `timeout_ms`); the first
-//! failure that reaches [`MpiBridge::explain`] looks at the counters twice, and a rank whose
-//! counter did not move is named, with its cluster. When the store itself is unreachable, its
+//! heartbeat in the job's store (a counter it bumps every `timeout_ms / 16`, 5 to 250 ms); the
+//! first failure that reaches [`MpiBridge::explain`] watches the counters for three beats, and
+//! a rank whose counter did not move is named, with its cluster. The MPI operations' own
+//! deadline is `timeout_ms` less those beats, so the error comes within `timeout_ms`. When the store itself is unreachable, its
 //! host (rank 0, unless the launcher hosts it) is named.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,14 +46,17 @@ use super::HeteroError;
 /// The name of the CCL adaptor the bridge takes.
 pub const ADAPTOR: &str = "mpi";
 
+/// Intervals of the heartbeat a look at the counters waits for them to move.
+const LOOK_INTERVALS: u32 = 3;
+
 /// One rank's MPI bridge (see the module docs).
 pub struct MpiBridge {
     topo: Topology,
     device: Device,
     mpi: Ccl,
     comm: Comm,
-    send: Stream,
-    recv: Stream,
+    /// `true` when the bridge's CCL is not the cluster's: groups are started on it too.
+    own_group: bool,
     events: Mutex<EventPool>,
     /// The caller's stream of the latest call.
     last: Mutex<Option<Stream>>,
@@ -63,20 +68,8 @@ pub struct MpiBridge {
 }
 
 impl MpiBridge {
-    /// Makes this rank's MPI bridge: the `mpi` CCL's communicator over every rank of the job
-    /// (collective: every rank of the job calls it, in the same communicator order). `device`
-    /// is the cluster's device; `seq` the communicator's number (names its store keys).
-    #[allow(clippy::too_many_arguments)]
-    pub fn make(
-        topo: Topology,
-        device: Device,
-        local_device: i32,
-        registry: &Registry,
-        store: &Store,
-        job: &JobInfo,
-        seq: u64,
-        timeout_ms: u64,
-    ) -> Result<MpiBridge, HeteroError> {
+    /// The `mpi` CCL adaptor, or an error naming why it is missing.
+    fn adaptor(registry: &Registry) -> Result<Ccl, HeteroError> {
         let entry = registry.ccl(ADAPTOR).ok_or_else(|| {
             HeteroError::Bridge(format!(
                 "the bridge between hosts needs the `{ADAPTOR}` CCL adaptor, which is not \
@@ -84,10 +77,45 @@ impl MpiBridge {
                 registry.why_missing(ADAPTOR)
             ))
         })?;
-        let mpi = entry.ccl().expect("ccl() checked the table");
+        Ok(entry.ccl().expect("ccl() checked the table"))
+    }
+
+    /// Opens MPI (`MPI_Init_thread`, through the `mpi` adaptor's `init`; nothing if it is open
+    /// already): every rank of the job calls it at the same point of the communicator's
+    /// making, before its cluster's CCL is initialised. Where the cluster's CCL is the `mpi`
+    /// adaptor itself, its options (`library`, `abi`, `thread_level`) apply; elsewhere
+    /// `FERROCX_MPI_LIBRARY` or the adaptor's search. An error names the libraries tried.
+    pub fn open(
+        registry: &Registry,
+        cluster_ccl: &Ccl,
+        cluster_options: &[(String, String)],
+    ) -> Result<(), HeteroError> {
+        let mpi = Self::adaptor(registry)?;
+        let own = std::ptr::eq(cluster_ccl.tables().root.get(), mpi.tables().root.get());
+        mpi.init_with(if own { cluster_options } else { &[] })
+            .map_err(|e| HeteroError::Bridge(format!("the MPI bridge could not open MPI: {e}")))
+    }
+
+    /// Makes this rank's MPI bridge: the `mpi` CCL's communicator over every rank of the job
+    /// (collective: every rank of the job calls it, in the same communicator order). `device`
+    /// is the cluster's device; `seq` the communicator's number (names its store keys).
+    #[allow(clippy::too_many_arguments)]
+    pub fn make(
+        topo: Topology,
+        device: Device,
+        cluster_ccl: &Ccl,
+        local_device: i32,
+        registry: &Registry,
+        store: &Store,
+        job: &JobInfo,
+        seq: u64,
+        timeout_ms: u64,
+    ) -> Result<MpiBridge, HeteroError> {
+        let mpi = Self::adaptor(registry)?;
         // The host device the adaptor enqueues on: its plugin's own, else the built-in one.
-        let host = entry
-            .device()
+        let host = registry
+            .ccl(ADAPTOR)
+            .and_then(|e| e.device())
             .or_else(|| registry.device("host").and_then(|e| e.device()));
         let same = host.as_ref().is_some_and(|h| {
             std::ptr::eq(h.tables().root.get(), device.tables().root.get())
@@ -102,10 +130,8 @@ impl MpiBridge {
                 device.name()
             )));
         }
-        // Idempotent: a cluster on the `mpi` CCL has initialised it already (with its options).
-        mpi.init_with(&[]).map_err(|e| {
-            HeteroError::Bridge(format!("the MPI bridge could not open MPI: {e}"))
-        })?;
+        // Opened already by [`MpiBridge::open`] (idempotent).
+        Self::open(registry, cluster_ccl, &[])?;
         let me = topo.me;
         let world = topo.world();
         let key = format!("ferrocx/unique_id/{seq}/bridge");
@@ -116,42 +142,38 @@ impl MpiBridge {
             store.broadcast(&key, false, None)
         }
         .map_err(|e| HeteroError::Bridge(format!("the MPI bridge's id: {e}")))?;
+        // A failed operation is followed by a look at the heartbeats (at most
+        // `LOOK_INTERVALS` intervals): the operations' own deadline leaves room for it, so
+        // that the error naming the dead rank comes within `timeout_ms`.
+        let timeout = Duration::from_millis(timeout_ms);
+        let interval = Heartbeat::interval(timeout);
+        let op_ms = timeout_ms.saturating_sub(
+            (interval * (LOOK_INTERVALS + 1)).as_millis() as u64,
+        );
         let comm = mpi.comm_init_rank(
             me as i32,
             world as i32,
             local_device,
             &uid,
-            timeout_ms,
+            op_ms.max(timeout_ms / 2).max(1),
             &[],
         )?;
-        let made = (|| -> Result<(Stream, Stream, DevicePtr), HeteroError> {
-            let send = device.stream_create()?;
-            let recv = device.stream_create().inspect_err(|_| {
-                let _ = device.stream_destroy(send);
-            })?;
-            let word = device.mem_alloc(4, MemKind::DEVICE).inspect_err(|_| {
-                let _ = device.stream_destroy(send);
-                let _ = device.stream_destroy(recv);
-            })?;
-            Ok((send, recv, word))
-        })();
-        let (send, recv, word) = match made {
-            Ok(m) => m,
+        let word = match device.mem_alloc(4, MemKind::DEVICE) {
+            Ok(w) => w,
             Err(e) => {
                 let _ = mpi.comm_destroy(comm);
-                return Err(e);
+                return Err(e.into());
             }
         };
-        let timeout = Duration::from_millis(timeout_ms);
         let heart = Heartbeat::start(store.addr(), &job.token, seq, me, world, timeout);
+        let own_group = !std::ptr::eq(cluster_ccl.tables().root.get(), mpi.tables().root.get());
         tracing::debug!(world, "bridge over MPI ready");
         Ok(MpiBridge {
             topo,
             device,
             mpi,
             comm,
-            send,
-            recv,
+            own_group,
             events: Mutex::new(EventPool::default()),
             last: Mutex::new(None),
             word,
@@ -165,9 +187,9 @@ impl MpiBridge {
         &self.topo
     }
 
-    /// Streams the bridge made (send and receive).
+    /// Streams the bridge made: none (it enqueues on its callers' streams).
     pub fn streams_made(&self) -> usize {
-        2
+        0
     }
 
     /// Events made so far.
@@ -399,8 +421,8 @@ impl MpiBridge {
         }?)
     }
 
-    /// Enqueues a send of `bytes` at `buf` to rank `peer` (of another cluster) on the bridge's
-    /// send stream, ordered after `stream`, which waits for it.
+    /// Enqueues a send of `bytes` at `buf` to rank `peer` (of another cluster) on `stream` (a
+    /// send and a receive that depend on each other must be in one group, as on the CCL).
     ///
     /// # Safety
     /// The buffer contract of [`crate::comm::Call`].
@@ -414,8 +436,8 @@ impl MpiBridge {
         self.p2p(buf, bytes, peer, stream, true)
     }
 
-    /// Enqueues a receive of `bytes` at `buf` from rank `peer` (of another cluster) on the
-    /// bridge's receive stream, ordered after `stream`, which waits for it.
+    /// Enqueues a receive of `bytes` at `buf` from rank `peer` (of another cluster) on
+    /// `stream` (see [`MpiBridge::send`] for groups).
     ///
     /// # Safety
     /// The buffer contract of [`crate::comm::Call`].
@@ -438,26 +460,39 @@ impl MpiBridge {
         send: bool,
     ) -> Result<(), HeteroError> {
         let peer = self.root(peer)?;
-        let s = if send { self.send } else { self.recv };
-        self.order(stream, s)?;
         // SAFETY: the caller's buffer contract (`send`/`recv`), `bytes` bytes at `buf`.
-        unsafe {
+        Ok(unsafe {
             if send {
                 self.mpi
-                    .send(buf, bytes, DataType::U8, peer, self.comm, s)
+                    .send(buf, bytes, DataType::U8, peer, self.comm, stream)
             } else {
                 self.mpi
-                    .recv(buf, bytes, DataType::U8, peer, self.comm, s)
+                    .recv(buf, bytes, DataType::U8, peer, self.comm, stream)
             }
-        }?;
-        self.order(s, stream)
+        }?)
     }
 
-    /// Waits for the bridge's own streams.
+    /// Starts a group on the bridge's CCL where it is not the cluster's (whose group the
+    /// communicator starts): sends and receives across clusters in a group are started
+    /// together with the others.
+    pub fn group_start(&self) -> Result<(), HeteroError> {
+        if self.own_group {
+            self.mpi.group_start()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the group [`MpiBridge::group_start`] started.
+    pub fn group_end(&self) -> Result<(), HeteroError> {
+        if self.own_group {
+            self.mpi.group_end()?;
+        }
+        Ok(())
+    }
+
+    /// Nothing to wait for: the bridge enqueues on its callers' streams.
     pub fn drain(&self) -> Result<(), crate::adaptor::AdaptorError> {
-        let a = self.device.stream_synchronize(self.send);
-        let b = self.device.stream_synchronize(self.recv);
-        a.and(b)
+        Ok(())
     }
 
     /// Why an operation failed, as precisely as the bridge can tell: a rank of the job whose
@@ -491,8 +526,6 @@ impl Drop for MpiBridge {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .destroy(&self.device);
-        let _ = self.device.stream_destroy(self.send);
-        let _ = self.device.stream_destroy(self.recv);
     }
 }
 
@@ -515,7 +548,12 @@ impl Heartbeat {
         format!("ferrocx/bridge/{seq}/alive/{r}")
     }
 
-    /// Starts the thread that bumps this rank's counter every `timeout / 8` (10 ms to 500 ms).
+    /// How often a rank bumps its counter: `timeout / 16`, 5 ms to 250 ms.
+    fn interval(timeout: Duration) -> Duration {
+        (timeout / 16).clamp(Duration::from_millis(5), Duration::from_millis(250))
+    }
+
+    /// Starts the thread that bumps this rank's counter every [`Heartbeat::interval`].
     fn start(
         addr: std::net::SocketAddr,
         token: &str,
@@ -524,7 +562,7 @@ impl Heartbeat {
         world: usize,
         timeout: Duration,
     ) -> Heartbeat {
-        let interval = (timeout / 8).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        let interval = Heartbeat::interval(timeout);
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let lost = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -575,8 +613,8 @@ impl Heartbeat {
         }
     }
 
-    /// The first rank whose counter does not move over three intervals, with why; `None` when
-    /// all move.
+    /// The first rank whose counter does not move over [`LOOK_INTERVALS`] intervals, with
+    /// why; `None` when all move.
     fn dead(&self) -> Option<(usize, &'static str)> {
         let store_host = || {
             // The launcher's store outlives the ranks; otherwise rank 0 hosts it.
@@ -598,7 +636,7 @@ impl Heartbeat {
         };
         let others: Vec<usize> = (0..self.world).filter(|&r| r != self.me).collect();
         let first: Vec<Option<Vec<u8>>> = others.iter().map(|&r| read(r)).collect();
-        let until = Instant::now() + self.interval * 3;
+        let until = Instant::now() + self.interval * LOOK_INTERVALS;
         let mut moved = vec![false; others.len()];
         while Instant::now() < until && moved.iter().any(|m| !m) {
             std::thread::sleep(self.interval / 2);
