@@ -494,23 +494,15 @@ impl Drop for Hosts {
     }
 }
 
-#[test]
-fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: network namespaces cannot be made here; not run");
-        return;
-    }
-    let hosts = Hosts::new().unwrap_or_else(|e| panic!("making the two hosts failed: {e}"));
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&dir, 20_000);
+/// Runs 4 ranks of role `collectives` under mpiexec on host A, ranks 0-1 on host A and 2-3 on
+/// host B, with the config `cfg` and the extra variables `env`.
+fn on_two_hosts(hosts: &Hosts, cfg: &str, job: &str, env: &[(&str, &str)]) -> Output {
     let launcher = hosts.dir.path().join("launcher.sh");
-    let before = hosts.rx_bytes();
     let me = std::env::current_exe().unwrap();
     let seed = format!("{}", std::process::id());
+    let mut cmd = Command::new("timeout");
     // mpiexec runs on host A, in host A's namespaces, as the proxies do.
-    let out = Command::new("timeout")
-        .arg("120")
+    cmd.arg("120")
         .args(["ip", "netns", "exec", &hosts.ns[0]])
         .args([
             "unshare",
@@ -550,13 +542,16 @@ fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
         .args([
             "-genv",
             "FERROCX_JOB_ID",
-            "twohosts",
+            job,
             "-genv",
             "FERROCX_JOB_TOKEN",
             "t",
         ])
-        .args(["-genv", "FERROCX_CONFIG", cfg.to_str().unwrap()])
-        .arg(&me)
+        .args(["-genv", "FERROCX_CONFIG", cfg]);
+    for (k, v) in env {
+        cmd.args(["-genv", k, v]);
+    }
+    cmd.arg(&me)
         .args(["--exact", "rank_entry", "--nocapture", "--test-threads=1"])
         .env(
             "FX_HOSTS",
@@ -564,7 +559,29 @@ fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
         )
         .stdin(Stdio::null())
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// `true` where network namespaces can be made (root); says why not otherwise.
+fn can_make_hosts() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: network namespaces cannot be made here; not run");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
+    if !can_make_hosts() {
+        return;
+    }
+    let hosts = Hosts::new().unwrap_or_else(|e| panic!("making the two hosts failed: {e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, 20_000);
+    let before = hosts.rx_bytes();
+    let out = on_two_hosts(&hosts, cfg.to_str().unwrap(), "twohosts", &[]);
     expect_all_match(&out, 4, "libmpi_abi.so.1 (standard)");
     // Ranks 2 and 3 ran on host B: the collectives crossed the veth pair.
     let crossed = hosts.rx_bytes() - before;
@@ -572,6 +589,34 @@ fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
         crossed > 100_000,
         "only {crossed} bytes reached host A over the veth pair:\n{}",
         text(&out)
+    );
+}
+
+#[test]
+fn a_job_across_clusters_on_two_simulated_hosts_bridges_them_over_mpi_on_auto() {
+    if !can_make_hosts() {
+        return;
+    }
+    // Cluster a on host A, cluster b on host B, each on the host CCL (shared memory inside its
+    // host); `[bridge] ccl = "auto"` sees two hosts and takes MPI: every collective crosses.
+    let hosts = Hosts::new().unwrap_or_else(|e| panic!("making the two hosts failed: {e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = two_clusters(&dir, 20_000, "0-1", "2-3", ("host", "host"), "auto");
+    let before = hosts.rx_bytes();
+    let out = on_two_hosts(&hosts, &cfg, "twohostsbridge", &[(BRIDGE, "mpi")]);
+    expect_all_match(&out, 4, "libmpi_abi.so.1 (standard)");
+    let t = text(&out);
+    for r in 0..4 {
+        let c = if r < 2 { "a" } else { "b" };
+        assert!(
+            t.contains(&format!("rank {r} (cluster {c}): bridge MPI")),
+            "rank {r}:\n{t}"
+        );
+    }
+    let crossed = hosts.rx_bytes() - before;
+    assert!(
+        crossed > 100_000,
+        "only {crossed} bytes reached host A over the veth pair:\n{t}"
     );
 }
 
