@@ -398,10 +398,7 @@ fn a_dead_rank_fails_the_mpi_bridge_naming_it_and_its_cluster() {
     let lines: Vec<&str> = t.lines().filter(|l| l.starts_with("survivor:")).collect();
     assert_eq!(lines.len(), 2, "ranks 0 and 2 must both report:\n{t}");
     for line in lines {
-        assert!(
-            line.contains("rank 1 (cluster \"b\") died"),
-            "{line}\n{t}"
-        );
+        assert!(line.contains("rank 1 (cluster \"b\") died"), "{line}\n{t}");
         let ms: u64 = line
             .rsplit("after ")
             .next()
@@ -992,7 +989,11 @@ fn rank_collectives() {
         Some("mpi") => {
             let h = comm.hetero().expect("a job across clusters");
             assert_eq!(h.kind(), BridgeKind::Mpi, "rank {me}");
-            println!("rank {me} (cluster {}): bridge {}", comm.cluster(), h.kind());
+            println!(
+                "rank {me} (cluster {}): bridge {}",
+                comm.cluster(),
+                h.kind()
+            );
         }
         Some(b) => panic!("unknown bridge {b}"),
         None => assert_eq!(comm.ccl().name(), "mpi"),

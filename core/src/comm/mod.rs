@@ -35,8 +35,8 @@ use crate::bootstrap::{BootstrapError, JobInfo, RankInfo, Store, StoreServer};
 use crate::caps::{CclCaps, DeviceCaps};
 use crate::config::{BridgeCcl, Config, ConfigError, ConfigErrorKind};
 use crate::hetero::bridge::Bridge;
-use crate::hetero::topo::Topology;
 use crate::hetero::mpi::MpiBridge;
+use crate::hetero::topo::Topology;
 use crate::hetero::{BridgeKind, Hetero, HeteroError};
 use crate::registry::Registry;
 use crate::route::{CclEntries, Collective, Route, Router, WindowRoute};
@@ -743,8 +743,6 @@ impl Communicator {
     }
 }
 
-/// Refuses a bridge that cannot run this job: `mpi`, or ranks on several hosts (the shared
-/// memory bridge needs one host), with the `[bridge] ccl` key's file and line.
 /// This host's identity for the bridge's choice: the host name, the boot id, and the IPC
 /// namespace and `/dev/shm` this process sees (two ranks share memory through a POSIX segment
 /// only when all agree: containers and network namespaces on one machine count as hosts).

@@ -2,9 +2,16 @@
 //! whose ranks span several `[[cluster]]`s, each with its own device and CCL adaptors.
 //!
 //! Each rank holds its cluster's communicator (its CCL over the cluster's ranks, cluster-local
-//! rank = its position in the cluster's rank list) and the **bridge** ([`bridge`]): host memory
-//! shared by every rank of the job (on one host: a POSIX shared-memory segment), with staging
-//! slots and monotonic signal words per rank. Each call runs a **plan**:
+//! rank = its position in the cluster's rank list) and the **bridge** between clusters, which
+//! `[bridge] ccl` chooses when the communicator is made (the same choice on every rank: each
+//! rank's host identity goes through the job's store): `host`, or `auto` with every rank on
+//! one host, takes shared memory (below); `mpi`, or `auto` across hosts, takes MPI ([`mpi`]:
+//! every collective across clusters is one MPI collective over the whole job, through the
+//! `mpi` CCL adaptor).
+//!
+//! The shared-memory bridge ([`bridge`]) is host memory shared by every rank of the job (a
+//! POSIX shared-memory segment), with staging slots and monotonic signal words per rank. Each
+//! call runs a **plan**:
 //!
 //! ```text
 //! all_reduce, chunk k of the message (E elements, the same cut in every cluster)
@@ -663,9 +670,10 @@ fn describe(d: Descriptor) -> String {
 }
 
 impl HeteroCore {
-    /// Makes the cross-cluster side of a communicator: its streams and the bridge (collective:
-    /// every rank of the job calls it, in the same communicator order). `comm` is the
-    /// cluster's communicator, on `device` and `ccl`; `name` the bridge segment's name.
+    /// Makes the cross-cluster side of a communicator over shared memory: its streams and the
+    /// bridge (collective: every rank of the job calls it, in the same communicator order).
+    /// `comm` is the cluster's communicator, on `device` and `ccl`; `name` the bridge
+    /// segment's name.
     #[allow(clippy::too_many_arguments)]
     fn make(
         topo: Topology,
@@ -677,16 +685,8 @@ impl HeteroCore {
         name: &str,
         timeout: Duration,
     ) -> Result<HeteroCore, HeteroError> {
-        match config.ccl {
-            BridgeCcl::Host | BridgeCcl::Auto => {}
-            BridgeCcl::Mpi => {
-                return Err(HeteroError::Unsupported(
-                    "[bridge] ccl = \"mpi\": the MPI bridge between hosts is not available yet \
-                     (use \"host\": every rank on one host)"
-                        .into(),
-                ))
-            }
-        }
+        // The communicator chose this bridge (`ccl = "mpi"` takes [`mpi`] instead).
+        debug_assert!(config.ccl != BridgeCcl::Mpi);
         let props = device.properties(local_device)?;
         let host_addressable = props.capabilities.contains(Capabilities::HOST_ADDRESSABLE);
         let world = topo.world();
@@ -2553,7 +2553,13 @@ impl Hetero {
 
     /// `true` when large all-reduces are enqueued by the enqueuer thread.
     pub fn enqueued(&self) -> bool {
-        matches!(&self.imp, Imp::Shm { enqueuer: Some(_), .. })
+        matches!(
+            &self.imp,
+            Imp::Shm {
+                enqueuer: Some(_),
+                ..
+            }
+        )
     }
 
     /// Plans in the shared-memory bridge's cache (none over MPI).
@@ -2726,7 +2732,12 @@ impl Hetero {
         stream: Stream,
     ) -> Result<(), HeteroError> {
         // SAFETY: this function's contract.
-        unsafe { both!(self, exchange(kind, send, recv, count, dtype, op, root, stream)) }
+        unsafe {
+            both!(
+                self,
+                exchange(kind, send, recv, count, dtype, op, root, stream)
+            )
+        }
     }
 
     /// Enqueues an all-to-all with per-peer counts and displacements.

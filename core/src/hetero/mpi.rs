@@ -117,9 +117,9 @@ impl MpiBridge {
             .ccl(ADAPTOR)
             .and_then(|e| e.device())
             .or_else(|| registry.device("host").and_then(|e| e.device()));
-        let same = host.as_ref().is_some_and(|h| {
-            std::ptr::eq(h.tables().root.get(), device.tables().root.get())
-        });
+        let same = host
+            .as_ref()
+            .is_some_and(|h| std::ptr::eq(h.tables().root.get(), device.tables().root.get()));
         if !same {
             return Err(HeteroError::Unsupported(format!(
                 "the MPI bridge runs its operations on the host device's streams, but this \
@@ -147,9 +147,7 @@ impl MpiBridge {
         // that the error naming the dead rank comes within `timeout_ms`.
         let timeout = Duration::from_millis(timeout_ms);
         let interval = Heartbeat::interval(timeout);
-        let op_ms = timeout_ms.saturating_sub(
-            (interval * (LOOK_INTERVALS + 1)).as_millis() as u64,
-        );
+        let op_ms = timeout_ms.saturating_sub((interval * (LOOK_INTERVALS + 1)).as_millis() as u64);
         let comm = mpi.comm_init_rank(
             me as i32,
             world as i32,
@@ -352,12 +350,10 @@ impl MpiBridge {
         // SAFETY: this function's contract is the entries'.
         Ok(unsafe {
             match (kind, op, root) {
-                (Collective::ReduceScatter, Some(op), _) => self
-                    .mpi
-                    .reduce_scatter(send, recv, count, dtype, op, c, s),
-                (Collective::AllToAll, _, _) => {
-                    self.mpi.all_to_all(send, recv, count, dtype, c, s)
+                (Collective::ReduceScatter, Some(op), _) => {
+                    self.mpi.reduce_scatter(send, recv, count, dtype, op, c, s)
                 }
+                (Collective::AllToAll, _, _) => self.mpi.all_to_all(send, recv, count, dtype, c, s),
                 (Collective::Scatter, _, Some(r)) => {
                     self.mpi.scatter(send, recv, count, dtype, r, c, s)
                 }

@@ -394,4 +394,33 @@ mod tests {
         assert_eq!(plan.full.as_ref().map(|s| s.tail), Some(0));
         assert_eq!(plan.chunks, 6);
     }
+
+    #[test]
+    fn the_plan_says_which_bridge() {
+        let text = |bridge: &str| {
+            let t = format!(
+                "[[cluster]]\nname = \"a\"\nranks = \"0\"\ndevice = \"host\"\nccl = \"host\"\n\n\
+                 [[cluster]]\nname = \"b\"\nranks = \"1-2\"\ndevice = \"host\"\nccl = \"host\"\n\n\
+                 [bridge]\nccl = \"{bridge}\"\n"
+            );
+            let c = crate::config::Config::parse(&t, std::path::Path::new("p.toml")).unwrap();
+            describe(&c, 3).unwrap().unwrap()
+        };
+        let mpi = text("mpi");
+        assert!(
+            mpi.contains("bridge: MPI (ccl mpi)") && mpi.contains("all 3 ranks"),
+            "{mpi}"
+        );
+        assert!(!mpi.contains("chunk_bytes"), "{mpi}");
+        let auto = text("auto");
+        assert!(
+            auto.contains("bridge: ccl auto") && auto.contains("else MPI"),
+            "{auto}"
+        );
+        let host = text("host");
+        assert!(
+            host.contains("bridge: ccl host") && !host.contains("MPI"),
+            "{host}"
+        );
+    }
 }
