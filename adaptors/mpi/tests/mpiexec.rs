@@ -374,6 +374,50 @@ fn every_collective_across_interleaved_clusters_over_the_mpi_bridge() {
 }
 
 #[test]
+fn every_collective_from_a_device_the_host_cannot_address_over_the_mpi_bridge() {
+    // Cluster a: rank 0 on the `offhost` test device (memory the host cannot address, a
+    // one-rank CCL), staged through host memory; cluster b: ranks 1-2 on the host device and
+    // the MPI CCL. Every collective crosses them over MPI.
+    let exe = std::env::current_exe().unwrap();
+    let dir_of = exe.parent().unwrap();
+    let so = [dir_of.to_path_buf(), dir_of.join("deps")]
+        .iter()
+        .map(|d| d.join("libferrocx_adaptor_offhost.so"))
+        .find(|p| p.is_file())
+        .expect("the offhost plugin is built beside the tests (a dev-dependency)");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("offhost.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[runtime]\ntimeout_ms = 20000\nplugins = [{so:?}]\n\n\
+             [[cluster]]\nname = \"a\"\nranks = \"0\"\ndevice = \"offhost\"\nccl = \"offhost\"\n\
+             fallback = \"none\"\nmulticast = \"off\"\n\n\
+             [[cluster]]\nname = \"b\"\nranks = \"1-2\"\ndevice = \"host\"\nccl = \"mpi\"\n\
+             fallback = \"none\"\nmulticast = \"off\"\n\n[bridge]\nccl = \"mpi\"\n"
+        ),
+    )
+    .unwrap();
+    let out = launch(
+        3,
+        "collectives",
+        20_000,
+        &[
+            "-genv",
+            "FERROCX_CONFIG",
+            cfg.to_str().unwrap(),
+            "-genv",
+            BRIDGE,
+            "mpi",
+        ],
+        Duration::from_secs(150),
+    );
+    expect_all_match(&out, 3, "libmpi_abi.so.1 (standard)");
+    let t = text(&out);
+    assert!(t.contains("rank 0 (cluster a): bridge MPI (staged)"), "{t}");
+}
+
+#[test]
 fn a_dead_rank_fails_the_mpi_bridge_naming_it_and_its_cluster() {
     // Rank 1 (cluster b) dies once the communicator exists; ranks 0 and 2 all-reduce across
     // the clusters over MPI: they fail within the timeout, naming rank 1 and cluster b.
@@ -957,23 +1001,48 @@ fn show(d: DataType, b: &[u8]) -> String {
 struct Buf {
     ptr: DevicePtr,
     len: usize,
+    dev: ferrocx::adaptor::Device,
 }
 
+/// `len` bytes of device memory holding `data` then 0xA5s (through copies: the device may
+/// be one the host cannot address).
 fn alloc(comm: &Communicator, data: &[u8], len: usize) -> Buf {
-    let ptr = comm
-        .device()
+    let dev = comm.device().clone();
+    let ptr = dev
         .mem_alloc(len.max(1), MemKind::DEVICE)
-        .expect("host device memory");
-    // SAFETY: the host device's memory is host memory of at least `len` bytes.
-    let s = unsafe { std::slice::from_raw_parts_mut(ptr.0 as *mut u8, len.max(1)) };
-    s.fill(0xA5);
-    s[..data.len()].copy_from_slice(data);
-    Buf { ptr, len }
+        .expect("device memory");
+    let mut v = vec![0xA5u8; len.max(1)];
+    v[..data.len()].copy_from_slice(data);
+    // SAFETY: `ptr` holds `len.max(1)` bytes, `v` as many.
+    unsafe { dev.mem_copy(ptr, DevicePtr(v.as_ptr() as u64), v.len()) }.expect("copy in");
+    Buf { ptr, len, dev }
 }
 
 fn read(b: &Buf) -> Vec<u8> {
-    // SAFETY: as in `alloc`.
-    unsafe { std::slice::from_raw_parts(b.ptr.0 as *const u8, b.len) }.to_vec()
+    let mut v = vec![0u8; b.len];
+    if b.len > 0 {
+        // SAFETY: `b` holds `len` bytes, `v` as many.
+        unsafe {
+            b.dev
+                .mem_copy(DevicePtr(v.as_mut_ptr() as u64), b.ptr, b.len)
+        }
+        .expect("copy out");
+    }
+    v
+}
+
+/// Writes `data` at byte `off` of `b`.
+fn write_at(b: &Buf, off: usize, data: &[u8]) {
+    assert!(off + data.len() <= b.len);
+    // SAFETY: inside `b`, from `data`.
+    unsafe {
+        b.dev.mem_copy(
+            DevicePtr(b.ptr.0 + off as u64),
+            DevicePtr(data.as_ptr() as u64),
+            data.len(),
+        )
+    }
+    .expect("copy in");
 }
 
 fn at(b: &Buf, off: usize) -> DevicePtr {
@@ -989,8 +1058,9 @@ fn rank_collectives() {
         Some("mpi") => {
             let h = comm.hetero().expect("a job across clusters");
             assert_eq!(h.kind(), BridgeKind::Mpi, "rank {me}");
+            let staged = if h.staged() { " (staged)" } else { "" };
             println!(
-                "rank {me} (cluster {}): bridge {}",
+                "rank {me} (cluster {}): bridge {}{staged}",
                 comm.cluster(),
                 h.kind()
             );
@@ -1098,14 +1168,8 @@ fn rank_collectives() {
             let recv = alloc(&comm, &[], blk * p);
             let inplace = case % 2 == 1;
             let send = if inplace {
-                // SAFETY: `recv` has p blocks; this rank's block is filled before the call.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        vals[me].as_ptr(),
-                        (recv.ptr.0 as *mut u8).add(me * blk),
-                        blk,
-                    )
-                };
+                // `recv` has p blocks; this rank's block is filled before the call.
+                write_at(&recv, me * blk, &vals[me][..blk]);
                 None
             } else {
                 Some(alloc(&comm, &vals[me][..blk], blk))

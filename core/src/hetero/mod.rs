@@ -2567,10 +2567,13 @@ impl Hetero {
         self.shm().map_or(0, |c| c.plans_cached())
     }
 
-    /// `true` when the device's buffers move through staging (never over MPI: the cluster is
-    /// on the host device).
+    /// `true` when the device's buffers move through staging (host memory between the
+    /// device and the bridge).
     pub fn staged(&self) -> bool {
-        self.shm().is_some_and(|c| c.staged())
+        match &self.imp {
+            Imp::Shm { core, .. } => core.staged(),
+            Imp::Mpi(m) => m.staged(),
+        }
     }
 
     /// `true` when the bridge steps run on the proxy thread.
@@ -2598,10 +2601,7 @@ impl Hetero {
     /// The first failure of a bridge step already run, or one another rank recorded (over
     /// MPI, failures come with the stream's error: see [`Hetero::explain`]).
     pub fn check(&self) -> Result<(), HeteroError> {
-        match &self.imp {
-            Imp::Shm { core, .. } => core.check(),
-            Imp::Mpi(_) => Ok(()),
-        }
+        both!(self, check())
     }
 
     /// Why a call failed, as precisely as the bridge knows (a rank and its cluster).

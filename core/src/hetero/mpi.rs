@@ -14,11 +14,20 @@
 //! send and a receive that depend on each other must be grouped, as on any CCL). Every type
 //! and reduce op of the ABI is taken (the adaptor reduces f16 and bf16 in f32).
 //!
-//! The MPI operations run on the host device's streams, so the cluster's device must be the
+//! The MPI operations run on the host device's streams. Where the cluster's device is the
 //! host device the `mpi` adaptor enqueues on (`device = "host"` with the built-in adaptor;
-//! `device = "mpi"` with its plugin, which carries its own host device). A call on another
-//! stream than the previous call's is ordered after that one (every rank starts its MPI
-//! collectives in the same order).
+//! `device = "mpi"` with its plugin, which carries its own host device), the operation is
+//! enqueued on the caller's stream itself, on the caller's buffers. On any other device (a GPU,
+//! or memory the host cannot address) the call is **staged**: on the caller's stream, its
+//! input is copied to a host staging buffer (pinned where the device allocates
+//! `MemKind::PINNED`, grown to the largest call), a host function runs the MPI operation on a
+//! stream of the host device and waits for it, and the output is copied back. Every rank runs
+//! one MPI operation per call, staged or not (staging never cuts a call, so ranks of both
+//! kinds agree; a staged buffer holds at most 2 GiB − 1 bytes). A staged send or receive runs
+//! alone on the caller's stream (the group is not kept across the host function): it
+//! completes once its peer has posted the matching operation. A call on another stream than
+//! the previous call's is ordered after that one (every rank starts its MPI operations in the
+//! same order).
 //!
 //! **Failures:** each MPI operation fails when its peers do not answer within `timeout_ms` (or
 //! as soon as MPI reports a peer gone). To say *which* rank is gone, every rank keeps a
@@ -28,20 +37,22 @@
 //! deadline is `timeout_ms` less those beats, so the error comes within `timeout_ms`. When the store itself is unreachable, its
 //! host (rank 0, unless the launcher hosts it) is named.
 
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::abi::{Comm, DataType, DevicePtr, MemKind, ReduceOp, Stream};
-use crate::adaptor::{Ccl, Device};
+use crate::adaptor::{AdaptorError, Ccl, Device};
 use crate::bootstrap::{JobInfo, Store};
 use crate::registry::Registry;
 use crate::route::Collective;
 
 use super::pool::EventPool;
 use super::topo::Topology;
-use super::HeteroError;
+use super::{HeteroError, Staging};
 
 /// The name of the CCL adaptor the bridge takes.
 pub const ADAPTOR: &str = "mpi";
@@ -65,7 +76,28 @@ pub struct MpiBridge {
     heart: Heartbeat,
     /// What [`MpiBridge::explain`] found, once it looked.
     explained: Mutex<Option<Option<HeteroError>>>,
+    /// Where the cluster's device is not the host device the adaptor runs on.
+    staged: Option<Staged>,
 }
+
+/// A device whose buffers the MPI operations cannot take (not the host device the `mpi`
+/// adaptor enqueues on): each call is staged through host memory on the caller's stream, its
+/// MPI operation run on a stream of the host device by a host function of the caller's
+/// stream, which waits for it.
+struct Staged {
+    /// The host device the adaptor enqueues on, and its stream for the bridge.
+    host: Device,
+    stream: Stream,
+    /// The input and output staging buffers, grown to the largest call so far; the smaller
+    /// ones they replaced stay until the bridge goes (work in flight may still use them).
+    buffers: Mutex<(Option<Staging>, Option<Staging>, Vec<Staging>)>,
+    /// The first failure of a staged operation (later ones are skipped).
+    failed: Arc<Mutex<Option<HeteroError>>>,
+}
+
+/// An MPI operation on staging buffers: (adaptor, communicator, host stream, input, output).
+type StagedOp =
+    Box<dyn FnOnce(&Ccl, Comm, Stream, DevicePtr, DevicePtr) -> Result<(), AdaptorError> + Send>;
 
 impl MpiBridge {
     /// The `mpi` CCL adaptor, or an error naming why it is missing.
@@ -120,16 +152,25 @@ impl MpiBridge {
         let same = host
             .as_ref()
             .is_some_and(|h| std::ptr::eq(h.tables().root.get(), device.tables().root.get()));
-        if !same {
-            return Err(HeteroError::Unsupported(format!(
-                "the MPI bridge runs its operations on the host device's streams, but this \
-                 rank's cluster ({}) is on the device adaptor `{}`: across hosts, every \
-                 cluster must be on `device = \"host\"` (or `\"mpi\"`, the MPI plugin's own \
-                 host device)",
-                topo.cluster_name_of(topo.me),
-                device.name()
-            )));
-        }
+        let staged = if same {
+            None
+        } else {
+            let host = host.ok_or_else(|| {
+                HeteroError::Bridge(format!(
+                    "the MPI bridge stages the buffers of device `{}` through the host device, \
+                     which is not available",
+                    device.name()
+                ))
+            })?;
+            host.init(&[])?;
+            let stream = host.stream_create()?;
+            Some(Staged {
+                host,
+                stream,
+                buffers: Mutex::new((None, None, Vec::new())),
+                failed: Arc::new(Mutex::new(None)),
+            })
+        };
         // Opened already by [`MpiBridge::open`] (idempotent).
         Self::open(registry, cluster_ccl, &[])?;
         let me = topo.me;
@@ -156,7 +197,8 @@ impl MpiBridge {
             op_ms.max(timeout_ms / 2).max(1),
             &[],
         )?;
-        let word = match device.mem_alloc(4, MemKind::DEVICE) {
+        let word_device = staged.as_ref().map_or(&device, |st| &st.host);
+        let word = match word_device.mem_alloc(4, MemKind::DEVICE) {
             Ok(w) => w,
             Err(e) => {
                 let _ = mpi.comm_destroy(comm);
@@ -177,6 +219,7 @@ impl MpiBridge {
             word,
             heart,
             explained: Mutex::new(None),
+            staged,
         })
     }
 
@@ -231,6 +274,113 @@ impl MpiBridge {
         Ok(root as i32)
     }
 
+    /// Enqueues `op` on the host device's stream for a staged call, on `stream`: `copy_in`
+    /// (device buffer, bytes) is copied to the input staging buffer before it, the output
+    /// staging buffer to `copy_out` after it; the buffers hold `in_bytes` and `out_bytes`.
+    ///
+    /// # Safety
+    /// `copy_in` and `copy_out` are valid ranges of the call's buffers (the buffer contract of
+    /// [`crate::comm::Call`]); `op` touches the staging buffers within those sizes only.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn stage(
+        &self,
+        st: &Staged,
+        stream: Stream,
+        copy_in: Option<(DevicePtr, usize)>,
+        in_bytes: usize,
+        copy_out: Option<(DevicePtr, usize)>,
+        out_bytes: usize,
+        op: StagedOp,
+    ) -> Result<(), HeteroError> {
+        let most = in_bytes.max(out_bytes);
+        if most > i32::MAX as usize {
+            return Err(HeteroError::Unsupported(format!(
+                "a staged call of {most} bytes exceeds MPI's int count ({}): the MPI bridge \
+                 stages at most that many bytes per buffer",
+                i32::MAX
+            )));
+        }
+        self.begin(stream)?;
+        st.check()?;
+        let (input, output) = st.ensure(&self.device, in_bytes, out_bytes);
+        if let Some((src, n)) = copy_in.filter(|c| c.1 > 0) {
+            // SAFETY: the call's range (this function's contract) into the input buffer of at
+            // least `in_bytes >= n`, which earlier calls' work on this stream (or on the
+            // previous call's stream, ordered by `begin`) has finished with.
+            unsafe { self.device.mem_copy_async(input, src, n, stream) }?;
+        }
+        let (mpi, comm, hs, host, failed) = (
+            self.mpi.clone(),
+            self.comm,
+            st.stream,
+            st.host.clone(),
+            st.failed.clone(),
+        );
+        self.host_func(
+            stream,
+            Box::new(move || {
+                if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                    return;
+                }
+                let r =
+                    op(&mpi, comm, hs, input, output).and_then(|()| host.stream_synchronize(hs));
+                if let Err(e) = r {
+                    tracing::error!("the MPI bridge's staged operation failed: {e}");
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(HeteroError::Adaptor(e));
+                }
+            }),
+        )?;
+        if let Some((dst, n)) = copy_out.filter(|c| c.1 > 0) {
+            // SAFETY: as above, from the output buffer of at least `out_bytes >= n`, written
+            // by the operation the host function above waited for.
+            unsafe { self.device.mem_copy_async(dst, output, n, stream) }?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues `f` as a host function on `stream` (of the cluster's device).
+    fn host_func(&self, stream: Stream, f: Box<dyn FnOnce() + Send>) -> Result<(), HeteroError> {
+        let launch = self
+            .device
+            .tables()
+            .root
+            .get()
+            .launch_host_func
+            .ok_or_else(|| {
+                HeteroError::Unsupported(format!(
+                    "the device adaptor `{}` has no launch_host_func: the MPI bridge's staged \
+                     operations need it",
+                    self.device.name()
+                ))
+            })?;
+        let user = Box::into_raw(Box::new(f)).cast::<c_void>();
+        // SAFETY: a stream of this device, a function of the `HostFn` type, and a pointer the
+        // function takes back exactly once.
+        let status = unsafe { launch(stream, Some(run_boxed), user) };
+        if status.is_success() {
+            return Ok(());
+        }
+        // SAFETY: refused, so the function never runs: the box is still ours.
+        drop(unsafe { Box::from_raw(user.cast::<Box<dyn FnOnce() + Send>>()) });
+        Err(HeteroError::Bridge(format!(
+            "{}: launch_host_func failed with {status}",
+            self.device.name()
+        )))
+    }
+
+    /// `true` when the cluster's buffers are staged through host memory.
+    pub fn staged(&self) -> bool {
+        self.staged.is_some()
+    }
+
+    /// The failure of a staged operation already run, if one.
+    pub fn check(&self) -> Result<(), HeteroError> {
+        self.staged.as_ref().map_or(Ok(()), |st| st.check())
+    }
+
     /// Enqueues the all-reduce on `stream`.
     ///
     /// # Safety
@@ -245,6 +395,22 @@ impl MpiBridge {
         op: ReduceOp,
         stream: Stream,
     ) -> Result<(), HeteroError> {
+        if let Some(st) = &self.staged {
+            let b = count * elem(dtype)?;
+            // SAFETY: `send` and `recv` hold `count` elements (the contract); the operation
+            // reads and writes as many in the staging buffers.
+            return unsafe {
+                self.stage(
+                    st,
+                    stream,
+                    Some((send, b)),
+                    b,
+                    Some((recv, b)),
+                    b,
+                    Box::new(move |m, c, hs, i, o| m.all_reduce(i, o, count, dtype, op, c, hs)),
+                )
+            };
+        }
         self.begin(stream)?;
         // SAFETY: this function's contract is the entry's.
         Ok(unsafe {
@@ -268,12 +434,28 @@ impl MpiBridge {
         root: usize,
         stream: Stream,
     ) -> Result<(), HeteroError> {
-        let root = self.root(root)?;
+        let r = self.root(root)?;
+        if let Some(st) = &self.staged {
+            let b = count * elem(dtype)?;
+            let out = (self.topo.me == root).then_some((recv, b));
+            // SAFETY: as in `all_reduce` (`recv` only at the root).
+            return unsafe {
+                self.stage(
+                    st,
+                    stream,
+                    Some((send, b)),
+                    b,
+                    out,
+                    b,
+                    Box::new(move |m, c, hs, i, o| m.reduce(i, o, count, dtype, op, r, c, hs)),
+                )
+            };
+        }
         self.begin(stream)?;
         // SAFETY: this function's contract is the entry's.
         Ok(unsafe {
             self.mpi
-                .reduce(send, recv, count, dtype, op, root, self.comm, stream)
+                .reduce(send, recv, count, dtype, op, r, self.comm, stream)
         }?)
     }
 
@@ -290,12 +472,54 @@ impl MpiBridge {
         root: usize,
         stream: Stream,
     ) -> Result<(), HeteroError> {
-        let root = self.root(root)?;
+        let r = self.root(root)?;
+        if let Some(st) = &self.staged {
+            let b = count * elem(dtype)?;
+            let input = (self.topo.me == root).then_some((send, b));
+            // SAFETY: `send` (at the root) and `recv` hold `count` elements; the broadcast
+            // runs in place in the input buffer, copied out of it.
+            return unsafe {
+                self.stage(
+                    st,
+                    stream,
+                    input,
+                    b,
+                    None,
+                    0,
+                    Box::new(move |m, c, hs, i, _| m.broadcast(i, i, count, dtype, r, c, hs)),
+                )
+                .and_then(|()| self.copy_back(st, stream, recv, b, true))
+            };
+        }
         self.begin(stream)?;
         // SAFETY: this function's contract is the entry's.
         Ok(unsafe {
             self.mpi
-                .broadcast(send, recv, count, dtype, root, self.comm, stream)
+                .broadcast(send, recv, count, dtype, r, self.comm, stream)
+        }?)
+    }
+
+    /// Copies `bytes` of the input (`input`) or output staging buffer to `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` holds `bytes` (the call's buffer contract); the staging buffer was sized for
+    /// them by the call's [`MpiBridge::stage`] just before.
+    unsafe fn copy_back(
+        &self,
+        st: &Staged,
+        stream: Stream,
+        dst: DevicePtr,
+        bytes: usize,
+        input: bool,
+    ) -> Result<(), HeteroError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (i, o) = st.ensure(&self.device, 0, 0);
+        // SAFETY: this function's contract.
+        Ok(unsafe {
+            self.device
+                .mem_copy_async(dst, if input { i } else { o }, bytes, stream)
         }?)
     }
 
@@ -312,11 +536,31 @@ impl MpiBridge {
         root: Option<usize>,
         stream: Stream,
     ) -> Result<(), HeteroError> {
-        let root = root.map(|r| self.root(r)).transpose()?;
+        let r = root.map(|r| self.root(r)).transpose()?;
+        if let Some(st) = &self.staged {
+            let b = count * elem(dtype)?;
+            let all = b * self.topo.world();
+            let out = (root.is_none() || root == Some(self.topo.me)).then_some((recv, all));
+            // SAFETY: `send` holds one block, `recv` one per rank where it is written.
+            return unsafe {
+                self.stage(
+                    st,
+                    stream,
+                    Some((send, b)),
+                    b,
+                    out,
+                    all,
+                    Box::new(move |m, c, hs, i, o| match r {
+                        None => m.all_gather(i, o, count, dtype, c, hs),
+                        Some(r) => m.gather(i, o, count, dtype, r, c, hs),
+                    }),
+                )
+            };
+        }
         self.begin(stream)?;
         // SAFETY: this function's contract is the entries'.
         Ok(unsafe {
-            match root {
+            match r {
                 None => self
                     .mpi
                     .all_gather(send, recv, count, dtype, self.comm, stream),
@@ -344,23 +588,65 @@ impl MpiBridge {
         root: Option<usize>,
         stream: Stream,
     ) -> Result<(), HeteroError> {
-        let root = root.map(|r| self.root(r)).transpose()?;
-        self.begin(stream)?;
+        let r = root.map(|r| self.root(r)).transpose()?;
         let (c, s) = (self.comm, stream);
+        let b = count * elem(dtype)?;
+        let all = b * self.topo.world();
+        let me = self.topo.me;
+        // (bytes copied in, bytes the output holds, the operation)
+        let (input, out, run): (Option<usize>, usize, StagedOp) = match (kind, op, r) {
+            (Collective::ReduceScatter, Some(op), _) => (
+                Some(all),
+                b,
+                // SAFETY: the staging buffers hold the sizes `stage` is given with the op.
+                Box::new(move |m, c, hs, i, o| unsafe {
+                    m.reduce_scatter(i, o, count, dtype, op, c, hs)
+                }),
+            ),
+            (Collective::AllToAll, _, _) => (
+                Some(all),
+                all,
+                // SAFETY: as above.
+                Box::new(move |m, c, hs, i, o| unsafe { m.all_to_all(i, o, count, dtype, c, hs) }),
+            ),
+            (Collective::Scatter, _, Some(r)) => (
+                (me == r as usize).then_some(all),
+                b,
+                // SAFETY: as above.
+                Box::new(move |m, c, hs, i, o| unsafe { m.scatter(i, o, count, dtype, r, c, hs) }),
+            ),
+            (k, _, _) => {
+                return Err(HeteroError::Unsupported(format!(
+                    "{k} is not a block exchange of the MPI bridge"
+                )))
+            }
+        };
+        if let Some(st) = &self.staged {
+            // SAFETY: `send` holds a block per rank (at the root, for a scatter) and `recv`
+            // one (per rank for an all-to-all), by the contract.
+            return unsafe {
+                self.stage(
+                    st,
+                    stream,
+                    input.map(|n| (send, n)),
+                    all,
+                    Some((recv, out)),
+                    out,
+                    run,
+                )
+            };
+        }
+        self.begin(stream)?;
         // SAFETY: this function's contract is the entries'.
         Ok(unsafe {
-            match (kind, op, root) {
+            match (kind, op, r) {
                 (Collective::ReduceScatter, Some(op), _) => {
                     self.mpi.reduce_scatter(send, recv, count, dtype, op, c, s)
                 }
                 (Collective::AllToAll, _, _) => self.mpi.all_to_all(send, recv, count, dtype, c, s),
-                (Collective::Scatter, _, Some(r)) => {
-                    self.mpi.scatter(send, recv, count, dtype, r, c, s)
-                }
-                (k, _, _) => {
-                    return Err(HeteroError::Unsupported(format!(
-                        "{k} is not a block exchange of the MPI bridge"
-                    )))
+                (_, _, r) => {
+                    self.mpi
+                        .scatter(send, recv, count, dtype, r.unwrap_or_default(), c, s)
                 }
             }
         }?)
@@ -382,6 +668,42 @@ impl MpiBridge {
         dtype: DataType,
         stream: Stream,
     ) -> Result<(), HeteroError> {
+        if let Some(st) = &self.staged {
+            let es = elem(dtype)?;
+            let extent = |c: &[usize], d: &[usize]| {
+                c.iter()
+                    .zip(d)
+                    .filter(|(n, _)| **n > 0)
+                    .map(|(n, d)| (n + d) * es)
+                    .max()
+                    .unwrap_or(0)
+            };
+            let (ib, ob) = (
+                extent(send_counts, send_displs),
+                extent(recv_counts, recv_displs),
+            );
+            let v = [
+                send_counts.to_vec(),
+                send_displs.to_vec(),
+                recv_counts.to_vec(),
+                recv_displs.to_vec(),
+            ];
+            // SAFETY: the buffers hold their counts at their displacements (the contract):
+            // the staging buffers hold the same extents, at the same displacements.
+            return unsafe {
+                self.stage(
+                    st,
+                    stream,
+                    Some((send, ib)),
+                    ib,
+                    Some((recv, ob)),
+                    ob,
+                    Box::new(move |m, c, hs, i, o| {
+                        m.all_to_allv(i, &v[0], &v[1], o, &v[2], &v[3], dtype, c, hs)
+                    }),
+                )
+            };
+        }
         self.begin(stream)?;
         // SAFETY: this function's contract is the entry's.
         Ok(unsafe {
@@ -401,13 +723,30 @@ impl MpiBridge {
 
     /// Enqueues a barrier of every rank of the job on `stream`.
     pub fn barrier(&self, stream: Stream) -> Result<(), HeteroError> {
+        let word = self.word;
+        if let Some(st) = &self.staged {
+            // SAFETY: nothing copied; the word is the bridge's own host memory.
+            return unsafe {
+                self.stage(
+                    st,
+                    stream,
+                    None,
+                    0,
+                    None,
+                    0,
+                    Box::new(move |m, c, hs, _, _| {
+                        m.all_reduce(word, word, 1, DataType::F32, ReduceOp::SUM, c, hs)
+                    }),
+                )
+            };
+        }
         self.begin(stream)?;
         // SAFETY: the bridge's own word, live until it drops (after its streams drained);
         // barriers are ordered one after the other by `begin`.
         Ok(unsafe {
             self.mpi.all_reduce(
-                self.word,
-                self.word,
+                word,
+                word,
                 1,
                 DataType::F32,
                 ReduceOp::SUM,
@@ -418,7 +757,8 @@ impl MpiBridge {
     }
 
     /// Enqueues a send of `bytes` at `buf` to rank `peer` (of another cluster) on `stream` (a
-    /// send and a receive that depend on each other must be in one group, as on the CCL).
+    /// send and a receive that depend on each other must be in one group, as on the CCL;
+    /// from a staged device, each runs alone: see the module docs).
     ///
     /// # Safety
     /// The buffer contract of [`crate::comm::Call`].
@@ -429,7 +769,8 @@ impl MpiBridge {
         peer: usize,
         stream: Stream,
     ) -> Result<(), HeteroError> {
-        self.p2p(buf, bytes, peer, stream, true)
+        // SAFETY: this function's contract.
+        unsafe { self.p2p(buf, bytes, peer, stream, true) }
     }
 
     /// Enqueues a receive of `bytes` at `buf` from rank `peer` (of another cluster) on
@@ -444,10 +785,13 @@ impl MpiBridge {
         peer: usize,
         stream: Stream,
     ) -> Result<(), HeteroError> {
-        self.p2p(buf, bytes, peer, stream, false)
+        // SAFETY: this function's contract.
+        unsafe { self.p2p(buf, bytes, peer, stream, false) }
     }
 
-    fn p2p(
+    /// # Safety
+    /// `buf` holds `bytes` (the call's buffer contract).
+    unsafe fn p2p(
         &self,
         buf: DevicePtr,
         bytes: usize,
@@ -456,7 +800,27 @@ impl MpiBridge {
         send: bool,
     ) -> Result<(), HeteroError> {
         let peer = self.root(peer)?;
-        // SAFETY: the caller's buffer contract (`send`/`recv`), `bytes` bytes at `buf`.
+        if let Some(st) = &self.staged {
+            let op: StagedOp = if send {
+                // SAFETY: the input buffer holds `bytes` (the size `stage` is given).
+                Box::new(move |m, c, hs, i, _| unsafe {
+                    m.send(i, bytes, DataType::U8, peer, c, hs)
+                })
+            } else {
+                // SAFETY: the output buffer holds `bytes` (the size `stage` is given).
+                Box::new(move |m, c, hs, _, o| unsafe {
+                    m.recv(o, bytes, DataType::U8, peer, c, hs)
+                })
+            };
+            let (input, output) = if send {
+                (Some((buf, bytes)), None)
+            } else {
+                (None, Some((buf, bytes)))
+            };
+            // SAFETY: `buf` holds `bytes` (this function's contract).
+            return unsafe { self.stage(st, stream, input, bytes, output, bytes, op) };
+        }
+        // SAFETY: this function's contract, `bytes` bytes at `buf`.
         Ok(unsafe {
             if send {
                 self.mpi
@@ -515,14 +879,74 @@ impl Drop for MpiBridge {
         let _ = self.drain();
         self.heart.stop();
         let _ = self.mpi.comm_destroy(self.comm);
-        // SAFETY: the bridge's word, unused once its streams drained (the caller's streams
-        // were synchronized by the communicator before its bridge is dropped).
-        let _ = unsafe { self.device.mem_free(self.word, MemKind::DEVICE) };
+        // Staged work runs on the host stream, waited for by the callers' streams (which the
+        // communicator synchronized before its bridge is dropped).
+        let word_device = self.staged.as_ref().map_or(&self.device, |st| &st.host);
+        // SAFETY: the bridge's word, unused once the callers' streams drained.
+        let _ = unsafe { word_device.mem_free(self.word, MemKind::DEVICE) };
+        if let Some(mut st) = self.staged.take() {
+            st.release(&self.device);
+        }
         self.events
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .destroy(&self.device);
     }
+}
+
+impl Staged {
+    /// The failure of a staged operation, if one ran and failed.
+    fn check(&self) -> Result<(), HeteroError> {
+        match self
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The input and output buffers, grown (doubling, pinned where `device` allocates it) to
+    /// hold `input` and `output` bytes.
+    fn ensure(&self, device: &Device, input: usize, output: usize) -> (DevicePtr, DevicePtr) {
+        let mut b = self.buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let (i, o, retired) = &mut *b;
+        for (slot, need) in [(i, input), (o, output)] {
+            let have = slot.as_ref().map_or(0, |s| s.slot_bytes);
+            if need > have || slot.is_none() {
+                let bytes = need.max(2 * have).max(4096).div_ceil(64) * 64;
+                if let Some(old) = slot.replace(Staging::new(device, 1, bytes)) {
+                    retired.push(old);
+                }
+            }
+        }
+        let at = |s: &Option<Staging>| DevicePtr(s.as_ref().map_or(0, |s| s.slot(0)));
+        (at(&b.0), at(&b.1))
+    }
+
+    /// Frees the buffers (the streams that used them are drained).
+    fn release(&mut self, device: &Device) {
+        let b = self.buffers.get_mut().unwrap_or_else(|p| p.into_inner());
+        for s in b.0.iter_mut().chain(b.1.iter_mut()).chain(b.2.iter_mut()) {
+            s.free(device);
+        }
+        let _ = self.host.stream_destroy(self.stream);
+    }
+}
+
+/// Runs a boxed closure [`MpiBridge::host_func`] queued, on the stream's thread.
+unsafe extern "C" fn run_boxed(user: *mut c_void) {
+    // SAFETY: `user` is the box `host_func` leaked; the adaptor calls this once.
+    let f = unsafe { Box::from_raw(user.cast::<Box<dyn FnOnce() + Send>>()) };
+    if catch_unwind(AssertUnwindSafe(move || f())).is_err() {
+        tracing::error!("a staged operation of the MPI bridge panicked");
+    }
+}
+
+fn elem(dtype: DataType) -> Result<usize, HeteroError> {
+    super::elem(dtype)
 }
 
 /// This rank's heartbeat in the job's store, and the look at everyone's that names a dead rank.
