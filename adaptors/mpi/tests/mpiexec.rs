@@ -1149,6 +1149,33 @@ fn rank_collectives() {
             }
         }
     }
+    // The same all-reduce again and again (a persistent request made once and started for each
+    // call on MPI 4), new data each time, in place on odd rounds, sizes around the persistent
+    // limit (64 KiB) included.
+    for (k, &n) in [3usize, 3, 16383, 16384, 16385, 3].iter().enumerate() {
+        for (d, op) in [
+            (DataType::F32, ReduceOp::SUM),
+            (DataType::I64, ReduceOp::AVG),
+        ] {
+            case += 1;
+            let s = d.size().unwrap();
+            let vals: Vec<Vec<i64>> = (0..p).map(|r| values(seed, r, case, n, d, op)).collect();
+            let want = reference(d, op, &vals);
+            let send = alloc(&comm, &enc(d, &vals[me]), n * s);
+            let recv = alloc(&comm, &[], n * s);
+            let rp = if k % 2 == 1 { send.ptr } else { recv.ptr };
+            // SAFETY: both buffers hold `n` elements of `d`.
+            unsafe { call().all_reduce(send.ptr, rp, n, d, op) }.expect("all_reduce");
+            comm.synchronize().expect("synchronize");
+            let got = read(if k % 2 == 1 { &send } else { &recv });
+            check(
+                format!("all_reduce again {d:?} {op:?} n={n} round {k}"),
+                &got,
+                &want,
+                d,
+            );
+        }
+    }
     // Data movement: a few types (bytes are bytes), odd sizes.
     for d in [DataType::F16, DataType::I32, DataType::F64, DataType::U8] {
         let s = d.size().unwrap();

@@ -376,9 +376,13 @@ impl MpiBridge {
         self.staged.is_some()
     }
 
-    /// The failure of a staged operation already run, if one.
+    /// The failure of a staged operation already run, if one (naming a dead rank where the
+    /// heartbeats show one: see [`MpiBridge::explain`]).
     pub fn check(&self) -> Result<(), HeteroError> {
-        self.staged.as_ref().map_or(Ok(()), |st| st.check())
+        match &self.staged {
+            Some(st) => st.check().map_err(|e| self.explain().unwrap_or(e)),
+            None => Ok(()),
+        }
     }
 
     /// Enqueues the all-reduce on `stream`.
