@@ -2459,7 +2459,7 @@ enum Imp {
         core: Arc<HeteroCore>,
         enqueuer: Option<Enqueuer>,
     },
-    Mpi(mpi::MpiBridge),
+    Mpi(Box<mpi::MpiBridge>),
 }
 
 /// Which bridge carries a job's collectives across clusters.
@@ -2525,7 +2525,7 @@ impl Hetero {
     /// The cross-cluster side of a communicator over MPI (see [`mpi`]).
     pub fn over_mpi(bridge: mpi::MpiBridge) -> Hetero {
         Hetero {
-            imp: Imp::Mpi(bridge),
+            imp: Imp::Mpi(Box::new(bridge)),
         }
     }
 

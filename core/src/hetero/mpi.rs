@@ -944,7 +944,7 @@ impl Staged {
 unsafe extern "C" fn run_boxed(user: *mut c_void) {
     // SAFETY: `user` is the box `host_func` leaked; the adaptor calls this once.
     let f = unsafe { Box::from_raw(user.cast::<Box<dyn FnOnce() + Send>>()) };
-    if catch_unwind(AssertUnwindSafe(move || f())).is_err() {
+    if catch_unwind(AssertUnwindSafe(f)).is_err() {
         tracing::error!("a staged operation of the MPI bridge panicked");
     }
 }
