@@ -418,6 +418,44 @@ fn every_collective_from_a_device_the_host_cannot_address_over_the_mpi_bridge() 
 }
 
 #[test]
+fn the_mpi_bridge_without_an_mpi_library_is_an_error_naming_what_was_tried() {
+    // Both clusters on the host CCL: only the bridge needs MPI, and the library named is not
+    // there. Every rank fails at init, naming the bridge and the file tried.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = two_clusters(&dir, 10_000, "0", "1", ("host", "host"), "mpi");
+    let missing = dir.path().join("libmpi_missing.so.1");
+    let out = launch(
+        2,
+        "init",
+        10_000,
+        &[
+            "-genv",
+            "FERROCX_CONFIG",
+            &cfg,
+            "-genv",
+            "FERROCX_MPI_LIBRARY",
+            missing.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    let t = text(&out);
+    // Each rank's line (a rank's output may follow the test harness's on the same line).
+    let lines: Vec<&str> = t
+        .lines()
+        .filter_map(|l| l.split_once("init: ").map(|x| x.1))
+        .collect();
+    assert_eq!(lines.len(), 2, "{t}");
+    for l in lines {
+        assert!(
+            l.contains("the MPI bridge could not open MPI")
+                && l.contains("libmpi_missing.so.1")
+                && l.contains("pip install mpich"),
+            "{l}"
+        );
+    }
+}
+
+#[test]
 fn a_dead_rank_fails_the_mpi_bridge_naming_it_and_its_cluster() {
     // Rank 1 (cluster b) dies once the communicator exists; ranks 0 and 2 all-reduce across
     // the clusters over MPI: they fail within the timeout, naming rank 1 and cluster b.
