@@ -47,7 +47,7 @@ cp target/release/examples/window "$out/"
 # The pipelined all-gather + matmul example (links the host adaptor; CUDA and NCCL as plugins).
 cargo build --release -q -p ferrocx-cli --example allgather_matmul
 cp target/release/examples/allgather_matmul "$out/"
-cp -r configs scripts/gpu-run.sh scripts/torch-allreduce.py "$out/"
+cp -r configs scripts/gpu-run.sh scripts/torch-allreduce.py scripts/gloo-allreduce.py "$out/"
 # The Python package as one abi3 wheel (every CPython >= 3.9; CUDA and NCCL built in, loaded at
 # run time), its GPU scripts and the DDP worker they share with the CPU tests.
 maturin=${MATURIN:-$(command -v maturin || echo .venv/bin/maturin)}

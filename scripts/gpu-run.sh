@@ -5,18 +5,20 @@
 # directly and against PyTorch, back-to-back and as CUDA graphs, one process per GPU.
 # Multicast stays off everywhere (shared hosts: a multicast object can take every GPU out).
 #
-#   ./gpu-run.sh [stage...]      stages: info tests kit windows bench wbench torch (default: all)
+#   ./gpu-run.sh [stage...]      stages: info tests kit windows bench wbench torch hetero overlap
+#                                (default: all)
 #
-# Each stage's full output also goes to $OUT/<stage>.log when OUT is set.
+# Each stage's full output also goes to $OUT/<stage>.log when OUT is set. COUNTS="2 4" names
+# the rank counts of the multi-rank stages (default: 2 and every GPU).
 set -uo pipefail
 cd "$(dirname "$0")"
 export NCCL_NVLS_ENABLE=0 FERROCX_MULTICAST=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(info tests kit windows bench wbench torch)
+[ ${#stages[@]} -eq 0 ] && stages=(info tests kit windows bench wbench torch hetero overlap)
 # Rank counts the bench and PyTorch run: 2 and every GPU, one rank per GPU (NCCL refuses two
 # ranks on one GPU: "Duplicate GPU detected"), so none on a machine with one GPU.
-counts=$(printf '%s\n' 2 "$ngpu" | sort -un | awk -v n="$ngpu" '$1 >= 2 && $1 <= n')
+counts=$(printf '%s\n' ${COUNTS:-2 $ngpu} | sort -un | awk -v n="$ngpu" '$1 >= 2 && $1 <= n')
 bench_args=(--op all_reduce -b 8 -e 256M -f 4)
 log_dir=${OUT:-}
 status=0
@@ -104,6 +106,10 @@ for stage in "${stages[@]}"; do
       for n in $counts; do
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --op all_reduce -b 8 -e 64M -f 2
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --algo window --graph --op all_reduce -b 8 -e 64M -f 2
+        # NCCL at its fastest: the buffers from ncclMemAlloc, registered as symmetric windows
+        # on NCCL's communicator, where NCCL (2.27+) runs its symmetric kernels.
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --direct-symmetric --algo window --op all_reduce -b 8 -e 64M -f 2
+        step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --direct-symmetric --algo window --graph --op all_reduce -b 8 -e 64M -f 2
         # The ring at 4 to 64 MiB both ways (push is the default; FERROCX_WINDOW_RING=pull reads
         # the partials from the left neighbour instead), and two-shot over the sizes it can take.
         step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --algo ring --op all_reduce -b 4M -e 64M -f 4
@@ -122,11 +128,48 @@ for stage in "${stages[@]}"; do
         for n in $counts; do
           step python3 -m torch.distributed.run --standalone --nproc-per-node "$n" torch-allreduce.py -b 8 -e 256M -f 4
           step python3 -m torch.distributed.run --standalone --nproc-per-node "$n" torch-allreduce.py -b 8 -e 256M -f 4 --graph
+          # PyTorch's SymmetricMemory one-shot all-reduce (P2P loads; multicast off).
+          step python3 -m torch.distributed.run --standalone --nproc-per-node "$n" torch-allreduce.py --symm-mem -b 8 -e 2M -f 2
+          step python3 -m torch.distributed.run --standalone --nproc-per-node "$n" torch-allreduce.py --symm-mem -b 8 -e 2M -f 2 --graph
         done
       fi
       ;;
+    hetero)
+      # Every GPU on CUDA + NCCL beside 4 CPU ranks on the host backend, one job: every
+      # collective checked, the all-reduce against gloo on the same ranks and against the CPU
+      # cluster alone.
+      if [ "$ngpu" -ge 2 ]; then
+        nr=$((ngpu + 4))
+        cfg=configs/hetero-${ngpu}gpu.toml
+        printf '[runtime]\ntimeout_ms = 60000\n\n[[cluster]]\nname = "gpu"\nranks = "0-%d"\ndevice = "cuda"\nccl = "nccl"\n\n[[cluster]]\nname = "cpu"\nranks = "%d-%d"\ndevice = "host"\nccl = "host"\n\n[bridge]\nccl = "host"\n' \
+          $((ngpu - 1)) "$ngpu" $((nr - 1)) >"$cfg"
+        step ./ferrocx config check "$cfg" --world "$nr"
+        step ./ferrocx bench --config "$cfg" -n "$nr" --op all -b 16 -e 4M -f 16
+        step ./ferrocx bench --config "$cfg" -n "$nr" --repeats 3 --op all_reduce -b 16 -e 64M -f 4
+        step ./ferrocx bench --config configs/local.toml -n 4 --repeats 3 --op all_reduce -b 16 -e 64M -f 4
+        if python3 -c 'import torch' 2>/dev/null; then
+          step python3 -m torch.distributed.run --standalone --nproc-per-node "$nr" gloo-allreduce.py \
+            --cuda-ranks "$(seq -s, 0 $((ngpu - 1)))" -b 16 -e 64M -f 4
+        fi
+      else
+        skip "the job across a GPU cluster and a CPU cluster"
+      fi
+      ;;
+    overlap)
+      # The point-to-point all-gather against NCCL's all_gather, and the all-gather pipelined
+      # with a matmul of its slices (overlap ratio), on every GPU.
+      if [ "$ngpu" -ge 2 ]; then
+        step ./ferrocx bench --config configs/nccl.toml -n "$ngpu" --direct --repeats 5 --op all_gather --algo p2p -b 1M -e 256M -f 4
+        for kn in 32 48 64 128; do
+          step ./ferrocx bench --config configs/nccl.toml -n "$ngpu" --op all_gather --overlap -b 64M -e 64M --matmul-k "$kn" --matmul-n "$kn"
+        done
+        step env FERROCX_CONFIG=configs/nccl.toml FERROCX_PLUGIN_PATH="$PWD/plugins" ./ferrocx launch -n "$ngpu" -- ./allgather_matmul
+      else
+        skip "the point-to-point all-gather"
+      fi
+      ;;
     *)
-      echo "unknown stage $stage (info tests kit windows bench wbench torch)"
+      echo "unknown stage $stage (info tests kit windows bench wbench torch hetero overlap)"
       status=2
       ;;
   esac

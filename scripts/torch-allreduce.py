@@ -14,13 +14,20 @@ rank's; each size is timed --repeats times (default 1) and the median is printed
 checked against the reference (element i of rank r is (7r + 3i) mod 11, as in the bench).
 torch.distributed.all_reduce works in place only: the out-of-place columns print N/A.
 
-NCCL_NVLS_ENABLE is set to 0 when the environment leaves it unset, before NCCL starts, so NCCL
-creates no multicast objects.
+`--symm-mem` times PyTorch's SymmetricMemory one-shot all-reduce instead
+(torch.ops.symm_mem.one_shot_all_reduce_out: every rank reads every peer's input from a
+symmetric buffer made by symm_mem.empty and rendezvous, on its CUDA backend): out of place, so
+the in-place columns print N/A. It is the outside reference for ferrocx's window all-reduce at
+small sizes.
+
+NCCL_NVLS_ENABLE is set to 0 and TORCH_SYMM_MEM_DISABLE_MULTICAST to 1 when the environment
+leaves them unset, before NCCL or SymmetricMemory start, so neither creates multicast objects.
 """
 
 import os
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 import argparse  # noqa: E402
 import re  # noqa: E402
@@ -75,6 +82,12 @@ def main():
         default="nccl",
         help="torch.distributed backend: nccl (default), or ferrocx (imports ferrocx.torch)",
     )
+    p.add_argument(
+        "--symm-mem",
+        action="store_true",
+        help="time torch.ops.symm_mem.one_shot_all_reduce_out on a SymmetricMemory buffer "
+        "(out of place) instead of torch.distributed.all_reduce",
+    )
     a = p.parse_args()
     if a.minbytes < 1 or a.minbytes > a.maxbytes or a.stepfactor < 2 or a.iters < 1:
         p.error("need 1 <= -b <= -e, -f >= 2 and -n >= 1")
@@ -103,7 +116,30 @@ def main():
 
     all_sizes = sizes(a.minbytes, a.maxbytes, a.stepfactor)
     largest = max(all_sizes) // 4
-    buf = torch.empty(max(largest, 1), dtype=torch.float32, device=device)
+    if a.symm_mem:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        try:
+            symm_mem.set_backend("CUDA")  # P2P loads over NVLink; no NVSHMEM, no multicast
+        except (AttributeError, RuntimeError):
+            pass
+        group_name = dist.group.WORLD.group_name
+        buf = symm_mem.empty(max(largest, 1), dtype=torch.float32, device=device)
+        symm_mem.rendezvous(buf, group_name)
+        out = torch.empty(max(largest, 1), dtype=torch.float32, device=device)
+
+        def reduce(t):
+            o = out[: t.numel()]
+            torch.ops.symm_mem.one_shot_all_reduce_out(t, "sum", group_name, o)
+            return o
+
+    else:
+        buf = torch.empty(max(largest, 1), dtype=torch.float32, device=device)
+
+        def reduce(t):
+            dist.all_reduce(t)
+            return t
+
     side = torch.cuda.Stream(device)
 
     def fresh(count):
@@ -118,20 +154,20 @@ def main():
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=side, capture_error_mode="thread_local"):
             for _ in range(k):
-                dist.all_reduce(t)
+                reduce(t)
         return g
 
     def timed_run(t, mine, graph):
         t.copy_(mine)
         for _ in range(a.warmup):
-            dist.all_reduce(t)
+            reduce(t)
         torch.cuda.synchronize()
         start = time.perf_counter()
         if graph is not None:
             graph.replay()
         else:
             for _ in range(a.iters):
-                dist.all_reduce(t)
+                reduce(t)
         torch.cuda.synchronize()
         return (time.perf_counter() - start) * 1e6 / a.iters
 
@@ -152,13 +188,20 @@ def main():
             f"#  timing: {mode}, host clock around enqueue and synchronize; "
             f"median of {a.repeats} run(s) per size"
         )
-        print("#  NCCL_NVLS_ENABLE=" + os.environ.get("NCCL_NVLS_ENABLE", ""))
+        print(
+            "#  NCCL_NVLS_ENABLE=" + os.environ.get("NCCL_NVLS_ENABLE", "")
+            + "  TORCH_SYMM_MEM_DISABLE_MULTICAST="
+            + os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST", "")
+        )
         print("#")
         print("# Using devices")
         for r, (pid, host, dev, name) in enumerate(everyone):
             print(f"#  Rank {r:2} Pid {pid:6} on {host:>10} device {dev:2} [{name}]")
         print("#")
-        print("# all_reduce (torch.distributed, in place only)")
+        if a.symm_mem:
+            print("# all_reduce (torch.ops.symm_mem.one_shot_all_reduce_out, out of place only)")
+        else:
+            print("# all_reduce (torch.distributed, in place only)")
         print(f"#{'out-of-place':>73}{'in-place':>30}")
         print(
             "#       size         count      type   redop    root     time   algbw   busbw "
@@ -181,7 +224,7 @@ def main():
             with torch.cuda.stream(side):
                 t.copy_(mine)
                 for _ in range(a.warmup):
-                    dist.all_reduce(t)
+                    reduce(t)
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
             graph = capture(t, a.iters)
@@ -193,10 +236,11 @@ def main():
         t.copy_(mine)
         if one is not None:
             one.replay()
+            result = out[:count] if a.symm_mem else t
         else:
-            dist.all_reduce(t)
+            result = reduce(t)
         torch.cuda.synchronize()
-        wrong = int((t != want).sum().item())
+        wrong = int((result != want).sum().item())
         del graph, one
         stats = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
@@ -210,10 +254,9 @@ def main():
         busbws.append(bus)
         if rank == 0:
             na = f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>5}"
-            print(
-                f"{count * 4:>12}  {count:>12}  {'f32':>8}  {'sum':>6}  {-1:>6}{na}"
-                f"  {show_time(us)}  {alg:6.2f}  {bus:6.2f}  {wrong:>5}"
-            )
+            got = f"  {show_time(us)}  {alg:6.2f}  {bus:6.2f}  {wrong:>5}"
+            cols = got + na if a.symm_mem else na + got
+            print(f"{count * 4:>12}  {count:>12}  {'f32':>8}  {'sum':>6}  {-1:>6}{cols}")
             sys.stdout.flush()
 
     if rank == 0:

@@ -271,10 +271,19 @@ fn bad_arguments_exit_2_naming_them_before_anything_is_launched() {
 
 #[test]
 fn graph_and_direct_are_refused_on_the_host_backend_before_anything_is_launched() {
-    let cases: [(&[&str], &[&str]); 3] = [
+    let cases: [(&[&str], &[&str]); 5] = [
         (
             &["-n", "2", "--graph"],
             &["--graph", "graph group", "\"host\"", "run without --graph"],
+        ),
+        // NCCL's symmetric windows only make sense next to NCCL called directly.
+        (
+            &["-n", "2", "--direct-symmetric"],
+            &["--direct-symmetric", "--direct"],
+        ),
+        (
+            &["-n", "2", "--direct", "--direct-symmetric"],
+            &["--direct", "CCL adaptor \"host\"", "not \"nccl\""],
         ),
         (
             &["-n", "2", "--direct"],

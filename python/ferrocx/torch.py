@@ -12,6 +12,9 @@ cluster, or several, e.g. GPU ranks on CUDA + NCCL beside CPU ranks on the host 
 - CPU tensors (a rank on the ``host`` device): calls are enqueued on the communicator's stream
   and ``Work.wait()`` waits for them (so ``isend``/``irecv`` really run in the background).
   CPU tensors on a CUDA rank are staged through device memory, synchronously.
+- A caller that waits at once (torch's functions without ``async_op``: ``asyncOp`` false in the
+  options) gets no Work from the common calls, as from torch's own NCCL backend: on CUDA the
+  call is then on torch's current stream, on the host device it has completed on return.
 - The interpreter's lock is released while ferrocx works.
 
 Reduce ops: ``SUM``, ``AVG``, ``MIN``, ``MAX``, ``PRODUCT`` (for ``bool``: ``MIN``/``PRODUCT`` is
@@ -54,6 +57,7 @@ _DTYPES = {
 }
 
 _R = dist.ReduceOp
+_SUM = _R.RedOpType.SUM
 
 
 def _opname(op) -> str:
@@ -92,9 +96,24 @@ def _redop(op, dtype: torch.dtype) -> int:
     raise Error(f"ferrocx: unsupported reduce op {_opname(op)} (ferrocx reduces with SUM, AVG, MIN, MAX, PRODUCT)")
 
 
-def _current_raw_stream(idx: int) -> int:
-    """torch's current CUDA stream on device `idx`, as the raw `CUstream`."""
-    return torch._C._cuda_getCurrentRawStream(idx)
+def _no_cuda(idx: int) -> int:
+    raise Error("ferrocx: this torch has no CUDA")
+
+
+#: torch's current CUDA stream on device ``idx``, as the raw ``CUstream`` (an int): the C
+#: function itself (``torch.cuda.current_stream()`` makes a Python stream object each call).
+_raw_stream: Callable[[int], int] = getattr(torch._C, "_cuda_getCurrentRawStream", _no_cuda)
+
+_NO_TIMEOUT = timedelta(0)
+
+# What a short path answers where the call is not its to make (the general path makes it).
+_GENERAL = object()
+
+# Whether torch's options tell a call that its caller waits at once (`asyncOp`, torch >= 2.8).
+_ASYNC_OPT = all(
+    hasattr(getattr(dist.distributed_c10d, o)(), "asyncOp")
+    for o in ("AllreduceOptions", "BroadcastOptions", "AllgatherOptions", "ReduceScatterOptions")
+)
 
 
 # By the dtype's identity (torch's dtypes are singletons; hashing one costs more).
@@ -198,26 +217,25 @@ _WORK_LOCK = threading.RLock()
 
 
 class _Work(dist.Work):
-    """A ferrocx call as a ``torch.distributed.Work``.
+    """A ferrocx call as a ``torch.distributed.Work``: a call the host need not wait for (a
+    CUDA call enqueued on its stream, or a call that has completed), or, on the host device, a
+    pending one (``_done`` false): then the call is on the communicator's stream, ``wait()``
+    synchronizes that stream (raising a failure of its work) and ``_post`` (copies into the
+    caller's tensors) runs once it completes.
 
-    On CUDA the call is on ``stream`` already and the work is done as far as the host is
-    concerned; on the host device (``pending``) the call is on the communicator's stream,
-    ``wait()`` synchronizes that stream (raising a failure of its work) and ``post`` (copies into
-    the caller's tensors) runs once it completes.
+    No ``__init__`` of its own: making one costs torch's constructor alone, and the state below
+    is class-wide until a work sets its own (``_work`` and the short paths set what they need).
     """
 
-    def __init__(self, pg, outputs, pending=False, post=None, stream=None):
-        super().__init__()
-        self._pg = pg
-        self._outputs = outputs
-        self._post = post
-        self._stream = stream
-        self._error: Optional[BaseException] = None
-        self._done = not pending
-        self._future: Optional[torch.futures.Future] = None
-        if self._done and post is not None:
-            post()
-            self._post = None
+    _pg: "Optional[ProcessGroupFerrocx]" = None
+    _outputs: list = []
+    _post: Optional[Callable] = None
+    _error: Optional[BaseException] = None
+    _done = True
+    _future: "Optional[torch.futures.Future]" = None
+    _keep = None
+    # The CUDA device the call's stream is on (-1: none).
+    _idx = -1
 
     def _finish(self) -> None:
         if self._done:
@@ -249,15 +267,11 @@ class _Work(dist.Work):
             else:
                 fut.set_result(self._outputs)
 
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:  # noqa: B008
-        self._finish()
+    def wait(self, timeout: timedelta = _NO_TIMEOUT) -> bool:
+        if not self._done:
+            self._finish()
         if self._error is not None:
             raise self._error
-        if self._stream is not None:
-            idx, raw = self._stream
-            if torch._C._cuda_getCurrentRawStream(idx) != raw:
-                # The current stream changed since the call: order it after the call's stream.
-                torch.cuda.current_stream(idx).wait_stream(torch.cuda.ExternalStream(raw, device=idx))
         return True
 
     def is_completed(self) -> bool:
@@ -283,7 +297,7 @@ class _Work(dist.Work):
     def get_future(self) -> torch.futures.Future:
         with _WORK_LOCK:
             if self._future is None:
-                devices = [torch.device("cuda", self._stream[0])] if self._stream is not None else []
+                devices = [torch.device("cuda", self._idx)] if self._idx >= 0 else []
                 self._future = torch.futures.Future(devices=devices)
                 if self._done:
                     if self._error is not None:
@@ -294,6 +308,39 @@ class _Work(dist.Work):
                     _ensure_completer()
                     _completions.put(self)
             return self._future
+
+
+class _StreamWork(_Work):
+    """A CUDA call, enqueued on torch's stream ``_raw`` of device ``_idx``: done as far as the
+    host is concerned; ``wait()`` orders the then current stream after it."""
+
+    _raw = 0
+
+    def wait(self, timeout: timedelta = _NO_TIMEOUT) -> bool:
+        idx = self._idx
+        if _raw_stream(idx) != self._raw:
+            # The current stream changed since the call: order it after the call's stream.
+            torch.cuda.current_stream(idx).wait_stream(torch.cuda.ExternalStream(self._raw, device=idx))
+        return True
+
+
+def _work(pg, outputs, pending: bool = False, post=None, stream=None) -> _Work:
+    """The work of a call over ``outputs``: on CUDA stream ``stream`` (device index, raw
+    stream), else pending on the host device's stream (``post`` runs once it completes), else
+    completed (``post`` runs now)."""
+    if stream is not None:
+        w = _StreamWork()
+        w._idx, w._raw = stream
+    else:
+        w = _Work()
+    w._pg = pg
+    w._outputs = outputs
+    if pending:
+        w._done = False
+        w._post = post
+    elif post is not None:
+        post()
+    return w
 
 
 class ProcessGroupFerrocx(dist.ProcessGroup):
@@ -380,6 +427,9 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
 
     # batch_isend_irecv asks the backend of the device whether it coalesces: this group does.
     supports_coalescing = True
+    # new_group asks it whether it splits (when the default group is bound to a device): no,
+    # every group makes its own communicator.
+    supports_splitting = False
 
     def _get_backend(self, device=None):
         return self
@@ -444,7 +494,7 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         """torch's current stream on `device` as (device index, raw stream), and its ferrocx
         handle (wrapped once per stream)."""
         idx = device.index if device.index is not None else torch.cuda.current_device()
-        raw = _current_raw_stream(idx)
+        raw = _raw_stream(idx)
         h = self._streams.get(raw)
         if h is None:
             h = self._comm.wrap_stream(raw)
@@ -468,8 +518,8 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         if not tensors and stream_of is not None:
             # The end of a coalesced group: done when its last call is.
             if self._cuda:
-                return _Work(self, outputs, stream=self._cuda_stream(torch.device("cuda"))[0])
-            return _Work(self, outputs, pending=True, post=post)
+                return _work(self, outputs, stream=self._cuda_stream(torch.device("cuda"))[0])
+            return _work(self, outputs, pending=True, post=post)
         on_cuda = tensors[0].is_cuda
         if len(tensors) > 1 and any(t.is_cuda != on_cuda for t in tensors):
             raise Error("ferrocx: a call takes tensors of one device type (some are CUDA, some CPU)")
@@ -482,14 +532,14 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             stream, handle = self._cuda_stream(tensors[0].device)
             enqueue(handle)
             if self._group is not None:
-                return _Work(self, outputs, stream=stream)
-            return _Work(self, outputs, post=post, stream=stream)
+                return _work(self, outputs, stream=stream)
+            return _work(self, outputs, post=post, stream=stream)
         if self._cuda:
             return self._issue_staged(tensors, enqueue, outputs, post)
         enqueue(None)
         if self._group is not None:
-            return _Work(self, outputs)
-        return _Work(self, outputs, pending=True, post=post)
+            return _work(self, outputs)
+        return _work(self, outputs, pending=True, post=post)
 
     def _issue_staged(self, tensors, enqueue, outputs, post):
         """CPU tensors on a CUDA rank: through device copies, synchronously."""
@@ -501,7 +551,7 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         for t, s in zip(tensors, staged):
             t.copy_(s)
         torch.cuda.current_stream(dev).synchronize()
-        return _Work(self, outputs, post=post)
+        return _work(self, outputs, post=post)
 
     @staticmethod
     def _contig(t: torch.Tensor):
@@ -533,33 +583,77 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         p = t.data_ptr()
         return remap.get(p, p) if remap else p
 
+    def _go(self, call, args, dev: int, outputs, opts, keep=None):
+        """The short path of the common call (contiguous tensors of a dtype ferrocx takes, on
+        this rank's device, outside a coalesced group): enqueues ``call(*args, stream)`` for
+        tensors on CUDA device ``dev`` (-1: the host) and returns its Work.
+
+        A caller that waits at once (``opts.asyncOp`` false: torch's functions without
+        ``async_op``) gets None, as from torch's own NCCL backend: the call is then on torch's
+        current stream (CUDA), or has completed (the host device, waited for here), and there
+        is nothing left to wait for. ``_GENERAL`` where the tensors are not on this rank's
+        device: the general path then stages or refuses them. ``keep``: another tensor the
+        call reads, kept alive until the call has completed."""
+        if dev >= 0:
+            if not self._cuda:
+                return _GENERAL
+            raw = _raw_stream(dev)
+            h = self._streams.get(raw)
+            if h is None:
+                h = self._streams[raw] = self._comm.wrap_stream(raw)
+            call(*args, h)
+            if opts is not None and _ASYNC_OPT and opts.asyncOp is False:
+                return None
+            w = _StreamWork()
+            w._idx = dev
+            w._raw = raw
+        elif self._cuda:
+            return _GENERAL
+        else:
+            call(*args, None)
+            if opts is not None and _ASYNC_OPT and opts.asyncOp is False:
+                self._comm.synchronize()
+                return None
+            w = _Work()
+            w._pg = self
+            w._done = False
+        w._outputs = outputs
+        if keep is not None:
+            w._keep = keep
+        return w
+
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
+        if type(tensors) is list and len(tensors) == 1 and self._group is None:
+            t = tensors[0]
+            dt = t.dtype
+            d = _DTYPE_IDS.get(id(dt))
+            if d is not None and t.is_contiguous():
+                op = opts.reduceOp if opts is not None else _SUM
+                o = _fx.SUM if op == _SUM and dt is not _BOOL else _redop(op, dt)
+                p = t.data_ptr()
+                dev = t.get_device()
+                if dev >= 0 and self._cuda:
+                    # `_go`'s CUDA branch written out: the call DDP and training loops make most.
+                    raw = _raw_stream(dev)
+                    h = self._streams.get(raw)
+                    if h is None:
+                        h = self._streams[raw] = self._comm.wrap_stream(raw)
+                    self._comm.all_reduce(p, p, t.numel(), d, o, h)
+                    if opts is not None and _ASYNC_OPT and opts.asyncOp is False:
+                        return None
+                    w = _StreamWork()
+                    w._idx = dev
+                    w._raw = raw
+                    w._outputs = tensors
+                    return w
+                w = self._go(self._comm.all_reduce, (p, p, t.numel(), d, o), dev, tensors, opts)
+                if w is not _GENERAL:
+                    return w
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         op = opts.reduceOp if opts is not None else _R.SUM
-        t = self._one(tensors, "allreduce")
-        if self._group is None and t.is_contiguous():
-            # The common call, in short: one contiguous tensor on this rank's device.
-            on_cuda = t.is_cuda
-            if on_cuda and self._cuda:
-                d, o = _dtype(t), _redop(op, t.dtype)
-                idx = t.get_device()
-                raw = _current_raw_stream(idx)
-                h = self._streams.get(raw)
-                if h is None:
-                    h = self._streams[raw] = self._comm.wrap_stream(raw)
-                p = t.data_ptr()
-                self._comm.all_reduce(p, p, t.numel(), d, o, h)
-                return _Work(self, tensors, stream=(idx, raw))
-            if not on_cuda and not self._cuda:
-                d, o = _dtype(t), _redop(op, t.dtype)
-                p = t.data_ptr()
-                self._comm.all_reduce(p, p, t.numel(), d, o, None)
-                w = _Work(self, tensors, pending=True)
-                w._keep = tensors
-                return w
-        return self._allreduce(t, op)
+        return self._allreduce(self._one(tensors, "allreduce"), op)
 
     def _allreduce(self, t: torch.Tensor, op):
         d, o = _dtype(t), _redop(op, t.dtype)
@@ -580,6 +674,15 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         return works[-1] if works else self._issue([], lambda s: None, stream_of=[])
 
     def broadcast(self, tensors, opts=None):
+        if type(tensors) is list and len(tensors) == 1 and self._group is None:
+            t = tensors[0]
+            d = _DTYPE_IDS.get(id(t.dtype))
+            if d is not None and t.is_contiguous():
+                root = opts.rootRank if opts is not None else 0
+                p = t.data_ptr()
+                w = self._go(self._comm.broadcast, (p, p, t.numel(), d, root), t.get_device(), tensors, opts)
+                if w is not _GENERAL:
+                    return w
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         root = opts.rootRank if opts is not None else 0
@@ -647,6 +750,23 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         return self._gather_into(flat, inp, [outs], post)
 
     def all_gather_single(self, output, input, opts=None):
+        if self._group is None:
+            dt = input.dtype
+            d = _DTYPE_IDS.get(id(dt))
+            n = input.numel()
+            if (
+                d is not None
+                and output.dtype is dt
+                and output.numel() == n * self._size
+                and input.is_contiguous()
+                and output.is_contiguous()
+            ):
+                dev = input.get_device()
+                if output.get_device() == dev:
+                    args = (input.data_ptr(), output.data_ptr(), n, d)
+                    w = self._go(self._comm.all_gather, args, dev, [output], opts, keep=input)
+                    if w is not _GENERAL:
+                        return w
         return self._gather_into(output, input, [output])
 
     _allgather_base = all_gather_single
@@ -698,13 +818,36 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         return self._reduce_scatter_from(out, flat, op, [out])
 
     def reduce_scatter_single(self, output, input, opts=None):
+        if self._group is None:
+            dt = output.dtype
+            d = _DTYPE_IDS.get(id(dt))
+            n = output.numel()
+            if (
+                d is not None
+                and input.dtype is dt
+                and input.numel() == n * self._size
+                and input.is_contiguous()
+                and output.is_contiguous()
+            ):
+                dev = output.get_device()
+                if input.get_device() == dev:
+                    op = opts.reduceOp if opts is not None else _SUM
+                    o = _fx.SUM if op == _SUM and dt is not _BOOL else _redop(op, dt)
+                    args = (input.data_ptr(), output.data_ptr(), n, d, o)
+                    w = self._go(self._comm.reduce_scatter, args, dev, [output], opts, keep=input)
+                    if w is not _GENERAL:
+                        return w
         op = opts.reduceOp if opts is not None else _R.SUM
         return self._reduce_scatter_from(output, input, op, [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        # The reduce op alone: each call returns its Work, whatever the caller's asyncOp.
+        each = dist.ReduceScatterOptions()
+        if opts is not None:
+            each.reduceOp = opts.reduceOp
+        works = [self.reduce_scatter_single(o, i, each) for o, i in zip(outputs, inputs)]
         for w in works[:-1]:
             w.wait()
         return works[-1]
@@ -789,9 +932,9 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
             _, handle = self._cuda_stream(dev)
             self._comm.barrier(handle)
             torch.cuda.current_stream(dev).synchronize()
-            return _Work(self, [])
+            return _work(self, [])
         self._comm.barrier(None)
-        return _Work(self, [], pending=True)
+        return _work(self, [], pending=True)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
@@ -854,7 +997,7 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         c, back = self._contig(t)
         if self._group is not None and self._comm.spans_clusters:
             self._batch.append((send, c, peer, back))
-            return _Work(self, [t])
+            return _work(self, [t])
         comm, n = self._comm, c.numel()
 
         def enq(s, remap=None):
@@ -867,9 +1010,35 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         return self._issue([c], enq, outputs=[t], post=None if send else back)
 
     def send(self, tensors, dst: int, tag: int = 0):
+        if (
+            type(tensors) is list
+            and len(tensors) == 1
+            and self._group is None
+            and dst != self._rank
+            and 0 <= dst < self._size
+        ):
+            t = tensors[0]
+            d = _DTYPE_IDS.get(id(t.dtype))
+            if d is not None and t.is_contiguous():
+                w = self._go(self._comm.send, (t.data_ptr(), t.numel(), d, dst), t.get_device(), tensors, None)
+                if w is not _GENERAL:
+                    return w
         return self._p2p(tensors, dst, True)
 
     def recv(self, tensors, src: int, tag: int = 0):
+        if (
+            type(tensors) is list
+            and len(tensors) == 1
+            and self._group is None
+            and src != self._rank
+            and 0 <= src < self._size
+        ):
+            t = tensors[0]
+            d = _DTYPE_IDS.get(id(t.dtype))
+            if d is not None and t.is_contiguous():
+                w = self._go(self._comm.recv, (t.data_ptr(), t.numel(), d, src), t.get_device(), tensors, None)
+                if w is not _GENERAL:
+                    return w
         return self._p2p(tensors, src, False)
 
     def recv_anysource(self, tensors, tag: int = 0):

@@ -8,6 +8,8 @@
 #   hetero    DDP across 1 GPU rank (CUDA + NCCL) and 3 CPU ranks (host + host CCL), bridged
 #             (configs/hetero-1gpu.toml), against gloo
 #   overhead  Python's per-call overhead at 8 bytes over the Rust call (world 1 on CUDA)
+#   ddp       a DDP training step on the ferrocx backend against torch's nccl, on 2 GPUs and on
+#             every GPU (python/gpu/ddp_step.py; machines with 2 GPUs or more)
 #
 #   ./python/gpu/run.sh [stage...]    (default: all; each stage's output also goes to
 #                                      $OUT/py-<stage>.log when OUT is set)
@@ -19,7 +21,8 @@ rm -rf pylib && "$py" -m zipfile -e wheels/ferrocx-*-abi3-*.whl pylib || exit 1
 export PYTHONPATH=$PWD/pylib${PYTHONPATH:+:$PYTHONPATH}
 "$py" -c 'import sys, torch, ferrocx; print("python", sys.version.split()[0], "torch", torch.__version__, "ferrocx", ferrocx.__version__)'
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(world1 hetero overhead)
+[ ${#stages[@]} -eq 0 ] && stages=(world1 hetero overhead ddp)
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 status=0
 run() {
   local stage=$1
@@ -40,6 +43,12 @@ for stage in "${stages[@]}"; do
     world1) FERROCX_CONFIG=configs/nccl.toml run world1 "${torchrun[@]}" --nproc-per-node 1 python/gpu/world1_cuda.py ;;
     hetero) FERROCX_CONFIG=configs/hetero-1gpu.toml run hetero "${torchrun[@]}" --nproc-per-node 4 python/tests/workers/ddp.py ;;
     overhead) FERROCX_CONFIG=configs/nccl.toml run overhead "${torchrun[@]}" --nproc-per-node 1 python/gpu/overhead.py 20000 ;;
+    ddp)
+      [ "$ngpu" -ge 2 ] || { echo "SKIP: ddp needs 2 GPUs; this machine has $ngpu"; continue; }
+      for n in $(printf '%s\n' 2 "$ngpu" | sort -un); do
+        FERROCX_CONFIG=configs/nccl.toml run "ddp-$n" "${torchrun[@]}" --nproc-per-node "$n" python/gpu/ddp_step.py
+      done
+      ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done

@@ -98,6 +98,37 @@ assert torch.cuda.current_stream().query(), "the call went to the default stream
 side.synchronize()
 same(t, x, "all_reduce on a side stream")
 
+# The same without async_op (no work comes back: nothing to wait for on the host), and for the
+# other short paths: still enqueued on the side stream, results right after it.
+t = x.clone()
+flat = torch.empty_like(x)
+small = torch.empty_like(x)
+torch.cuda.synchronize()
+with torch.cuda.stream(side):
+    torch.cuda._sleep(200_000_000)
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    dist.all_gather_into_tensor(flat, t)
+    dist.reduce_scatter_tensor(small, flat)
+    busy = not side.query()
+assert busy, "the side stream was idle when the calls returned: a call waited on the host"
+side.synchronize()
+same(t, x, "all_reduce and broadcast on a side stream, no async_op")
+same(small, x, "all_gather_into_tensor then reduce_scatter_tensor on a side stream")
+
+# Work.wait() on another stream than the call's orders that stream after the call: the
+# default stream waits for the side stream's sleeping kernel.
+t = x.clone()
+torch.cuda.synchronize()
+with torch.cuda.stream(side):
+    torch.cuda._sleep(200_000_000)
+    work = dist.all_reduce(t, async_op=True)
+work.wait()
+assert not torch.cuda.current_stream().query(), "wait() did not order the current stream after the call"
+torch.cuda.current_stream().synchronize()
+assert side.query(), "the current stream ran ahead of the call it waited for"
+same(t, x, "all_reduce waited for from the default stream")
+
 # async_op: the future's value, then() on it
 f = dist.all_reduce(x.clone(), async_op=True).get_future().then(lambda fut: fut.value()[0] * 2)
 same(f.wait(), x * 2, "get_future().then")

@@ -493,8 +493,11 @@ impl PyCommunicator {
 
     /// Enqueues `iters` all-reduces of `count` elements in place at `buf` on `stream` from a
     /// Rust loop, waits for them, and returns the seconds the loop of enqueues took: the Rust
-    /// side of the per-call overhead benchmark (`python/gpu/overhead.py`).
-    #[pyo3(signature = (buf, count, dtype, iters, stream=None))]
+    /// side of the per-call overhead benchmark (`python/gpu/overhead.py`). With `sync_each`,
+    /// the loop also waits for each call's stream after it (a synchronous call on the host
+    /// device, as `torch.distributed.all_reduce` without `async_op` there).
+    #[pyo3(signature = (buf, count, dtype, iters, stream=None, sync_each=false))]
+    #[allow(clippy::too_many_arguments)]
     fn bench_all_reduce(
         &self,
         py: Python<'_>,
@@ -503,6 +506,7 @@ impl PyCommunicator {
         dtype: u32,
         iters: usize,
         stream: Option<u64>,
+        sync_each: bool,
     ) -> PyResult<f64> {
         let d = self::dtype(dtype)?;
         let call = self.call(stream);
@@ -512,6 +516,13 @@ impl PyCommunicator {
             for _ in 0..iters {
                 // SAFETY: the caller's contract (the class docs): `buf` holds `count` elements.
                 unsafe { call.all_reduce(ptr(buf), ptr(buf), count, d, ReduceOp::SUM)? };
+                if sync_each {
+                    // As `synchronize` from Python: the communicator's own wait for its stream.
+                    match stream {
+                        None => self.comm.synchronize()?,
+                        Some(_) => self.comm.device().stream_synchronize(s)?,
+                    }
+                }
             }
             let secs = t.elapsed().as_secs_f64();
             self.comm.device().stream_synchronize(s)?;

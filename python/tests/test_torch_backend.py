@@ -12,6 +12,10 @@ def test_every_operation_matches_gloo(world):
     run_job("ops.py", world).expect_ok("ops ok", world)
 
 
+def test_new_groups_beside_a_default_group_bound_to_a_device():
+    run_job("groups.py", 3).expect_ok("groups ok", 3)
+
+
 def test_ddp_matches_gloo():
     run_job("ddp.py", 3).expect_ok("ddp ok", 3)
 
@@ -38,7 +42,7 @@ def test_ddp_under_ferrocx_launch_matches_gloo():
     run_job("ddp.py", 2, launcher="ferrocx").expect_ok("ddp ok", 2)
 
 
-@pytest.mark.parametrize("cases,world", [(["dtype", "op", "shape"], 2), (["dead"], 3)])
+@pytest.mark.parametrize("cases,world", [(["dtype", "op", "local", "shape"], 2), (["dead"], 3)])
 def test_bad_input_raises_ferrocx_error(cases, world):
     job = run_job("errors.py", world, *cases, env={"FERROCX_TIMEOUT_MS": "5000"})
     survivors = world - 1 if cases == ["dead"] else world

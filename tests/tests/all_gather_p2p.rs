@@ -7,8 +7,9 @@
 //! per-slice hook), and on the host right after its event completes: the data is in place
 //! when the event fires, and the events of one stream fire in issue order (of every stream,
 //! where the CCL runs the exchanges one after another). On 4 ranks, a slice arrives before a
-//! late rank has even called the gather. A job across clusters takes the cross-cluster plan's
-//! all-gather. Bad arguments get errors naming them.
+//! late rank has even called the gather. Several tournament rounds in one group of send/recv
+//! (3, 4, 5 ranks). A job across clusters takes the cross-cluster plan's all-gather. Bad
+//! arguments get errors naming them.
 
 mod window_ranks;
 
@@ -291,6 +292,24 @@ fn all_gather_p2p_4_ranks() {
         Some(_) => rank_main(),
         None => {
             Job::new(T, 4).run();
+        }
+    }
+}
+
+/// Several rounds of the tournament in one group of the CCL's send/recv
+/// (`FERROCX_P2P_ROUNDS_PER_GROUP`): 2 rounds a group on 3, 4 and 5 ranks (an odd world's bye
+/// rounds fall inside groups), every round in one group on 4; the same checks as above.
+#[test]
+fn all_gather_p2p_rounds_grouped() {
+    const T: &str = "all_gather_p2p_rounds_grouped";
+    match rank_of(T) {
+        Some(_) => rank_main(),
+        None => {
+            for (world, per) in [(3, "2"), (4, "2"), (5, "2"), (4, "3")] {
+                Job::new(T, world)
+                    .env(ferrocx::comm::p2p::ROUNDS_PER_GROUP_ENV, per)
+                    .run();
+            }
         }
     }
 }

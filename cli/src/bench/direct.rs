@@ -40,7 +40,12 @@ mod imp {
         api: &'static Api,
         comm: sys::ncclComm_t,
         nranks: i32,
+        /// `--direct-symmetric`: the buffers `ncclMemAlloc` gave and their windows on `comm`.
+        symmetric: Vec<(*mut c_void, *mut c_void)>,
     }
+
+    /// `NCCL_WIN_COLL_SYMMETRIC`: the window may be used by NCCL's symmetric kernels.
+    const NCCL_WIN_COLL_SYMMETRIC: i32 = 1;
 
     /// `Ok` for `ncclSuccess`, else NCCL's words for `rc`.
     fn check(api: &Api, op: &str, rc: sys::ncclResult_t) -> Result<(), Box<dyn Error>> {
@@ -117,6 +122,7 @@ mod imp {
                 api,
                 comm: raw,
                 nranks,
+                symmetric: Vec::new(),
             };
             let mut device = -1;
             // SAFETY: the communicator just made; a valid out-pointer.
@@ -136,7 +142,63 @@ mod imp {
 
         /// The library and its version, for the report.
         pub fn describe(&self) -> String {
-            format!("libnccl {} ({})", self.api.version_string(), self.api.path)
+            let symmetric = match self.symmetric.is_empty() {
+                true => "",
+                false => ", buffers registered as symmetric windows",
+            };
+            format!(
+                "libnccl {} ({}){symmetric}",
+                self.api.version_string(),
+                self.api.path
+            )
+        }
+
+        /// `n` buffers of `bytes` each from `ncclMemAlloc` on the current device, each
+        /// registered on the direct communicator as a symmetric window
+        /// (`ncclCommWindowRegister` with `NCCL_WIN_COLL_SYMMETRIC`, NCCL >= 2.27), so that
+        /// NCCL may run its symmetric kernels on them. Collective: every rank asks for the same
+        /// sizes. The buffers live as long as this communicator.
+        pub fn symmetric_buffers(
+            &mut self,
+            bytes: usize,
+            n: usize,
+        ) -> Result<Vec<DevicePtr>, Box<dyn Error>> {
+            let api = self.api;
+            let lacks = |f: &str| {
+                format!(
+                    "--direct-symmetric needs {f} (NCCL 2.27 or later); {} is NCCL {}",
+                    api.path,
+                    api.version_string()
+                )
+            };
+            let alloc = api.ncclMemAlloc.ok_or_else(|| lacks("ncclMemAlloc"))?;
+            let register = api
+                .ncclCommWindowRegister
+                .ok_or_else(|| lacks("ncclCommWindowRegister"))?;
+            api.ncclCommWindowDeregister
+                .ok_or_else(|| lacks("ncclCommWindowDeregister"))?;
+            api.ncclMemFree.ok_or_else(|| lacks("ncclMemFree"))?;
+            let mut out = Vec::with_capacity(n);
+            for _ in 0..n {
+                let mut p: *mut c_void = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer; NCCL allocates on this thread's current device.
+                check(api, "ncclMemAlloc", unsafe { alloc(&mut p, bytes) })?;
+                let mut win: *mut c_void = std::ptr::null_mut();
+                // SAFETY: `p` holds `bytes` (just allocated), the communicator is live, and
+                // every rank registers the same sizes in the same order (collective).
+                let rc =
+                    unsafe { register(self.comm, p, bytes, &mut win, NCCL_WIN_COLL_SYMMETRIC) };
+                if let Err(e) = check(api, "ncclCommWindowRegister", rc) {
+                    if let Some(free) = api.ncclMemFree {
+                        // SAFETY: the allocation just made, not registered, freed once.
+                        let _ = unsafe { free(p) };
+                    }
+                    return Err(e);
+                }
+                self.symmetric.push((p, win));
+                out.push(DevicePtr(p as usize as u64));
+            }
+            Ok(out)
         }
 
         /// Enqueues `op` on `stream` through libnccl.
@@ -225,6 +287,19 @@ mod imp {
 
     impl Drop for Direct {
         fn drop(&mut self) {
+            for (p, win) in self.symmetric.drain(..) {
+                // SAFETY: a window and allocation of `symmetric_buffers` (whose functions it
+                // checked present), released once, before the communicator; the bench has
+                // synchronised its stream. A failure at exit is not actionable.
+                unsafe {
+                    if let Some(dereg) = self.api.ncclCommWindowDeregister {
+                        let _ = dereg(self.comm, win);
+                    }
+                    if let Some(free) = self.api.ncclMemFree {
+                        let _ = free(p);
+                    }
+                }
+            }
             // SAFETY: the communicator made in `connect`, destroyed once; the bench has
             // synchronised its stream. A failure at exit is not actionable.
             let _ = unsafe { (self.api.ncclCommDestroy)(self.comm) };
@@ -255,6 +330,15 @@ mod imp {
 
         /// Unreachable: no value exists.
         pub fn describe(&self) -> String {
+            match *self {}
+        }
+
+        /// Unreachable: no value exists.
+        pub fn symmetric_buffers(
+            &mut self,
+            _bytes: usize,
+            _n: usize,
+        ) -> Result<Vec<DevicePtr>, Box<dyn Error>> {
             match *self {}
         }
 

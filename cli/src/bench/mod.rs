@@ -88,6 +88,12 @@ pub struct BenchArgs {
     /// ferrocx/direct bus-bandwidth ratio and the latency ferrocx adds. nccl backend only.
     #[arg(long)]
     pub direct: bool,
+    /// With --direct: the bench's buffers come from `ncclMemAlloc` and are registered on the
+    /// direct communicator as symmetric windows (`ncclCommWindowRegister` with
+    /// `NCCL_WIN_COLL_SYMMETRIC`, NCCL >= 2.27), so NCCL called directly may run its symmetric
+    /// kernels: the reference at its fastest. ferrocx runs on the same buffers.
+    #[arg(long, requires = "direct")]
+    pub direct_symmetric: bool,
     /// How all_reduce runs: `ccl` (the CCL's own), `auto` (where the communicator's router
     /// sends it, as a program's call goes), `window` (ferrocx's window algorithm the size
     /// picks: one-shot, two-shot, then the ring), or one of `one-shot`, `two-shot`, `ring`
@@ -496,6 +502,9 @@ impl BenchArgs {
         }
         if self.direct {
             a.push("--direct".into());
+        }
+        if self.direct_symmetric {
+            a.push("--direct-symmetric".into());
         }
         if self.json {
             a.push("--json".into());

@@ -42,10 +42,13 @@ const POISON: u8 = 0xff;
 /// faulty CCL would, so that the wrong-result path can be tested end to end.
 pub const ENV_INJECT_FAULT: &str = "FERROCX_BENCH_INJECT_FAULT";
 
-/// Device memory, freed on drop.
+/// Device memory, freed on drop when the device adaptor allocated it.
 struct Buffer {
     device: Device,
     ptr: DevicePtr,
+    /// Whether `ptr` came from the device adaptor (else its owner frees it:
+    /// `--direct-symmetric`'s buffers belong to the direct communicator).
+    owned: bool,
 }
 
 impl Buffer {
@@ -54,7 +57,17 @@ impl Buffer {
         Ok(Buffer {
             device: device.clone(),
             ptr,
+            owned: true,
         })
+    }
+
+    /// Memory that another owner frees, after this buffer is dropped.
+    fn borrowed(device: &Device, ptr: DevicePtr) -> Buffer {
+        Buffer {
+            device: device.clone(),
+            ptr,
+            owned: false,
+        }
     }
 
     /// The address `offset` bytes in.
@@ -65,6 +78,9 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // A failed free at exit is not actionable; the adaptor logs it.
         // SAFETY: the allocation `new` made, freed once; the worker synchronizes its stream before
         // its buffers drop.
@@ -744,13 +760,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
             "--root {root} is not a rank of a {n}-rank job"
         )));
     }
-    let direct = match args.direct {
+    let mut direct = match args.direct {
         true => Some(Direct::connect(&comm, &ccl_options(args, &comm)?)?),
         false => None,
     };
-    let direct_library = direct.as_ref().map(Direct::describe);
     let repeats = args.repeats() as usize;
-    let paths = match direct {
+    let paths = match &direct {
         Some(_) => vec![Path::Ferrocx, Path::Direct],
         None => vec![Path::Ferrocx],
     };
@@ -788,6 +803,22 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
     ) {
         return Err(why.into());
     }
+    // `--direct-symmetric`: both buffers from NCCL, registered as symmetric windows on the
+    // direct communicator (which outlives them: `Bench` drops `a` and `b` before `direct`).
+    let (a, b) = match direct.as_mut().filter(|_| args.direct_symmetric) {
+        Some(d) => {
+            let v = d.symmetric_buffers(largest.max(8), 2)?;
+            (
+                Buffer::borrowed(&device, v[0]),
+                Buffer::borrowed(&device, v[1]),
+            )
+        }
+        None => (
+            Buffer::new(&device, largest)?,
+            Buffer::new(&device, largest)?,
+        ),
+    };
+    let direct_library = direct.as_ref().map(Direct::describe);
     let mut bench = Bench {
         comm: &comm,
         args,
@@ -795,8 +826,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         es,
         redop,
         root,
-        a: Buffer::new(&device, largest)?,
-        b: Buffer::new(&device, largest)?,
+        a,
+        b,
         // Per placement and path: each run's time and the wrong count.
         stats: Buffer::new(&device, stats_bytes)?,
         host: vec![0u8; largest.max(8)],

@@ -11,6 +11,10 @@
 //!                        rank's peer has this rank as its round-k peer)
 //! ```
 //!
+//! With `FERROCX_P2P_ROUNDS_PER_GROUP=g` ([`ROUNDS_PER_GROUP_ENV`]) the exchanges of `g`
+//! consecutive rounds form one group on one stream, so that the CCL drives several links at
+//! once; their slices' events fire together.
+//!
 //! # Why the tournament order
 //!
 //! A CCL runs the operations of one communicator in the order each rank issued them, whatever
@@ -67,6 +71,32 @@ const LINE: usize = 64;
 /// round-`k` peer. Every other rank appears once; on an odd world one round of each rank has
 /// no peer and is left out.
 pub fn schedule(world: usize, rank: usize) -> Vec<usize> {
+    rounds(world, rank).into_iter().flatten().collect()
+}
+
+/// Environment variable: rounds of the tournament whose exchanges go into one group of the
+/// CCL's point-to-point calls (default [`DEFAULT_ROUNDS_PER_GROUP`]). A CCL runs one
+/// communicator's groups one after another, so one exchange per group moves data over one
+/// link at a time; more rounds per group let the CCL drive several links at once, and the
+/// slices of a group arrive together (one event time for all of them).
+pub const ROUNDS_PER_GROUP_ENV: &str = "FERROCX_P2P_ROUNDS_PER_GROUP";
+
+/// Rounds per group unless [`ROUNDS_PER_GROUP_ENV`] says otherwise.
+pub const DEFAULT_ROUNDS_PER_GROUP: usize = 1;
+
+/// Rounds per group of this process (at least 1).
+fn rounds_per_group() -> usize {
+    std::env::var(ROUNDS_PER_GROUP_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&g| g > 0)
+        .unwrap_or(DEFAULT_ROUNDS_PER_GROUP)
+}
+
+/// The tournament of [`schedule`] round by round: `rounds(world, rank)[k]` is `rank`'s peer in
+/// round `k`, `None` in its bye round (odd worlds). Every rank has the same number of rounds, so
+/// rounds cut into groups alike on every rank keep each exchange's two ends in the same group.
+pub fn rounds(world: usize, rank: usize) -> Vec<Option<usize>> {
     if world < 2 || rank >= world {
         return Vec::new();
     }
@@ -85,9 +115,7 @@ pub fn schedule(world: usize, rank: usize) -> Vec<usize> {
                 p
             }
         };
-        if peer < world {
-            peers.push(peer);
-        }
+        peers.push((peer < world).then_some(peer));
     }
     peers
 }
@@ -609,29 +637,56 @@ impl<'a> Call<'a> {
         handle.order.push(me);
         each(&own)?;
 
-        for peer in schedule(world, me) {
-            let slice = handle.slices[peer];
+        // Exchanges in groups of `per` rounds (one round each through staging reads), each
+        // slice recorded once its group is issued. One round a group: slice `j` on stream
+        // `j mod n`; several: group `k` on stream `(k + 1) mod n`.
+        let per = match staging {
+            Some(_) => 1,
+            None => rounds_per_group(),
+        };
+        let table = rounds(world, me);
+        for (k, group) in table.chunks(per).enumerate() {
+            let peers: Vec<usize> = group.iter().flatten().copied().collect();
+            let stream = match peers.as_slice() {
+                [one] => pool[one % n],
+                _ => pool[(k + 1) % n],
+            };
+            for &peer in &peers {
+                handle.slices[peer].stream = stream;
+            }
             match &staging {
-                Some((round, peers)) => self.read(slice, bytes, *round, peers)?,
-                None if bytes > 0 => {
-                    let to = c.peer(peer)?;
+                Some((round, ranks)) => {
+                    for &peer in &peers {
+                        self.read(handle.slices[peer], bytes, *round, ranks)?;
+                    }
+                }
+                None if bytes > 0 && !peers.is_empty() => {
+                    let to = peers
+                        .iter()
+                        .map(|&p| c.peer(p))
+                        .collect::<Result<Vec<_>, _>>()?;
                     c.group(|| {
-                        // SAFETY: the caller's contract: the slice of `recv` and `send` hold
-                        // `send_count` elements until the slice's event fires.
-                        unsafe {
-                            c.ccl
-                                .recv(slice.ptr, send_count, dtype, to, c.comm, slice.stream)?;
-                            c.ccl
-                                .send(send, send_count, dtype, to, c.comm, slice.stream)?;
+                        for (&peer, &to) in peers.iter().zip(&to) {
+                            let slice = handle.slices[peer];
+                            // SAFETY: the caller's contract: the slice of `recv` and `send`
+                            // hold `send_count` elements until the slice's event fires.
+                            unsafe {
+                                c.ccl
+                                    .recv(slice.ptr, send_count, dtype, to, c.comm, stream)?;
+                                c.ccl.send(send, send_count, dtype, to, c.comm, stream)?;
+                            }
                         }
                         Ok(())
                     })?;
                 }
                 None => {}
             }
-            c.device.event_record(slice.event, slice.stream)?;
-            handle.order.push(peer);
-            each(&slice)?;
+            for &peer in &peers {
+                let slice = handle.slices[peer];
+                c.device.event_record(slice.event, slice.stream)?;
+                handle.order.push(peer);
+                each(&slice)?;
+            }
         }
         Ok(handle)
     }

@@ -52,8 +52,9 @@ fn threshold() -> usize {
 }
 
 impl Enqueuer {
-    /// Starts the enqueuer of `core`, where its device has what it needs.
-    pub(crate) fn start(core: &Arc<HeteroCore>) -> Option<Enqueuer> {
+    /// Starts the enqueuer of `core`, where its device has what it needs; its thread selects
+    /// device `ordinal` (the rank's) before anything else.
+    pub(crate) fn start(core: &Arc<HeteroCore>, ordinal: i32) -> Option<Enqueuer> {
         let chunks = threshold();
         let device = &core.device;
         if chunks == 0 || !device.has_memops() {
@@ -70,9 +71,15 @@ impl Enqueuer {
         };
         let (tx, rx) = channel::<Task>();
         let run = core.clone();
+        // The device selection is per thread (CUDA's current context): the enqueuer's copies
+        // and events must go to the device of the thread that made the communicator, not to
+        // device 0 (a rank on another GPU would fail with an invalid handle).
         let thread = std::thread::Builder::new()
             .name("ferrocx-bridge-enqueue".into())
             .spawn(move || {
+                if let Err(e) = run.device.set_device(ordinal) {
+                    tracing::warn!("the bridge's enqueuer could not select device {ordinal}: {e}");
+                }
                 for task in rx {
                     task(&run);
                     run.backlog.ran_one();

@@ -2516,7 +2516,7 @@ impl Hetero {
             name,
             timeout,
         )?);
-        let enqueuer = Enqueuer::start(&core);
+        let enqueuer = Enqueuer::start(&core, local_device);
         Ok(Hetero {
             imp: Imp::Shm { core, enqueuer },
         })

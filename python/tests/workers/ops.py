@@ -239,11 +239,85 @@ for f in futs:
 f = dist.all_reduce(mine[0].clone(), async_op=True).get_future().then(lambda fut: fut.value()[0] * 2)
 same(f.wait(), reference(R.SUM, mine[0]) * 2, "get_future().then")
 
+# async_op=True on the other short paths: the works complete with the results, and a temporary
+# input (no other owner once the call returns) is kept alive until then
+n = 1001
+x = data(n, torch.float32, seed("async-bc"))
+theirs = x.clone()
+dist.broadcast(theirs, src=world - 1, group=gloo)
+mine = x.clone()
+w_bc = dist.broadcast(mine, src=world - 1, async_op=True)
+flat = torch.empty(world * n, dtype=torch.float32)
+x_ag = data(n, torch.float32, seed("async-ag"))
+w_ag = dist.all_gather_into_tensor(flat, x_ag.clone(), async_op=True)
+big = data(world * n, torch.float32, seed("async-rs"))
+out = torch.empty(n, dtype=torch.float32)
+w_rs = dist.reduce_scatter_tensor(out, big.clone(), async_op=True)
+for w in (w_bc, w_ag, w_rs):
+    assert w.wait() is True and w.is_completed() and w.exception() is None
+same(mine, theirs, "async broadcast")
+same(flat, gathered(x_ag).to(torch.float32).reshape(-1), "async all_gather_into_tensor")
+same(w_ag.result()[0], flat, "async all_gather_into_tensor result()")
+same(out, reference(R.SUM, big)[rank * n : (rank + 1) * n], "async reduce_scatter_tensor")
+
+# a caller that waits at once (asyncOp false, as torch's functions without async_op pass it)
+# gets no work, as from torch's NCCL backend, and the result is there on return
+pg = dist.distributed_c10d._get_default_group()
+if hasattr(dist.AllreduceOptions(), "asyncOp"):
+    x = data(257, torch.float32, seed("sync-opts"))
+    mine = x.clone()
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    assert pg.allreduce([mine], opts) is None
+    same(mine, reference(R.SUM, x), "allreduce with asyncOp false")
+    opts.asyncOp = True
+    w = pg.allreduce([mine], opts)
+    assert w is not None and w.wait() is True
+
+# torch's coalescing manager: the calls in it issued together at its end, waited or not
+for async_ops in (False, True):
+    xs = [data(n, torch.float32, seed("coal-ar", async_ops, i)) for i in range(3)]
+    mine = [x.clone() for x in xs]
+    with dist._coalescing_manager(async_ops=async_ops) as cm:
+        for m in mine:
+            dist.all_reduce(m)
+    if async_ops:
+        cm.wait()
+    for i in range(3):
+        same(mine[i], reference(R.SUM, xs[i]), f"coalesced all_reduce async_ops={async_ops} [{i}]")
+    bigs = [data(world * n, torch.float32, seed("coal-rs", async_ops, i)) for i in range(2)]
+    outs = [torch.empty(n, dtype=torch.float32) for _ in bigs]
+    with dist._coalescing_manager(async_ops=async_ops) as cm:
+        for o, b in zip(outs, bigs):
+            dist.reduce_scatter_tensor(o, b)
+    if async_ops:
+        cm.wait()
+    for i in range(2):
+        same(outs[i], reference(R.SUM, bigs[i])[rank * n : (rank + 1) * n], f"coalesced reduce_scatter_tensor async_ops={async_ops} [{i}]")
+    ins = [data(n, torch.float32, seed("coal-ag", async_ops, i)) for i in range(2)]
+    flats = [torch.empty(world * n, dtype=torch.float32) for _ in ins]
+    with dist._coalescing_manager(async_ops=async_ops) as cm:
+        for f, i in zip(flats, ins):
+            dist.all_gather_into_tensor(f, i)
+    if async_ops:
+        cm.wait()
+    for i in range(2):
+        same(flats[i], gathered(ins[i]).to(torch.float32).reshape(-1), f"coalesced all_gather_into_tensor async_ops={async_ops} [{i}]")
+
 # a non-contiguous tensor
 x = data(6 * 5, torch.float32, seed("nc")).reshape(6, 5)
 t = x.clone().t()
 dist.all_reduce(t)
 same(t, reference(R.SUM, x).t(), "all_reduce of a transposed tensor")
+x = data(5, torch.float32, seed("nc-ag"))
+flat = torch.empty(5, world).t()  # world x 5, not contiguous
+dist.all_gather_into_tensor(flat, x)
+same(flat, gathered(x).to(torch.float32), "all_gather_into_tensor into a transposed tensor")
+big = data(world * 4, torch.float32, seed("nc-rs")).reshape(4, world)
+out = torch.empty(2, 2).t()  # 4 elements, not contiguous
+dist.reduce_scatter_tensor(out, big.t())
+want = reference(R.SUM, big.t().contiguous().reshape(-1))[rank * 4 : (rank + 1) * 4]
+same(out.reshape(-1), want, "reduce_scatter_tensor of transposed tensors")
 
 # a subgroup of the ranks (every rank makes it; its members use it)
 if world >= 3:

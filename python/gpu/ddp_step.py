@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""A DDP training step on ferrocx's backend against the same step on torch's ``nccl``, in one
+job: two copies of one model, each wrapped in DDP over its own process group (the default group
+on ``nccl``, a whole-world group on ``"ferrocx"``), stepped alternately on the same batches.
+
+    torchrun --nproc-per-node N python/gpu/ddp_step.py [--steps 40] [--width 4096] [--layers 8]
+
+The model is ``--layers`` square linear layers of ``--width`` (f32, ReLU between them); each
+rank feeds a batch of ``--batch`` rows of its own. DDP's gradient buckets (25 MiB by default)
+are all-reduced during the backward pass, overlapping it, as in training. A step is timed from
+the forward pass to the optimizer's step, the device synchronized on both ends; after
+``--warmup`` untimed steps of each, the two alternate (which goes first alternates too). The
+median step time of each, their ratio and the largest difference between the two models'
+parameters at the end (they see the same data from the same initial weights) are printed by
+rank 0. Exit status 1 when the parameters differ by more than the tolerance. On a machine
+without a GPU it runs on CPU tensors against gloo instead (a check of the script).
+
+NCCL_NVLS_ENABLE is set to 0 when the environment leaves it unset (no multicast objects).
+"""
+
+import os
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("FERROCX_MULTICAST", "0")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import ferrocx.torch  # noqa: E402,F401  registers the backend
+
+
+def model(width, layers, device):
+    torch.manual_seed(1234)
+    mods = []
+    for i in range(layers):
+        mods.append(torch.nn.Linear(width, width))
+        if i + 1 < layers:
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods).to(device)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--tolerance", type=float, default=1e-4)
+    a = p.parse_args()
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available()
+    ref = "nccl" if cuda else "gloo"  # a machine without a GPU: CPU tensors against gloo
+    if cuda:
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        try:
+            dist.init_process_group(ref, device_id=device)
+        except TypeError:
+            dist.init_process_group(ref)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(ref)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    ids = [local] if cuda else None
+    rank, n = dist.get_rank(), dist.get_world_size()
+    fx = dist.new_group(backend="ferrocx")
+
+    runs = {
+        ref: DDP(model(a.width, a.layers, device), device_ids=ids),
+        "ferrocx": DDP(model(a.width, a.layers, device), device_ids=ids, process_group=fx),
+    }
+    opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in runs.items()}
+    params = sum(x.numel() for x in runs[ref].parameters())
+
+    def batch(step):
+        g = torch.Generator(device="cpu").manual_seed(step * 1000 + rank)
+        x = torch.randn(a.batch, a.width, generator=g).to(device)
+        y = torch.randn(a.batch, a.width, generator=g).to(device)
+        return x, y
+
+    def step(name, i):
+        m, opt = runs[name], opts[name]
+        x, y = batch(i)
+        sync()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        loss.backward()
+        opt.step()
+        sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    for i in range(a.warmup):
+        for name in runs:
+            step(name, i)
+    times = {k: [] for k in runs}
+    for i in range(a.warmup, a.warmup + a.steps):
+        order = list(runs) if i % 2 == 0 else list(runs)[::-1]
+        for name in order:
+            times[name].append(step(name, i))
+
+    # The slowest rank's median per backend.
+    med = torch.tensor([statistics.median(times[k]) for k in runs], device=device)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    diff = max(
+        (x - y).abs().max().item()
+        for x, y in zip(runs[ref].parameters(), runs["ferrocx"].parameters())
+    )
+    d = torch.tensor([diff], device=device)
+    dist.all_reduce(d, op=dist.ReduceOp.MAX)
+    ok = d.item() <= a.tolerance
+    if rank == 0:
+        t_ref, t_fx = med.tolist()
+        print(
+            f"# DDP step: {n} ranks, {a.layers} x Linear({a.width}), {params / 1e6:.1f} M "
+            f"parameters (f32), batch {a.batch} per rank, {a.steps} steps each, alternating"
+        )
+        print(f"{ref:8} median step {t_ref:8.3f} ms")
+        print(f"ferrocx  median step {t_fx:8.3f} ms   ratio ferrocx/{ref} {t_fx / t_ref:.3f}")
+        verdict = "OK" if ok else "FAILED"
+        print(f"# largest parameter difference {d.item():.3g} (tolerance {a.tolerance}) {verdict}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
