@@ -280,7 +280,8 @@ fn a_communicator_over_some_ranks_needs_nothing_of_the_others() {
 #[test]
 fn two_clusters_on_mpi_make_their_communicators_side_by_side_and_bridge() {
     // World ranks 0-1 and 2-3 are two clusters, each with its own MPI communicator (made at the
-    // same time, each by its own ranks only); the shared-memory bridge joins them.
+    // same time, each by its own ranks only); the shared-memory bridge joins them (`auto`: every
+    // rank is on this host).
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("two.toml");
     std::fs::write(
@@ -289,7 +290,7 @@ fn two_clusters_on_mpi_make_their_communicators_side_by_side_and_bridge() {
          [[cluster]]\nname = \"a\"\nranks = \"0-1\"\ndevice = \"host\"\nccl = \"mpi\"\n\
          fallback = \"none\"\nmulticast = \"off\"\n\n\
          [[cluster]]\nname = \"b\"\nranks = \"2-3\"\ndevice = \"host\"\nccl = \"mpi\"\n\
-         fallback = \"none\"\nmulticast = \"off\"\n\n[bridge]\nccl = \"host\"\n",
+         fallback = \"none\"\nmulticast = \"off\"\n\n[bridge]\nccl = \"auto\"\n",
     )
     .unwrap();
     let cfg = cfg.to_str().unwrap().to_string();
@@ -302,6 +303,7 @@ fn two_clusters_on_mpi_make_their_communicators_side_by_side_and_bridge() {
     );
     let t = text(&out);
     assert!(out.status.success(), "{t}");
+    assert_eq!(t.matches("bridge shared memory").count(), 4, "{t}");
     for r in 0..4 {
         assert!(
             t.contains(&format!(
@@ -1417,6 +1419,8 @@ fn rank_hetero() {
     let seed: u64 = std::env::var(SEED).unwrap().parse().unwrap();
     let comm = Communicator::from_env().expect("communicator");
     let (me, p) = (comm.rank(), comm.world());
+    let kind = comm.hetero().expect("a job across clusters").kind();
+    println!("rank {me}: bridge {kind}");
     assert_eq!(comm.ccl().name(), "mpi");
     let mut fails = Vec::new();
     for (case, (d, op, n)) in [
