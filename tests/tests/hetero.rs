@@ -461,14 +461,15 @@ fn a_rank_killed_mid_collective_is_named_with_its_cluster() {
 }
 
 #[test]
-fn mpi_bridge_is_refused_at_init_with_the_key() {
-    const TEST: &str = "mpi_bridge_is_refused_at_init_with_the_key";
+fn mpi_bridge_without_the_mpi_adaptor_is_refused_naming_it() {
+    const TEST: &str = "mpi_bridge_without_the_mpi_adaptor_is_refused_naming_it";
     if rank_of(TEST).is_some() {
         ferrocx_adaptor_host::link();
+        // This program has no built-in `mpi` adaptor and the job names no plugin directory.
         let e = Communicator::from_env().err().expect("refused");
         let s = e.to_string();
         assert!(
-            s.contains("bridge.ccl") && s.contains("not available yet"),
+            s.contains("needs the `mpi` CCL adaptor") && s.contains("libferrocx_adaptor_mpi.so"),
             "{s}"
         );
         println!("RANK OK");

@@ -41,6 +41,9 @@ pub(crate) struct MpiComm {
     pending: AtomicUsize,
     idle: Condvar,
     idle_lock: Mutex<()>,
+    /// Persistent all-reduces of small messages, made once per (count, type, op) and started
+    /// again for each call (see `ops::persistent`).
+    pub persist: Mutex<Vec<crate::ops::Persistent>>,
 }
 
 /// The live communicators of this process.
@@ -197,6 +200,7 @@ pub(crate) fn create(m: &'static Mpi, init: &CommInit<'_>) -> Result<MpiComm> {
         pending: AtomicUsize::new(0),
         idle: Condvar::new(),
         idle_lock: Mutex::new(()),
+        persist: Mutex::new(Vec::new()),
     })
 }
 
@@ -437,6 +441,12 @@ impl Drop for MpiComm {
             return;
         }
         let _g = lock();
+        if let Some(pa) = self.mpi.lib.persist.as_deref() {
+            let cache = self.persist.get_mut().unwrap_or_else(|p| p.into_inner());
+            for e in cache.drain(..) {
+                e.free(pa);
+            }
+        }
         let mut c = self.comm;
         // SAFETY: the communicator is ours and has no pending operation.
         unsafe {

@@ -16,8 +16,12 @@
 //! - Every operation is a non-blocking MPI call (`MPI_Iallreduce`, …) started in stream order by
 //!   the host device's stream worker, which then tests it until it completes, the
 //!   communicator's deadline passes (`TIMEOUT`, naming the operation) or it is aborted; the
-//!   calling thread only enqueues. f16 and bf16 are reduced in f32; `avg` is a sum divided by
-//!   the number of ranks. Grouped sends and receives are started together in one stream task
+//!   calling thread only enqueues. All-reduces up to 64 KiB (not f16/bf16) are persistent
+//!   (MPI 4's `MPI_Allreduce_init` once per count, type and op, then `MPI_Start` per call, the
+//!   data copied through the request's own buffers) where the library has them: MPICH builds
+//!   a schedule for every `MPI_Iallreduce`, several µs at 8 B, which a started persistent
+//!   request does not pay. f16 and bf16 are reduced in f32; `avg` is a sum divided by the
+//!   number of ranks. Grouped sends and receives are started together in one stream task
 //!   (as with NCCL, a send and a receive that depend on each other must be grouped). Counts are
 //!   MPI's `int`: a larger one is refused when enqueued.
 //! - A wait that fails (deadline, abort, an error MPI reports) leaves its request pending: the

@@ -78,6 +78,8 @@ pub(crate) struct Consts {
     /// single, funneled, serialized, multiple.
     pub thread: [c_int; 4],
     pub any_source: c_int,
+    /// `MPI_INFO_NULL` (0 where the library has none to find: no persistent collectives).
+    pub info_null: H,
 }
 
 const STANDARD: Consts = Consts {
@@ -90,6 +92,7 @@ const STANDARD: Consts = Consts {
     ops: [0x21, 0x24, 0x22, 0x23],
     thread: [0, 1024, 2048, 4096],
     any_source: -1,
+    info_null: 0x130,
 };
 
 const MPICH: Consts = Consts {
@@ -111,6 +114,7 @@ const MPICH: Consts = Consts {
     ops: [0x5800_0003, 0x5800_0004, 0x5800_0002, 0x5800_0001],
     thread: [0, 1, 2, 3],
     any_source: -2,
+    info_null: 0x1c00_0000,
 };
 
 /// Open MPI's predefined objects, by symbol: their addresses are the handles.
@@ -221,6 +225,86 @@ mpi_fns! {
     ialltoall = "MPI_Ialltoall": (*const c_void, c_int, T, *mut c_void, c_int, T, T, *mut T);
     ialltoallv = "MPI_Ialltoallv": (*const c_void, *const c_int, *const c_int, T, *mut c_void,
         *const c_int, *const c_int, T, T, *mut T);
+}
+
+/// MPI 4's persistent all-reduce: `MPI_Allreduce_init`, `MPI_Start`, `MPI_Request_free`.
+struct Persist<T> {
+    allreduce_init:
+        unsafe extern "C" fn(*const c_void, *mut c_void, c_int, T, T, T, T, *mut T) -> c_int,
+    start: unsafe extern "C" fn(*mut T) -> c_int,
+    request_free: unsafe extern "C" fn(*mut T) -> c_int,
+}
+
+impl<T: Handle> Persist<T> {
+    /// The three entry points, or `None` where the library lacks one (MPI before 4).
+    ///
+    /// # Safety
+    /// `lib` must be an MPI library whose handle type is `T`.
+    unsafe fn load(lib: &Library) -> Option<Self> {
+        // SAFETY: (all three) the symbol is the MPI function of this name, of the signature
+        // declared in the struct, with `T` the library's handle type.
+        unsafe {
+            Some(Persist {
+                allreduce_init: *lib.get(b"MPI_Allreduce_init\0").ok()?,
+                start: *lib.get(b"MPI_Start\0").ok()?,
+                request_free: *lib.get(b"MPI_Request_free\0").ok()?,
+            })
+        }
+    }
+}
+
+/// The persistent all-reduce, with handles as [`H`]; the caller holds the adaptor's MPI lock.
+#[allow(clippy::too_many_arguments, missing_docs)]
+pub(crate) trait PersistApi: Send + Sync {
+    unsafe fn allreduce_init(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        n: c_int,
+        dt: H,
+        op: H,
+        comm: H,
+        info: H,
+        req: &mut H,
+    ) -> Rc;
+    unsafe fn start(&self, req: &mut H) -> Rc;
+    unsafe fn request_free(&self, req: &mut H) -> Rc;
+}
+
+impl<T: Handle> PersistApi for Persist<T> {
+    unsafe fn allreduce_init(
+        &self,
+        s: *const c_void,
+        r: *mut c_void,
+        n: c_int,
+        dt: H,
+        op: H,
+        comm: H,
+        info: H,
+        req: &mut H,
+    ) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
+        out::<T>(req, |q| unsafe {
+            (self.allreduce_init)(
+                s,
+                r,
+                n,
+                T::from_h(dt),
+                T::from_h(op),
+                T::from_h(comm),
+                T::from_h(info),
+                q,
+            )
+        })
+    }
+    unsafe fn start(&self, req: &mut H) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
+        out::<T>(req, |q| unsafe { (self.start)(q) })
+    }
+    unsafe fn request_free(&self, req: &mut H) -> Rc {
+        // SAFETY: the caller upholds the contract of the MPI function called.
+        out::<T>(req, |q| unsafe { (self.request_free)(q) })
+    }
 }
 
 /// Outcome of a call: the MPI return code (0 is `MPI_SUCCESS`).
@@ -707,6 +791,8 @@ pub(crate) struct MpiLib {
     pub c: Consts,
     /// Its entry points.
     pub api: Box<dyn Api>,
+    /// Its persistent all-reduce (MPI 4), where it has one.
+    pub persist: Option<Box<dyn PersistApi>>,
     _lib: Library,
 }
 
@@ -839,16 +925,33 @@ fn make(path: String, abi: Abi, lib: Library) -> Result<MpiLib, String> {
                 ops: [v[12], v[13], v[14], v[15]],
                 thread: [0, 1, 2, 3],
                 any_source: -1,
+                // SAFETY: the address of a predefined object is its handle; it is not read.
+                info_null: unsafe { lib.get::<*const c_void>(b"ompi_mpi_info_null\0") }
+                    .map_or(0, |p| *p as usize),
             };
             // SAFETY: Open MPI's handles are pointers.
             (c, Box::new(unsafe { Fns::<usize>::load(&lib)? }))
         }
     };
+    let persist: Option<Box<dyn PersistApi>> =
+        if c.info_null == 0 {
+            None
+        } else {
+            match abi {
+                // SAFETY: MPICH's handles are ints.
+                Abi::Mpich => unsafe { Persist::<c_int>::load(&lib) }
+                    .map(|p| Box::new(p) as Box<dyn PersistApi>),
+                // SAFETY: the standard ABI's and Open MPI's handles are pointers.
+                _ => unsafe { Persist::<usize>::load(&lib) }
+                    .map(|p| Box::new(p) as Box<dyn PersistApi>),
+            }
+        };
     Ok(MpiLib {
         path,
         abi,
         c,
         api,
+        persist,
         _lib: lib,
     })
 }

@@ -16,10 +16,13 @@ use std::time::{Duration, Instant};
 use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp};
 use ferrocx::comm::Communicator;
 use ferrocx::half::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use ferrocx::hetero::BridgeKind;
 use ferrocx::route::Route;
 
 const ROLE: &str = "FERROCX_MPI_TEST_ROLE";
 const SEED: &str = "FERROCX_MPI_TEST_SEED";
+/// Set (to `mpi`) when the job spans clusters and must cross them over that bridge.
+const BRIDGE: &str = "FERROCX_MPI_TEST_BRIDGE";
 
 /// `mpiexec` from `PATH` (the test script puts the virtual environment's `bin` first) or
 /// `$FERROCX_VENV/bin`; a clear failure when neither has it.
@@ -277,7 +280,8 @@ fn a_communicator_over_some_ranks_needs_nothing_of_the_others() {
 #[test]
 fn two_clusters_on_mpi_make_their_communicators_side_by_side_and_bridge() {
     // World ranks 0-1 and 2-3 are two clusters, each with its own MPI communicator (made at the
-    // same time, each by its own ranks only); the shared-memory bridge joins them.
+    // same time, each by its own ranks only); the shared-memory bridge joins them (`auto`: every
+    // rank is on this host).
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("two.toml");
     std::fs::write(
@@ -286,7 +290,7 @@ fn two_clusters_on_mpi_make_their_communicators_side_by_side_and_bridge() {
          [[cluster]]\nname = \"a\"\nranks = \"0-1\"\ndevice = \"host\"\nccl = \"mpi\"\n\
          fallback = \"none\"\nmulticast = \"off\"\n\n\
          [[cluster]]\nname = \"b\"\nranks = \"2-3\"\ndevice = \"host\"\nccl = \"mpi\"\n\
-         fallback = \"none\"\nmulticast = \"off\"\n\n[bridge]\nccl = \"host\"\n",
+         fallback = \"none\"\nmulticast = \"off\"\n\n[bridge]\nccl = \"auto\"\n",
     )
     .unwrap();
     let cfg = cfg.to_str().unwrap().to_string();
@@ -299,6 +303,7 @@ fn two_clusters_on_mpi_make_their_communicators_side_by_side_and_bridge() {
     );
     let t = text(&out);
     assert!(out.status.success(), "{t}");
+    assert_eq!(t.matches("bridge shared memory").count(), 4, "{t}");
     for r in 0..4 {
         assert!(
             t.contains(&format!(
@@ -307,6 +312,185 @@ fn two_clusters_on_mpi_make_their_communicators_side_by_side_and_bridge() {
             )),
             "rank {r}:\n{t}"
         );
+    }
+}
+
+/// A config of two clusters on the host device (`a`: `ranks_a` on `ccl_a`, `b`: the others on
+/// `ccl_b`) bridged by `bridge`.
+fn two_clusters(
+    dir: &tempfile::TempDir,
+    timeout_ms: u64,
+    ranks_a: &str,
+    ranks_b: &str,
+    (ccl_a, ccl_b): (&str, &str),
+    bridge: &str,
+) -> String {
+    let cfg = dir.path().join("two.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[runtime]\ntimeout_ms = {timeout_ms}\n\n\
+             [[cluster]]\nname = \"a\"\nranks = \"{ranks_a}\"\ndevice = \"host\"\n\
+             ccl = \"{ccl_a}\"\nfallback = \"none\"\nmulticast = \"off\"\n\n\
+             [[cluster]]\nname = \"b\"\nranks = \"{ranks_b}\"\ndevice = \"host\"\n\
+             ccl = \"{ccl_b}\"\nfallback = \"none\"\nmulticast = \"off\"\n\n\
+             [bridge]\nccl = \"{bridge}\"\n"
+        ),
+    )
+    .unwrap();
+    cfg.to_str().unwrap().to_string()
+}
+
+fn every_collective_over_the_mpi_bridge(n: usize, ranks: (&str, &str), ccls: (&str, &str)) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = two_clusters(&dir, 20_000, ranks.0, ranks.1, ccls, "mpi");
+    let out = launch(
+        n,
+        "collectives",
+        20_000,
+        &["-genv", "FERROCX_CONFIG", &cfg, "-genv", BRIDGE, "mpi"],
+        Duration::from_secs(150),
+    );
+    expect_all_match(&out, n, "libmpi_abi.so.1 (standard)");
+    let t = text(&out);
+    for r in 0..n {
+        assert!(
+            t.contains(&format!("rank {r} (cluster ")) && t.contains("bridge MPI"),
+            "rank {r} did not cross over MPI:\n{t}"
+        );
+    }
+}
+
+#[test]
+fn every_collective_across_clusters_on_the_host_and_mpi_ccls_over_the_mpi_bridge() {
+    // Cluster a: rank 0 alone on the MPI CCL; cluster b: ranks 1-2 on the host CCL. Every
+    // collective, type and op (odd sizes, in place and not) crosses them over MPI.
+    every_collective_over_the_mpi_bridge(3, ("0", "1-2"), ("mpi", "host"));
+}
+
+#[test]
+fn every_collective_across_interleaved_clusters_over_the_mpi_bridge() {
+    // Clusters of non-contiguous ranks, both on the MPI CCL (the bridge's own adaptor: one
+    // group covers sends and receives inside and across clusters).
+    every_collective_over_the_mpi_bridge(4, ("0,2", "1,3"), ("mpi", "mpi"));
+}
+
+#[test]
+fn every_collective_from_a_device_the_host_cannot_address_over_the_mpi_bridge() {
+    // Cluster a: rank 0 on the `offhost` test device (memory the host cannot address, a
+    // one-rank CCL), staged through host memory; cluster b: ranks 1-2 on the host device and
+    // the MPI CCL. Every collective crosses them over MPI.
+    let exe = std::env::current_exe().unwrap();
+    let dir_of = exe.parent().unwrap();
+    let so = [dir_of.to_path_buf(), dir_of.join("deps")]
+        .iter()
+        .map(|d| d.join("libferrocx_adaptor_offhost.so"))
+        .find(|p| p.is_file())
+        .expect("the offhost plugin is built beside the tests (a dev-dependency)");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("offhost.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[runtime]\ntimeout_ms = 20000\nplugins = [{so:?}]\n\n\
+             [[cluster]]\nname = \"a\"\nranks = \"0\"\ndevice = \"offhost\"\nccl = \"offhost\"\n\
+             fallback = \"none\"\nmulticast = \"off\"\n\n\
+             [[cluster]]\nname = \"b\"\nranks = \"1-2\"\ndevice = \"host\"\nccl = \"mpi\"\n\
+             fallback = \"none\"\nmulticast = \"off\"\n\n[bridge]\nccl = \"mpi\"\n"
+        ),
+    )
+    .unwrap();
+    let out = launch(
+        3,
+        "collectives",
+        20_000,
+        &[
+            "-genv",
+            "FERROCX_CONFIG",
+            cfg.to_str().unwrap(),
+            "-genv",
+            BRIDGE,
+            "mpi",
+        ],
+        Duration::from_secs(150),
+    );
+    expect_all_match(&out, 3, "libmpi_abi.so.1 (standard)");
+    let t = text(&out);
+    assert!(t.contains("rank 0 (cluster a): bridge MPI (staged)"), "{t}");
+}
+
+#[test]
+fn the_mpi_bridge_without_an_mpi_library_is_an_error_naming_what_was_tried() {
+    // Both clusters on the host CCL: only the bridge needs MPI, and the library named is not
+    // there. Every rank fails at init, naming the bridge and the file tried.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = two_clusters(&dir, 10_000, "0", "1", ("host", "host"), "mpi");
+    let missing = dir.path().join("libmpi_missing.so.1");
+    let out = launch(
+        2,
+        "init",
+        10_000,
+        &[
+            "-genv",
+            "FERROCX_CONFIG",
+            &cfg,
+            "-genv",
+            "FERROCX_MPI_LIBRARY",
+            missing.to_str().unwrap(),
+        ],
+        Duration::from_secs(60),
+    );
+    let t = text(&out);
+    // Each rank's line (a rank's output may follow the test harness's on the same line).
+    let lines: Vec<&str> = t
+        .lines()
+        .filter_map(|l| l.split_once("init: ").map(|x| x.1))
+        .collect();
+    assert_eq!(lines.len(), 2, "{t}");
+    for l in lines {
+        assert!(
+            l.contains("the MPI bridge could not open MPI")
+                && l.contains("libmpi_missing.so.1")
+                && l.contains("pip install mpich"),
+            "{l}"
+        );
+    }
+}
+
+#[test]
+fn a_dead_rank_fails_the_mpi_bridge_naming_it_and_its_cluster() {
+    // Rank 1 (cluster b) dies once the communicator exists; ranks 0 and 2 all-reduce across
+    // the clusters over MPI: they fail within the timeout, naming rank 1 and cluster b.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = two_clusters(&dir, 1500, "0", "1-2", ("mpi", "host"), "mpi");
+    let out = launch(
+        3,
+        "dead",
+        1500,
+        &[
+            "-disable-auto-cleanup",
+            "-genv",
+            "MPIR_CVAR_NOLOCAL",
+            "1",
+            "-genv",
+            "FERROCX_CONFIG",
+            &cfg,
+        ],
+        Duration::from_secs(40),
+    );
+    let t = text(&out);
+    let lines: Vec<&str> = t.lines().filter(|l| l.starts_with("survivor:")).collect();
+    assert_eq!(lines.len(), 2, "ranks 0 and 2 must both report:\n{t}");
+    for line in lines {
+        assert!(line.contains("rank 1 (cluster \"b\") died"), "{line}\n{t}");
+        let ms: u64 = line
+            .rsplit("after ")
+            .next()
+            .and_then(|s| s.trim_end_matches(" ms").parse().ok())
+            .unwrap_or_else(|| panic!("no time in {line}"));
+        // The operations' deadline and the look at the heartbeats fit in the 1.5 s timeout
+        // (1.4 s on an idle machine); slack for a loaded one; never a hang.
+        assert!(ms < 6_000, "{line}");
     }
 }
 
@@ -391,23 +575,15 @@ impl Drop for Hosts {
     }
 }
 
-#[test]
-fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("not root: network namespaces cannot be made here; not run");
-        return;
-    }
-    let hosts = Hosts::new().unwrap_or_else(|e| panic!("making the two hosts failed: {e}"));
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&dir, 20_000);
+/// Runs 4 ranks of role `collectives` under mpiexec on host A, ranks 0-1 on host A and 2-3 on
+/// host B, with the config `cfg` and the extra variables `env`.
+fn on_two_hosts(hosts: &Hosts, cfg: &str, job: &str, env: &[(&str, &str)]) -> Output {
     let launcher = hosts.dir.path().join("launcher.sh");
-    let before = hosts.rx_bytes();
     let me = std::env::current_exe().unwrap();
     let seed = format!("{}", std::process::id());
+    let mut cmd = Command::new("timeout");
     // mpiexec runs on host A, in host A's namespaces, as the proxies do.
-    let out = Command::new("timeout")
-        .arg("120")
+    cmd.arg("120")
         .args(["ip", "netns", "exec", &hosts.ns[0]])
         .args([
             "unshare",
@@ -447,13 +623,16 @@ fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
         .args([
             "-genv",
             "FERROCX_JOB_ID",
-            "twohosts",
+            job,
             "-genv",
             "FERROCX_JOB_TOKEN",
             "t",
         ])
-        .args(["-genv", "FERROCX_CONFIG", cfg.to_str().unwrap()])
-        .arg(&me)
+        .args(["-genv", "FERROCX_CONFIG", cfg]);
+    for (k, v) in env {
+        cmd.args(["-genv", k, v]);
+    }
+    cmd.arg(&me)
         .args(["--exact", "rank_entry", "--nocapture", "--test-threads=1"])
         .env(
             "FX_HOSTS",
@@ -461,7 +640,29 @@ fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
         )
         .stdin(Stdio::null())
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// `true` where network namespaces can be made (root); says why not otherwise.
+fn can_make_hosts() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("not root: network namespaces cannot be made here; not run");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
+    if !can_make_hosts() {
+        return;
+    }
+    let hosts = Hosts::new().unwrap_or_else(|e| panic!("making the two hosts failed: {e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, 20_000);
+    let before = hosts.rx_bytes();
+    let out = on_two_hosts(&hosts, cfg.to_str().unwrap(), "twohosts", &[]);
     expect_all_match(&out, 4, "libmpi_abi.so.1 (standard)");
     // Ranks 2 and 3 ran on host B: the collectives crossed the veth pair.
     let crossed = hosts.rx_bytes() - before;
@@ -469,6 +670,34 @@ fn a_cpu_cluster_across_two_simulated_hosts_runs_on_mpi() {
         crossed > 100_000,
         "only {crossed} bytes reached host A over the veth pair:\n{}",
         text(&out)
+    );
+}
+
+#[test]
+fn a_job_across_clusters_on_two_simulated_hosts_bridges_them_over_mpi_on_auto() {
+    if !can_make_hosts() {
+        return;
+    }
+    // Cluster a on host A, cluster b on host B, each on the host CCL (shared memory inside its
+    // host); `[bridge] ccl = "auto"` sees two hosts and takes MPI: every collective crosses.
+    let hosts = Hosts::new().unwrap_or_else(|e| panic!("making the two hosts failed: {e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = two_clusters(&dir, 20_000, "0-1", "2-3", ("host", "host"), "auto");
+    let before = hosts.rx_bytes();
+    let out = on_two_hosts(&hosts, &cfg, "twohostsbridge", &[(BRIDGE, "mpi")]);
+    expect_all_match(&out, 4, "libmpi_abi.so.1 (standard)");
+    let t = text(&out);
+    for r in 0..4 {
+        let c = if r < 2 { "a" } else { "b" };
+        assert!(
+            t.contains(&format!("rank {r} (cluster {c}): bridge MPI")),
+            "rank {r}:\n{t}"
+        );
+    }
+    let crossed = hosts.rx_bytes() - before;
+    assert!(
+        crossed > 100_000,
+        "only {crossed} bytes reached host A over the veth pair:\n{t}"
     );
 }
 
@@ -812,23 +1041,48 @@ fn show(d: DataType, b: &[u8]) -> String {
 struct Buf {
     ptr: DevicePtr,
     len: usize,
+    dev: ferrocx::adaptor::Device,
 }
 
+/// `len` bytes of device memory holding `data` then 0xA5s (through copies: the device may
+/// be one the host cannot address).
 fn alloc(comm: &Communicator, data: &[u8], len: usize) -> Buf {
-    let ptr = comm
-        .device()
+    let dev = comm.device().clone();
+    let ptr = dev
         .mem_alloc(len.max(1), MemKind::DEVICE)
-        .expect("host device memory");
-    // SAFETY: the host device's memory is host memory of at least `len` bytes.
-    let s = unsafe { std::slice::from_raw_parts_mut(ptr.0 as *mut u8, len.max(1)) };
-    s.fill(0xA5);
-    s[..data.len()].copy_from_slice(data);
-    Buf { ptr, len }
+        .expect("device memory");
+    let mut v = vec![0xA5u8; len.max(1)];
+    v[..data.len()].copy_from_slice(data);
+    // SAFETY: `ptr` holds `len.max(1)` bytes, `v` as many.
+    unsafe { dev.mem_copy(ptr, DevicePtr(v.as_ptr() as u64), v.len()) }.expect("copy in");
+    Buf { ptr, len, dev }
 }
 
 fn read(b: &Buf) -> Vec<u8> {
-    // SAFETY: as in `alloc`.
-    unsafe { std::slice::from_raw_parts(b.ptr.0 as *const u8, b.len) }.to_vec()
+    let mut v = vec![0u8; b.len];
+    if b.len > 0 {
+        // SAFETY: `b` holds `len` bytes, `v` as many.
+        unsafe {
+            b.dev
+                .mem_copy(DevicePtr(v.as_mut_ptr() as u64), b.ptr, b.len)
+        }
+        .expect("copy out");
+    }
+    v
+}
+
+/// Writes `data` at byte `off` of `b`.
+fn write_at(b: &Buf, off: usize, data: &[u8]) {
+    assert!(off + data.len() <= b.len);
+    // SAFETY: inside `b`, from `data`.
+    unsafe {
+        b.dev.mem_copy(
+            DevicePtr(b.ptr.0 + off as u64),
+            DevicePtr(data.as_ptr() as u64),
+            data.len(),
+        )
+    }
+    .expect("copy in");
 }
 
 fn at(b: &Buf, off: usize) -> DevicePtr {
@@ -839,7 +1093,21 @@ fn rank_collectives() {
     let seed: u64 = std::env::var(SEED).unwrap().parse().unwrap();
     let comm = Communicator::from_env().expect("communicator");
     let (me, p) = (comm.rank(), comm.world());
-    assert_eq!(comm.ccl().name(), "mpi");
+    match std::env::var(BRIDGE).ok().as_deref() {
+        // A job across clusters: every call below crosses them, over the MPI bridge.
+        Some("mpi") => {
+            let h = comm.hetero().expect("a job across clusters");
+            assert_eq!(h.kind(), BridgeKind::Mpi, "rank {me}");
+            let staged = if h.staged() { " (staged)" } else { "" };
+            println!(
+                "rank {me} (cluster {}): bridge {}{staged}",
+                comm.cluster(),
+                h.kind()
+            );
+        }
+        Some(b) => panic!("unknown bridge {b}"),
+        None => assert_eq!(comm.ccl().name(), "mpi"),
+    }
     let mut case = 0usize;
     let mut fails: Vec<String> = Vec::new();
     let mut check = |what: String, got: &[u8], want: &[u8], d: DataType| {
@@ -921,6 +1189,33 @@ fn rank_collectives() {
             }
         }
     }
+    // The same all-reduce again and again (a persistent request made once and started for each
+    // call on MPI 4), new data each time, in place on odd rounds, sizes around the persistent
+    // limit (64 KiB) included.
+    for (k, &n) in [3usize, 3, 16383, 16384, 16385, 3].iter().enumerate() {
+        for (d, op) in [
+            (DataType::F32, ReduceOp::SUM),
+            (DataType::I64, ReduceOp::AVG),
+        ] {
+            case += 1;
+            let s = d.size().unwrap();
+            let vals: Vec<Vec<i64>> = (0..p).map(|r| values(seed, r, case, n, d, op)).collect();
+            let want = reference(d, op, &vals);
+            let send = alloc(&comm, &enc(d, &vals[me]), n * s);
+            let recv = alloc(&comm, &[], n * s);
+            let rp = if k % 2 == 1 { send.ptr } else { recv.ptr };
+            // SAFETY: both buffers hold `n` elements of `d`.
+            unsafe { call().all_reduce(send.ptr, rp, n, d, op) }.expect("all_reduce");
+            comm.synchronize().expect("synchronize");
+            let got = read(if k % 2 == 1 { &send } else { &recv });
+            check(
+                format!("all_reduce again {d:?} {op:?} n={n} round {k}"),
+                &got,
+                &want,
+                d,
+            );
+        }
+    }
     // Data movement: a few types (bytes are bytes), odd sizes.
     for d in [DataType::F16, DataType::I32, DataType::F64, DataType::U8] {
         let s = d.size().unwrap();
@@ -940,14 +1235,8 @@ fn rank_collectives() {
             let recv = alloc(&comm, &[], blk * p);
             let inplace = case % 2 == 1;
             let send = if inplace {
-                // SAFETY: `recv` has p blocks; this rank's block is filled before the call.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        vals[me].as_ptr(),
-                        (recv.ptr.0 as *mut u8).add(me * blk),
-                        blk,
-                    )
-                };
+                // `recv` has p blocks; this rank's block is filled before the call.
+                write_at(&recv, me * blk, &vals[me][..blk]);
                 None
             } else {
                 Some(alloc(&comm, &vals[me][..blk], blk))
@@ -1130,6 +1419,8 @@ fn rank_hetero() {
     let seed: u64 = std::env::var(SEED).unwrap().parse().unwrap();
     let comm = Communicator::from_env().expect("communicator");
     let (me, p) = (comm.rank(), comm.world());
+    let kind = comm.hetero().expect("a job across clusters").kind();
+    println!("rank {me}: bridge {kind}");
     assert_eq!(comm.ccl().name(), "mpi");
     let mut fails = Vec::new();
     for (case, (d, op, n)) in [

@@ -35,8 +35,9 @@ use crate::bootstrap::{BootstrapError, JobInfo, RankInfo, Store, StoreServer};
 use crate::caps::{CclCaps, DeviceCaps};
 use crate::config::{BridgeCcl, Config, ConfigError, ConfigErrorKind};
 use crate::hetero::bridge::Bridge;
+use crate::hetero::mpi::MpiBridge;
 use crate::hetero::topo::Topology;
-use crate::hetero::{Hetero, HeteroError};
+use crate::hetero::{BridgeKind, Hetero, HeteroError};
 use crate::registry::Registry;
 use crate::route::{CclEntries, Collective, Route, Router, WindowRoute};
 use crate::window::collectives::{
@@ -184,24 +185,31 @@ impl Communicator {
         } else {
             None
         };
-        if topo.is_some() {
-            check_bridge(config, rank)?;
-        }
         let sel = registry.select(config, index)?;
         let timeout = Duration::from_millis(config.runtime.timeout_ms);
         sel.device
             .init(&options(cluster.options_for(&cluster.device)))?;
         let local_device = rank.local_rank as i32 % sel.device.device_count()?.max(1);
         sel.device.set_device(local_device)?;
-        if sel.ccl.tables().root.get().init.is_some() {
-            sel.ccl
-                .init_with(&options(cluster.options_for(&cluster.ccl)))?;
-        }
         let (store, server) = Store::from_env(rank, job, timeout)?;
         // Communicators are made collectively, in the same order on every rank, so the n-th of
         // each process is the same communicator: its id travels under a key of its own (a new
         // `Store` starts its rounds at 0, and would read an earlier communicator's id).
         let seq = COMMUNICATORS.fetch_add(1, Ordering::Relaxed);
+        let bridge = match &topo {
+            Some(_) => Some(choose_bridge(config, &store, seq, me, world)?),
+            None => None,
+        };
+        let ccl_options = options(cluster.options_for(&cluster.ccl));
+        if bridge == Some(BridgeKind::Mpi) {
+            // Every rank opens MPI here, at the same point (MPI's initialisation waits for
+            // every process of the MPI job), whatever its cluster's CCL; the store is up
+            // already (rank 0 hosts it: no rank may block in MPI before it binds).
+            MpiBridge::open(registry, &sel.ccl, &ccl_options)?;
+        }
+        if sel.ccl.tables().root.get().init.is_some() {
+            sel.ccl.init_with(&ccl_options)?;
+        }
         // Across clusters each cluster has its own id, under a key naming the cluster.
         let (uid_key, ccl_rank, ccl_world) = match &topo {
             None => (format!("ferrocx/unique_id/{seq}"), me, world),
@@ -228,17 +236,31 @@ impl Communicator {
         let hetero = match topo {
             None => None,
             Some(t) => {
-                let name = Bridge::name_of(&job.id, seq);
-                match Hetero::new(
-                    t,
-                    sel.device.clone(),
-                    sel.ccl.clone(),
-                    comm,
-                    &config.bridge,
-                    local_device,
-                    &name,
-                    timeout,
-                ) {
+                let made = match bridge {
+                    Some(BridgeKind::Mpi) => MpiBridge::make(
+                        t,
+                        sel.device.clone(),
+                        &sel.ccl,
+                        local_device,
+                        registry,
+                        &store,
+                        job,
+                        seq,
+                        config.runtime.timeout_ms,
+                    )
+                    .map(Hetero::over_mpi),
+                    _ => Hetero::new(
+                        t,
+                        sel.device.clone(),
+                        sel.ccl.clone(),
+                        comm,
+                        &config.bridge,
+                        local_device,
+                        &Bridge::name_of(&job.id, seq),
+                        timeout,
+                    ),
+                };
+                match made {
                     Ok(h) => Some(h),
                     Err(e) => {
                         let _ = sel.ccl.comm_destroy(comm);
@@ -415,12 +437,22 @@ impl Communicator {
     /// [`Communicator::group_end`] (NCCL's `ncclGroupStart`): sends and receives in a group
     /// cannot deadlock whatever their order. Groups are per thread and nest.
     pub fn group_start(&self) -> Result<(), CommError> {
-        Ok(self.ccl.group_start()?)
+        self.ccl.group_start()?;
+        if let Some(h) = &self.hetero {
+            if let Err(e) = h.group_start() {
+                let _ = self.ccl.group_end();
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
 
     /// Ends a group and issues its calls.
     pub fn group_end(&self) -> Result<(), CommError> {
-        Ok(self.ccl.group_end()?)
+        let ended = self.ccl.group_end();
+        let bridge = self.hetero.as_ref().map_or(Ok(()), |h| h.group_end());
+        ended?;
+        Ok(bridge?)
     }
 
     /// Runs `calls` inside a group: [`Communicator::group_start`], `calls`, then
@@ -711,22 +743,70 @@ impl Communicator {
     }
 }
 
-/// Refuses a bridge that cannot run this job: `mpi`, or ranks on several hosts (the shared
-/// memory bridge needs one host), with the `[bridge] ccl` key's file and line.
-fn check_bridge(config: &Config, rank: &RankInfo) -> Result<(), CommError> {
-    let one_host = rank.local_world_size >= rank.world_size;
-    let why = match (config.bridge.ccl, one_host) {
-        (BridgeCcl::Mpi, _) => "the MPI bridge between clusters is not available yet",
-        (_, false) => {
-            "this job's ranks are on several hosts (LOCAL_WORLD_SIZE < WORLD_SIZE), and the bridge \
-             between clusters across hosts (MPI) is not available yet: only one host runs a job \
-             across clusters"
-        }
-        _ => return Ok(()),
+/// This host's identity for the bridge's choice: the host name, the boot id, and the IPC
+/// namespace and `/dev/shm` this process sees (two ranks share memory through a POSIX segment
+/// only when all agree: containers and network namespaces on one machine count as hosts).
+fn host_identity() -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: a writable buffer of the length given; the name is NUL-terminated within it
+    // (or truncated, which still identifies).
+    unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len() - 1) };
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let host = String::from_utf8_lossy(&name[..end]).into_owned();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let ipc = std::fs::read_link("/proc/self/ns/ipc")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let shm = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/dev/shm").map_or(0, |m| m.dev())
     };
-    Err(config
-        .bridge_error("ccl", ConfigErrorKind::InvalidValue, why)
-        .into())
+    format!("{host}|{}|{ipc}|{shm:x}", boot.trim())
+}
+
+/// Which bridge a job across clusters takes (the same answer on every rank: every rank's host
+/// identity is gathered through the job's store): `[bridge] ccl = "host"` needs one host,
+/// `"mpi"` takes MPI, `"auto"` shared memory when every rank is on one host, MPI otherwise.
+fn choose_bridge(
+    config: &Config,
+    store: &Store,
+    seq: u64,
+    me: usize,
+    world: usize,
+) -> Result<BridgeKind, CommError> {
+    let ids = store.all_gather(
+        &format!("ferrocx/host/{seq}"),
+        me,
+        world,
+        host_identity().as_bytes(),
+    )?;
+    let other = ids.iter().position(|id| *id != ids[0]);
+    let host_of = |r: usize| {
+        String::from_utf8_lossy(&ids[r])
+            .split('|')
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    Ok(match (config.bridge.ccl, other) {
+        (BridgeCcl::Mpi, _) | (BridgeCcl::Auto, Some(_)) => BridgeKind::Mpi,
+        (BridgeCcl::Host, Some(r)) => {
+            return Err(config
+                .bridge_error(
+                    "ccl",
+                    ConfigErrorKind::InvalidValue,
+                    format!(
+                        "\"host\" (shared memory) needs every rank of the job on one host, but \
+                         rank 0 is on {:?} and rank {r} on {:?} (another host, container or IPC \
+                         namespace): say \"mpi\" or \"auto\"",
+                        host_of(0),
+                        host_of(r)
+                    ),
+                )
+                .into())
+        }
+        _ => BridgeKind::SharedMemory,
+    })
 }
 
 /// The communicator's collectives on its own stream: each forwards to the same method of

@@ -4,9 +4,16 @@
 //! ```toml
 //! [bridge]
 //! ccl         = "auto"      # host | mpi | auto: shared memory on one host, MPI across hosts
-//! chunk_bytes = 4194304     # bytes per rank and pipeline slot
-//! depth       = 2           # chunks in flight
+//! chunk_bytes = 4194304     # bytes per rank and pipeline slot (shared memory)
+//! depth       = 2           # chunks in flight (shared memory)
 //! ```
+//!
+//! `auto` is decided when a communicator is made, the same way on every rank: each rank's host
+//! identity (host name, boot id, IPC namespace, `/dev/shm`) goes through the job's store, and
+//! shared memory is taken when all are equal, MPI otherwise. `mpi` needs the `mpi` CCL adaptor
+//! (built in, or its plugin) and an MPI library it can open, and every cluster on the host
+//! device; the job is then started by `mpiexec`. `chunk_bytes` and `depth` shape the
+//! shared-memory bridge only (MPI cuts its own messages).
 
 use std::fmt;
 
@@ -27,12 +34,12 @@ pub const MAX_DEPTH: u64 = 16;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BridgeCcl {
-    /// Shared memory on one host, MPI across hosts (the default).
+    /// Shared memory when every rank is on one host, MPI otherwise (the default).
     #[default]
     Auto,
     /// POSIX shared memory: every rank of the job on one host.
     Host,
-    /// The `mpi` CCL adaptor (across hosts; not available yet).
+    /// MPI through the `mpi` CCL adaptor, one communicator over the whole job (across hosts).
     Mpi,
 }
 

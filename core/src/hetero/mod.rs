@@ -2,9 +2,16 @@
 //! whose ranks span several `[[cluster]]`s, each with its own device and CCL adaptors.
 //!
 //! Each rank holds its cluster's communicator (its CCL over the cluster's ranks, cluster-local
-//! rank = its position in the cluster's rank list) and the **bridge** ([`bridge`]): host memory
-//! shared by every rank of the job (on one host: a POSIX shared-memory segment), with staging
-//! slots and monotonic signal words per rank. Each call runs a **plan**:
+//! rank = its position in the cluster's rank list) and the **bridge** between clusters, which
+//! `[bridge] ccl` chooses when the communicator is made (the same choice on every rank: each
+//! rank's host identity goes through the job's store): `host`, or `auto` with every rank on
+//! one host, takes shared memory (below); `mpi`, or `auto` across hosts, takes MPI ([`mpi`]:
+//! every collective across clusters is one MPI collective over the whole job, through the
+//! `mpi` CCL adaptor).
+//!
+//! The shared-memory bridge ([`bridge`]) is host memory shared by every rank of the job (a
+//! POSIX shared-memory segment), with staging slots and monotonic signal words per rank. Each
+//! call runs a **plan**:
 //!
 //! ```text
 //! all_reduce, chunk k of the message (E elements, the same cut in every cluster)
@@ -81,6 +88,7 @@
 
 pub mod bridge;
 mod enqueue;
+pub mod mpi;
 pub mod plan;
 pub mod pool;
 mod proxy;
@@ -662,9 +670,10 @@ fn describe(d: Descriptor) -> String {
 }
 
 impl HeteroCore {
-    /// Makes the cross-cluster side of a communicator: its streams and the bridge (collective:
-    /// every rank of the job calls it, in the same communicator order). `comm` is the
-    /// cluster's communicator, on `device` and `ccl`; `name` the bridge segment's name.
+    /// Makes the cross-cluster side of a communicator over shared memory: its streams and the
+    /// bridge (collective: every rank of the job calls it, in the same communicator order).
+    /// `comm` is the cluster's communicator, on `device` and `ccl`; `name` the bridge
+    /// segment's name.
     #[allow(clippy::too_many_arguments)]
     fn make(
         topo: Topology,
@@ -676,16 +685,8 @@ impl HeteroCore {
         name: &str,
         timeout: Duration,
     ) -> Result<HeteroCore, HeteroError> {
-        match config.ccl {
-            BridgeCcl::Host | BridgeCcl::Auto => {}
-            BridgeCcl::Mpi => {
-                return Err(HeteroError::Unsupported(
-                    "[bridge] ccl = \"mpi\": the MPI bridge between hosts is not available yet \
-                     (use \"host\": every rank on one host)"
-                        .into(),
-                ))
-            }
-        }
+        // The communicator chose this bridge (`ccl = "mpi"` takes [`mpi`] instead).
+        debug_assert!(config.ccl != BridgeCcl::Mpi);
         let props = device.properties(local_device)?;
         let host_addressable = props.capabilities.contains(Capabilities::HOST_ADDRESSABLE);
         let world = topo.world();
@@ -2446,25 +2447,54 @@ fn p2p_progress(
     }
 }
 
-/// The cross-cluster side of one communicator (see the module docs): its [`HeteroCore`], and
-/// the enqueuer thread that enqueues large all-reduces for the caller.
+/// The cross-cluster side of one communicator (see the module docs): over shared memory, its
+/// [`HeteroCore`] and the enqueuer thread that enqueues large all-reduces for the caller; or
+/// the MPI bridge between hosts ([`mpi`]).
 pub struct Hetero {
-    core: Arc<HeteroCore>,
-    enqueuer: Option<Enqueuer>,
+    imp: Imp,
 }
 
-impl std::ops::Deref for Hetero {
-    type Target = HeteroCore;
+enum Imp {
+    Shm {
+        core: Arc<HeteroCore>,
+        enqueuer: Option<Enqueuer>,
+    },
+    Mpi(Box<mpi::MpiBridge>),
+}
 
-    fn deref(&self) -> &HeteroCore {
-        &self.core
+/// Which bridge carries a job's collectives across clusters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BridgeKind {
+    /// The POSIX shared-memory segment (every rank on one host).
+    SharedMemory,
+    /// MPI, through the `mpi` CCL adaptor (across hosts).
+    Mpi,
+}
+
+impl std::fmt::Display for BridgeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BridgeKind::SharedMemory => "shared memory",
+            BridgeKind::Mpi => "MPI",
+        })
     }
 }
 
+/// Forwards a collective to the bridge in use.
+macro_rules! both {
+    ($self:ident, $name:ident ( $($arg:expr),* )) => {
+        match &$self.imp {
+            Imp::Shm { core, .. } => core.$name($($arg),*),
+            Imp::Mpi(m) => m.$name($($arg),*),
+        }
+    };
+}
+
 impl Hetero {
-    /// Makes the cross-cluster side of a communicator: its streams and the bridge (collective:
-    /// every rank of the job calls it, in the same communicator order). `comm` is the
-    /// cluster's communicator, on `device` and `ccl`; `name` the bridge segment's name.
+    /// Makes the cross-cluster side of a communicator over shared memory: its streams and the
+    /// bridge segment (collective: every rank of the job calls it, in the same communicator
+    /// order). `comm` is the cluster's communicator, on `device` and `ccl`; `name` the bridge
+    /// segment's name.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         topo: Topology,
@@ -2487,16 +2517,106 @@ impl Hetero {
             timeout,
         )?);
         let enqueuer = Enqueuer::start(&core, local_device);
-        Ok(Hetero { core, enqueuer })
+        Ok(Hetero {
+            imp: Imp::Shm { core, enqueuer },
+        })
+    }
+
+    /// The cross-cluster side of a communicator over MPI (see [`mpi`]).
+    pub fn over_mpi(bridge: mpi::MpiBridge) -> Hetero {
+        Hetero {
+            imp: Imp::Mpi(Box::new(bridge)),
+        }
+    }
+
+    /// Which bridge this communicator uses.
+    pub fn kind(&self) -> BridgeKind {
+        match self.imp {
+            Imp::Shm { .. } => BridgeKind::SharedMemory,
+            Imp::Mpi(_) => BridgeKind::Mpi,
+        }
+    }
+
+    /// The shared-memory side, when that is the bridge (plans, staging, events: for tests
+    /// and reports).
+    pub fn shm(&self) -> Option<&HeteroCore> {
+        match &self.imp {
+            Imp::Shm { core, .. } => Some(core),
+            Imp::Mpi(_) => None,
+        }
+    }
+
+    /// The clusters and this rank's place.
+    pub fn topology(&self) -> &Topology {
+        both!(self, topology())
     }
 
     /// `true` when large all-reduces are enqueued by the enqueuer thread.
     pub fn enqueued(&self) -> bool {
-        self.enqueuer.is_some()
+        matches!(
+            &self.imp,
+            Imp::Shm {
+                enqueuer: Some(_),
+                ..
+            }
+        )
     }
 
-    /// Enqueues the all-reduce on `stream` (see the module docs): one step for a small one;
-    /// the plan otherwise, its stages enqueued by the enqueuer thread for a large one.
+    /// Plans in the shared-memory bridge's cache (none over MPI).
+    pub fn plans_cached(&self) -> usize {
+        self.shm().map_or(0, |c| c.plans_cached())
+    }
+
+    /// `true` when the device's buffers move through staging (host memory between the
+    /// device and the bridge).
+    pub fn staged(&self) -> bool {
+        match &self.imp {
+            Imp::Shm { core, .. } => core.staged(),
+            Imp::Mpi(m) => m.staged(),
+        }
+    }
+
+    /// `true` when the bridge steps run on the proxy thread.
+    pub fn proxied(&self) -> bool {
+        self.shm().is_some_and(|c| c.proxied())
+    }
+
+    /// Streams the communicator made for its plans.
+    pub fn streams_made(&self) -> usize {
+        both!(self, streams_made())
+    }
+
+    /// Events the bridge has made so far.
+    pub fn events_made(&self) -> usize {
+        both!(self, events_made())
+    }
+
+    /// Makes this rank's next all_reduce fail at `stage` (the shared-memory bridge's tests).
+    pub fn inject_failure(&self, stage: Stage) {
+        if let Some(c) = self.shm() {
+            c.inject_failure(stage);
+        }
+    }
+
+    /// The first failure of a bridge step already run, or one another rank recorded (over
+    /// MPI, failures come with the stream's error: see [`Hetero::explain`]).
+    pub fn check(&self) -> Result<(), HeteroError> {
+        both!(self, check())
+    }
+
+    /// Why a call failed, as precisely as the bridge knows (a rank and its cluster).
+    pub fn explain(&self) -> Option<HeteroError> {
+        both!(self, explain())
+    }
+
+    /// Waits for every stream of the bridge.
+    pub fn drain(&self) -> Result<(), AdaptorError> {
+        both!(self, drain())
+    }
+
+    /// Enqueues the all-reduce on `stream` (see the module docs): over shared memory one step
+    /// for a small one, the plan otherwise (its stages enqueued by the enqueuer thread for a
+    /// large one); over MPI one `MPI_Iallreduce` of the whole job.
     ///
     /// # Safety
     /// The buffer contract of [`crate::comm::Call`].
@@ -2509,18 +2629,190 @@ impl Hetero {
         op: ReduceOp,
         stream: Stream,
     ) -> Result<(), HeteroError> {
+        match &self.imp {
+            // SAFETY: this function's contract.
+            Imp::Shm { core, enqueuer } => unsafe {
+                core.all_reduce_on(send, recv, count, dtype, op, stream, enqueuer.as_ref())
+            },
+            // SAFETY: this function's contract.
+            Imp::Mpi(m) => unsafe { m.all_reduce(send, recv, count, dtype, op, stream) },
+        }
+    }
+
+    /// Enqueues a barrier of every rank of the job on `stream`.
+    pub fn barrier(&self, stream: Stream) -> Result<(), HeteroError> {
+        both!(self, barrier(stream))
+    }
+
+    /// Starts a group on the bridge's own CCL, where it has one apart from the cluster's
+    /// (MPI): the communicator's [`group_start`](crate::comm::Communicator::group_start).
+    pub fn group_start(&self) -> Result<(), HeteroError> {
+        match &self.imp {
+            Imp::Shm { .. } => Ok(()),
+            Imp::Mpi(m) => m.group_start(),
+        }
+    }
+
+    /// Ends the group [`Hetero::group_start`] started.
+    pub fn group_end(&self) -> Result<(), HeteroError> {
+        match &self.imp {
+            Imp::Shm { .. } => Ok(()),
+            Imp::Mpi(m) => m.group_end(),
+        }
+    }
+
+    /// Enqueues a broadcast from `root` (any cluster).
+    ///
+    /// # Safety
+    /// The buffer contract of [`crate::comm::Call`].
+    pub unsafe fn broadcast(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: Stream,
+    ) -> Result<(), HeteroError> {
+        // SAFETY: this function's contract.
+        unsafe { both!(self, broadcast(send, recv, count, dtype, root, stream)) }
+    }
+
+    /// Enqueues a reduce to `root` (any cluster).
+    ///
+    /// # Safety
+    /// The buffer contract of [`crate::comm::Call`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: Stream,
+    ) -> Result<(), HeteroError> {
+        // SAFETY: this function's contract.
+        unsafe { both!(self, reduce(send, recv, count, dtype, op, root, stream)) }
+    }
+
+    /// Enqueues an all-gather (`root` None) or a gather to `root`.
+    ///
+    /// # Safety
+    /// The buffer contract of [`crate::comm::Call`].
+    pub unsafe fn gather(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        root: Option<usize>,
+        stream: Stream,
+    ) -> Result<(), HeteroError> {
+        // SAFETY: this function's contract.
+        unsafe { both!(self, gather(send, recv, count, dtype, root, stream)) }
+    }
+
+    /// Enqueues a block exchange: reduce-scatter (`op` Some), all-to-all, or scatter from
+    /// `root`; `count` elements per block.
+    ///
+    /// # Safety
+    /// The buffer contract of [`crate::comm::Call`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn exchange(
+        &self,
+        kind: Collective,
+        send: DevicePtr,
+        recv: DevicePtr,
+        count: usize,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        root: Option<usize>,
+        stream: Stream,
+    ) -> Result<(), HeteroError> {
         // SAFETY: this function's contract.
         unsafe {
-            self.core
-                .all_reduce_on(send, recv, count, dtype, op, stream, self.enqueuer.as_ref())
+            both!(
+                self,
+                exchange(kind, send, recv, count, dtype, op, root, stream)
+            )
         }
+    }
+
+    /// Enqueues an all-to-all with per-peer counts and displacements.
+    ///
+    /// # Safety
+    /// The buffer contract of [`crate::comm::Call`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_to_allv(
+        &self,
+        send: DevicePtr,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: DevicePtr,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        dtype: DataType,
+        stream: Stream,
+    ) -> Result<(), HeteroError> {
+        // SAFETY: this function's contract.
+        unsafe {
+            both!(
+                self,
+                all_to_allv(
+                    send,
+                    send_counts,
+                    send_displs,
+                    recv,
+                    recv_counts,
+                    recv_displs,
+                    dtype,
+                    stream
+                )
+            )
+        }
+    }
+
+    /// Enqueues a send of `bytes` at `buf` to rank `peer` of another cluster.
+    ///
+    /// # Safety
+    /// The buffer contract of [`crate::comm::Call`].
+    pub unsafe fn send(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: usize,
+        stream: Stream,
+    ) -> Result<(), HeteroError> {
+        // SAFETY: this function's contract.
+        unsafe { both!(self, send(buf, bytes, peer, stream)) }
+    }
+
+    /// Enqueues a receive of `bytes` at `buf` from rank `peer` of another cluster.
+    ///
+    /// # Safety
+    /// The buffer contract of [`crate::comm::Call`].
+    pub unsafe fn recv(
+        &self,
+        buf: DevicePtr,
+        bytes: usize,
+        peer: usize,
+        stream: Stream,
+    ) -> Result<(), HeteroError> {
+        // SAFETY: this function's contract.
+        unsafe { both!(self, recv(buf, bytes, peer, stream)) }
     }
 }
 
 impl Drop for Hetero {
     fn drop(&mut self) {
-        if let Some(mut q) = self.enqueuer.take() {
-            let core = &self.core;
+        if let Imp::Shm {
+            core,
+            enqueuer: Some(q),
+        } = &mut self.imp
+        {
+            let core = &*core;
             q.stop(&core.device, || {
                 let _ = core.drain();
                 let last = core.state.lock().unwrap_or_else(|p| p.into_inner()).last;

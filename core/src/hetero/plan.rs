@@ -218,6 +218,16 @@ pub fn describe(config: &crate::config::Config, world: usize) -> Result<Option<S
     for c in &t0.clusters {
         let _ = writeln!(out, "cluster {}: ranks {:?}", c.name, c.ranks);
     }
+    if b.ccl == crate::config::BridgeCcl::Mpi {
+        let _ = writeln!(
+            out,
+            "bridge: MPI (ccl mpi): one communicator of the mpi CCL over all {} ranks; every \
+             collective across clusters is one MPI collective of the whole job, on the caller's \
+             stream (send/recv between clusters on the bridge's send and receive streams)",
+            t0.world()
+        );
+        return Ok(Some(out));
+    }
     let _ = writeln!(
         out,
         "bridge: ccl {}, chunk_bytes {}, depth {}",
@@ -225,6 +235,14 @@ pub fn describe(config: &crate::config::Config, world: usize) -> Result<Option<S
         b.chunk_bytes,
         b.depth
     );
+    if b.ccl == crate::config::BridgeCcl::Auto {
+        let _ = writeln!(
+            out,
+            "bridge: shared memory when every rank is on one host (decided at communicator \
+             creation from every rank's host identity), else MPI as with ccl mpi; the plan \
+             below is the shared-memory one"
+        );
+    }
     let _ = writeln!(
         out,
         "all_reduce up to 64 KiB per rank: one step over the bridge (every rank publishes its \
@@ -375,5 +393,34 @@ mod tests {
         let plan = all_reduce(10_000, 1000, &[2, 3], 0, 1, &globals(&[2, 3]));
         assert_eq!(plan.full.as_ref().map(|s| s.tail), Some(0));
         assert_eq!(plan.chunks, 6);
+    }
+
+    #[test]
+    fn the_plan_says_which_bridge() {
+        let text = |bridge: &str| {
+            let t = format!(
+                "[[cluster]]\nname = \"a\"\nranks = \"0\"\ndevice = \"host\"\nccl = \"host\"\n\n\
+                 [[cluster]]\nname = \"b\"\nranks = \"1-2\"\ndevice = \"host\"\nccl = \"host\"\n\n\
+                 [bridge]\nccl = \"{bridge}\"\n"
+            );
+            let c = crate::config::Config::parse(&t, std::path::Path::new("p.toml")).unwrap();
+            describe(&c, 3).unwrap().unwrap()
+        };
+        let mpi = text("mpi");
+        assert!(
+            mpi.contains("bridge: MPI (ccl mpi)") && mpi.contains("all 3 ranks"),
+            "{mpi}"
+        );
+        assert!(!mpi.contains("chunk_bytes"), "{mpi}");
+        let auto = text("auto");
+        assert!(
+            auto.contains("bridge: ccl auto") && auto.contains("else MPI"),
+            "{auto}"
+        );
+        let host = text("host");
+        assert!(
+            host.contains("bridge: ccl host") && !host.contains("MPI"),
+            "{host}"
+        );
     }
 }
