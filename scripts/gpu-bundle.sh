@@ -48,6 +48,9 @@ cp target/release/examples/window "$out/"
 cargo build --release -q -p ferrocx-cli --example allgather_matmul
 cp target/release/examples/allgather_matmul "$out/"
 cp -r configs scripts/gpu-run.sh scripts/torch-allreduce.py scripts/gloo-allreduce.py "$out/"
+# The CPU benchmarks against MPI (run there with FERROCX=./ferrocx and an MPI carried as a wheel).
+mkdir -p "$out/scripts"
+cp scripts/bench-vs-mpi.sh scripts/bench-mpi-ccl.sh scripts/mpi_allreduce_bench.c "$out/scripts/"
 # The Python package as one abi3 wheel (every CPython >= 3.9; CUDA and NCCL built in, loaded at
 # run time), its GPU scripts and the DDP worker they share with the CPU tests.
 maturin=${MATURIN:-$(command -v maturin || echo .venv/bin/maturin)}
