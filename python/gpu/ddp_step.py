@@ -53,6 +53,12 @@ def main():
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--tolerance", type=float, default=1e-4)
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time, per backend, a step without communication (DDP's no_sync) and an "
+        "all-reduce of every gradient at once through the group: what the step hides",
+    )
     a = p.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -107,8 +113,26 @@ def main():
         for name in order:
             times[name].append(step(name, i))
 
+    extra = []
+    if a.breakdown:
+        groups = {ref: None, "ferrocx": fx}
+        flat = torch.zeros(params, device=device)
+        for name in runs:
+            quiet = []
+            for i in range(a.steps // 2):
+                with runs[name].no_sync():
+                    quiet.append(step(name, 10_000 + i))
+            comm = []
+            for _ in range(a.steps // 2):
+                sync()
+                t0 = time.perf_counter()
+                dist.all_reduce(flat, group=groups[name])
+                sync()
+                comm.append((time.perf_counter() - t0) * 1e3)
+            extra += [statistics.median(quiet), statistics.median(comm)]
+
     # The slowest rank's median per backend.
-    med = torch.tensor([statistics.median(times[k]) for k in runs], device=device)
+    med = torch.tensor([statistics.median(times[k]) for k in runs] + extra, device=device)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     diff = max(
         (x - y).abs().max().item()
@@ -118,13 +142,22 @@ def main():
     dist.all_reduce(d, op=dist.ReduceOp.MAX)
     ok = d.item() <= a.tolerance
     if rank == 0:
-        t_ref, t_fx = med.tolist()
+        t_ref, t_fx = med.tolist()[:2]
         print(
             f"# DDP step: {n} ranks, {a.layers} x Linear({a.width}), {params / 1e6:.1f} M "
             f"parameters (f32), batch {a.batch} per rank, {a.steps} steps each, alternating"
         )
         print(f"{ref:8} median step {t_ref:8.3f} ms")
         print(f"ferrocx  median step {t_fx:8.3f} ms   ratio ferrocx/{ref} {t_fx / t_ref:.3f}")
+        if extra:
+            e = med.tolist()[2:]
+            for k, name in enumerate(runs):
+                quiet, comm = e[2 * k], e[2 * k + 1]
+                step_ms = med.tolist()[k]
+                print(
+                    f"{name:8} no_sync step {quiet:8.3f} ms, all-reduce of every gradient "
+                    f"{comm:8.3f} ms, hidden by the step {quiet + comm - step_ms:8.3f} ms"
+                )
         verdict = "OK" if ok else "FAILED"
         print(f"# largest parameter difference {d.item():.3g} (tolerance {a.tolerance}) {verdict}")
     dist.barrier()
