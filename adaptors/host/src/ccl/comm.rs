@@ -24,13 +24,22 @@ struct Exec {
     waiting: usize,
     /// Barrier generation reached.
     gen: u64,
+    /// Generation every rank is known to have reached (see `Ctx::settle`).
+    settled: u64,
     /// Ticket of the next operation to run.
     next: u64,
     /// The first failure; later operations fail with it.
     broken: Option<Error>,
 }
 
-/// One rank's communicator.
+/// A value on a cache line of its own.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// One rank's communicator. Aligned to a cache line, so that the reference counts its `Arc`
+/// keeps in front of it (taken by the thread that enqueues, dropped by the stream's worker)
+/// share no line with what the worker reads.
+#[repr(align(128))]
 pub struct HostComm {
     pub rank: usize,
     pub nranks: usize,
@@ -40,7 +49,8 @@ pub struct HostComm {
     pub placement: Placement,
     /// Helper threads for the copies and reductions of large collectives.
     pub helpers: Helpers,
-    tickets: AtomicU64,
+    /// Taken by the enqueuing thread for every call: a line of its own.
+    tickets: Padded<AtomicU64>,
     exec: Mutex<Exec>,
     turn: Condvar,
     pub aborted: AtomicBool,
@@ -65,10 +75,11 @@ impl HostComm {
             timeout,
             placement,
             helpers,
-            tickets: AtomicU64::new(0),
+            tickets: Padded(AtomicU64::new(0)),
             exec: Mutex::new(Exec {
                 waiting: 0,
                 gen: 0,
+                settled: 0,
                 next: 0,
                 broken: None,
             }),
@@ -80,12 +91,14 @@ impl HostComm {
 
     /// Sets the barrier generation reached during initialisation.
     pub fn set_generation(&self, gen: u64) {
-        self.exec.lock().unwrap_or_else(|p| p.into_inner()).gen = gen;
+        let mut ex = self.exec.lock().unwrap_or_else(|p| p.into_inner());
+        ex.gen = gen;
+        ex.settled = gen;
     }
 
     /// Blocks until every operation enqueued so far has run; returns the first failure.
     pub fn wait_idle(&self) -> Result<()> {
-        let target = self.tickets.load(Ordering::Acquire);
+        let target = self.tickets.0.load(Ordering::Acquire);
         let mut ex = self.exec.lock().unwrap_or_else(|p| p.into_inner());
         while ex.next < target && ex.broken.is_none() {
             ex.waiting += 1;
@@ -100,7 +113,7 @@ impl HostComm {
 
     /// A ticket for an operation about to be enqueued.
     pub fn ticket(&self) -> u64 {
-        self.tickets.fetch_add(1, Ordering::AcqRel)
+        self.tickets.0.fetch_add(1, Ordering::AcqRel)
     }
 
     /// The first failure of the communicator, if any.
@@ -149,9 +162,10 @@ impl HostComm {
                 format!("the communicator failed earlier: {}", e.message()),
             )),
             None => {
-                let mut ctx = Ctx::new(self, ex.gen, resume);
+                let mut ctx = Ctx::new(self, ex.gen, ex.settled, resume);
                 let r = f(&mut ctx);
                 ex.gen = ctx.gen;
+                ex.settled = ctx.settled;
                 r
             }
         };
@@ -170,16 +184,19 @@ impl HostComm {
         f: impl FnOnce(&mut Ctx<'_>) -> Result<()>,
     ) -> Option<Option<Result<()>>> {
         let mut ex = self.exec.try_lock().ok()?;
-        if ex.next != ticket || ex.broken.is_some() {
+        // Not after a small broadcast whose readers may still be behind: settling could wait,
+        // and the worker does that.
+        if ex.next != ticket || ex.broken.is_some() || ex.settled < ex.gen {
             return None;
         }
-        let mut ctx = Ctx::new(self, ex.gen, false);
+        let mut ctx = Ctx::new(self, ex.gen, ex.settled, false);
         ctx.budget = Some(budget);
         let r = f(&mut ctx);
         if ctx.pending {
             return Some(None);
         }
         ex.gen = ctx.gen;
+        ex.settled = ctx.settled;
         Some(Some(self.end(ex, ticket, r)))
     }
 

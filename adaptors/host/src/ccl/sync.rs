@@ -112,15 +112,9 @@ pub fn wait_until(
     pending: impl Fn() -> Vec<usize>,
 ) -> Result<()> {
     let spin = spin_budget(seg.layout.nranks);
-    let now = Instant::now();
-    let mut w = Waiter {
-        seg,
-        me,
-        deadline: now + timeout,
-        timeout,
-        next_check: now + Duration::from_millis(20),
-        what,
-    };
+    // The clock is first read once the spinning is over: a wait that ends while spinning (the
+    // common case on a busy path) reads no clock at all. The deadline counts from there.
+    let mut w: Option<Waiter<'_>> = None;
     let h = seg.header();
     let mut n = 0u32;
     let mut yield_until = None;
@@ -162,6 +156,17 @@ pub fn wait_until(
             futex::wait(&h.wake, word, Duration::from_millis(5));
             h.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
+        let w = w.get_or_insert_with(|| {
+            let now = Instant::now();
+            Waiter {
+                seg,
+                me,
+                deadline: now + timeout,
+                timeout,
+                next_check: now + Duration::from_millis(20),
+                what,
+            }
+        });
         if let Err(e) = w.check(&pending) {
             return settle(e, &mut ready);
         }

@@ -83,6 +83,16 @@ impl Coll {
     /// Runs the operation with `ctx` (in its turn on the communicator).
     fn exec(self, ctx: &mut super::ctx::Ctx<'_>) -> Result<()> {
         let op = self;
+        match op {
+            // A small broadcast settles on its root only (see `Ctx::post_broadcast`);
+            // transfers use the rings, not the generations' buffers.
+            Coll::Broadcast { count, dtype, .. } if algo::broadcast_is_posted(count, dtype) => {}
+            // A small all-reduce uses lines only: its agreement settles what it needs.
+            Coll::Reduce { count, dtype, .. } if algo::all_reduce_is_line(count, dtype) => {}
+            Coll::Transfers(_) => {}
+            // Anything else may write its slot before its agreement: make that free first.
+            _ => ctx.settle_slots("collective")?,
+        }
         {
             // SAFETY: (every arm) the buffers hold what the ABI requires for the operation and
             // stay valid until it completes on the stream.

@@ -20,6 +20,15 @@ pub fn all_reduce_is_one_round(count: usize, dtype: DataType, slot_bytes: usize)
         .is_some_and(|b| b <= LINE_BYTES || b <= ONE_SHOT_BYTES.min(slot_bytes))
 }
 
+/// Whether an all-reduce (or reduce) of `count` elements of `dtype` travels in the lines that
+/// announce it (no slot).
+pub fn all_reduce_is_line(count: usize, dtype: DataType) -> bool {
+    dtype
+        .size()
+        .and_then(|es| count.checked_mul(es))
+        .is_some_and(|b| b <= LINE_BYTES)
+}
+
 /// All-reduce (and reduce to `root` when `root` is Some).
 ///
 /// # Safety
@@ -59,12 +68,13 @@ pub unsafe fn all_reduce(
         // The data rides in the line that announces the call: one round trip in all.
         // SAFETY: send holds `bytes` bytes.
         let data = unsafe { std::slice::from_raw_parts(send, bytes) };
-        let p = ctx.agree(&desc, Some(data))?;
+        ctx.agree(&desc, Some(data))?;
         if writes(ctx) && bytes > 0 {
-            // SAFETY: every rank's line of parity p holds `bytes` published bytes, 8-byte
-            // aligned, until the next generation of that parity; recv holds `bytes` and is none
-            // of them (the sources are copies in the segment, so in place is fine too).
-            unsafe { reduce_into(recv, bytes, ctx.n(), |r| ctx.line_data(p, r), dtype, op) }?;
+            // SAFETY: every rank's line of this generation holds `bytes` published bytes, 8-byte
+            // aligned, until it is rewritten LINES generations later (after this rank has
+            // published the next one); recv holds `bytes` and is none of them (the sources are
+            // copies in the segment, so in place is fine too).
+            unsafe { reduce_into(recv, bytes, ctx.n(), |r| ctx.line_data(r), dtype, op) }?;
         }
         return Ok(());
     }

@@ -16,9 +16,9 @@ use super::ctx::Ctx;
 use super::reduce::reduce;
 
 pub use all_gather::all_gather;
-pub use all_reduce::{all_reduce, all_reduce_is_one_round};
+pub use all_reduce::{all_reduce, all_reduce_is_line, all_reduce_is_one_round};
 pub use all_to_allv::all_to_allv;
-pub use broadcast::{broadcast, broadcast_is_one_round};
+pub use broadcast::{broadcast, broadcast_is_one_round, broadcast_is_posted};
 pub use exchange::exchange;
 
 thread_local! {
