@@ -54,6 +54,10 @@ pub struct HostComm {
     exec: Mutex<Exec>,
     turn: Condvar,
     pub aborted: AtomicBool,
+    /// Bytes read and written by the copies and reductions of the large collectives (the
+    /// slot and chunk paths), counted by the thread that runs them; logged (debug) when the
+    /// communicator goes.
+    pub moved: AtomicU64,
     /// Set when the handle is destroyed (handle caches check it).
     pub destroyed: AtomicBool,
 }
@@ -85,8 +89,15 @@ impl HostComm {
             }),
             turn: Condvar::new(),
             aborted: AtomicBool::new(false),
+            moved: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
         }
+    }
+
+    /// Counts `bytes` read or written by a large collective's copies and reductions.
+    pub fn count_moved(&self, bytes: usize) {
+        // Only the thread that runs the communicator's operations (one at a time) adds.
+        self.moved.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// Sets the barrier generation reached during initialisation.
@@ -174,30 +185,29 @@ impl HostComm {
 
     /// Runs operation `ticket` on the calling thread if it is its turn now (no earlier
     /// operation of the communicator is still to run), letting its agreement wait for peers
-    /// at most `budget`. `None`: not its turn (nothing was done). `Some(None)`: the start was
-    /// published but a peer had not arrived: the operation stays the communicator's next and
-    /// must be finished by [`run`](Self::run) with `resume`. `Some(Some(result))`: it ran.
+    /// at most `budget`. `None`: not its turn (nothing was done). `Some(Err(started))`: a peer
+    /// had not arrived (or, for a small broadcast, its data or its room was not there): the
+    /// operation stays the communicator's next and must be finished by [`run`](Self::run),
+    /// with `resume` when its start was published (`started`). `Some(Ok(result))`: it ran.
     pub fn run_inline(
         &self,
         ticket: u64,
         budget: Duration,
         f: impl FnOnce(&mut Ctx<'_>) -> Result<()>,
-    ) -> Option<Option<Result<()>>> {
+    ) -> Option<std::result::Result<Result<()>, bool>> {
         let mut ex = self.exec.try_lock().ok()?;
-        // Not after a small broadcast whose readers may still be behind: settling could wait,
-        // and the worker does that.
-        if ex.next != ticket || ex.broken.is_some() || ex.settled < ex.gen {
+        if ex.next != ticket || ex.broken.is_some() {
             return None;
         }
         let mut ctx = Ctx::new(self, ex.gen, ex.settled, false);
         ctx.budget = Some(budget);
         let r = f(&mut ctx);
         if ctx.pending {
-            return Some(None);
+            return Some(Err(ctx.started));
         }
         ex.gen = ctx.gen;
         ex.settled = ctx.settled;
-        Some(Some(self.end(ex, ticket, r)))
+        Some(Ok(self.end(ex, ticket, r)))
     }
 
     /// Records the end of operation `ticket` (its failure breaks the communicator) and lets
@@ -223,5 +233,17 @@ impl HostComm {
             self.turn.notify_all();
         }
         result
+    }
+}
+
+impl Drop for HostComm {
+    fn drop(&mut self) {
+        tracing::debug!(
+            rank = self.rank,
+            nranks = self.nranks,
+            bytes = self.moved.load(Ordering::Relaxed),
+            "host communicator: bytes read and written by the large collectives' copies and \
+             reductions"
+        );
     }
 }

@@ -105,6 +105,9 @@ pub struct Ctx<'a> {
     /// Set when an inline attempt published its start but its peers had not all arrived within
     /// the budget: the operation goes on from there on the worker.
     pub(super) pending: bool,
+    /// This run published something (its line): a pending inline attempt is resumed from
+    /// there, not started over.
+    pub(super) started: bool,
 }
 
 impl Ctx<'_> {
@@ -134,6 +137,7 @@ impl Ctx<'_> {
             budget: None,
             resume,
             pending: false,
+            started: false,
         }
     }
 
@@ -217,7 +221,8 @@ impl Ctx<'_> {
     /// Publishes this rank's start of generation `g`: the descriptor `d`, the payload `small`
     /// (at most [`LINE_BYTES`]), the generation in the line and then as the rank's progress,
     /// and wakes sleeping peers.
-    fn publish(&self, g: u64, d: &Desc, small: Option<&[u8]>) {
+    fn publish(&mut self, g: u64, d: &Desc, small: Option<&[u8]>) {
+        self.started = true;
         let line = line_of(self.seg(), self.me(), g);
         for (slot, v) in line.desc.iter().zip(d.words(g)) {
             slot.store(v, Ordering::Relaxed);
@@ -234,11 +239,14 @@ impl Ctx<'_> {
                 )
             };
         }
-        line.gen.store(g, Ordering::SeqCst);
+        line.gen.store(g, Ordering::Release);
         self.seg()
             .rank(self.me())
             .arrived
-            .store(g, Ordering::SeqCst);
+            .store(g, Ordering::Release);
+        // One full barrier for both stores before `notify` reads whether anyone sleeps (a
+        // waiter registers as a sleeper first, then reads the line or the word).
+        std::sync::atomic::fence(Ordering::SeqCst);
         notify(self.seg());
     }
 

@@ -75,8 +75,12 @@ fn spin_budget(nranks: usize) -> u32 {
 
 /// Polls `ready()` for at most `budget` without sleeping (an inline attempt's bounded wait):
 /// spins where every rank of the `nranks` can have a core, yields otherwise (a spinning rank
-/// would hold the core a peer needs). Returns whether it held.
+/// would hold the core a peer needs); a zero budget looks once. Returns whether it held.
 pub fn poll(budget: Duration, nranks: usize, mut ready: impl FnMut() -> bool) -> bool {
+    if budget.is_zero() {
+        // One look: the caller goes on without waiting at all.
+        return ready();
+    }
     let oversubscribed = spin_budget(nranks) == SPIN_OVERSUBSCRIBED;
     let mut start = None;
     let mut n = 0u32;

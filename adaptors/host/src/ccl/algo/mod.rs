@@ -90,6 +90,9 @@ fn piece(len: usize, parts: usize, i: usize) -> (usize, usize) {
 /// As [`copy`]; the ranges do not overlap unless equal.
 pub(super) unsafe fn par_copy(ctx: &Ctx<'_>, dst: *mut u8, src: *const u8, n: usize) -> Result<()> {
     let h = &ctx.comm.helpers;
+    if !std::ptr::eq(dst, src) {
+        ctx.comm.count_moved(2 * n);
+    }
     if h.parts() == 1 || n < par_min_bytes() {
         // SAFETY: by the caller's contract.
         unsafe { copy(dst, src, n) };
@@ -141,6 +144,11 @@ pub(super) unsafe fn par_step(
     let h = &ctx.comm.helpers;
     let total = moves.iter().map(|m| m.n).sum::<usize>()
         + red.map_or(0, |r| (r.hi - r.lo) * r.es * ctx.n());
+    // Each copy reads and writes its bytes; the reduction reads every rank's share, writes one.
+    ctx.comm.count_moved(
+        2 * moves.iter().map(|m| m.n).sum::<usize>()
+            + red.map_or(0, |r| (r.hi - r.lo) * r.es * (ctx.n() + 1)),
+    );
     let parts = if total < par_min_bytes() {
         1
     } else {
