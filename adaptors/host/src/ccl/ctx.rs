@@ -84,6 +84,15 @@ impl Desc {
     }
 }
 
+/// Whether rank `r` has published generation `g` or a later one, so it has finished reading
+/// everything published before `g`. Every rank publishes every generation in order, in a line
+/// (an agreement, a small broadcast) or at a barrier: `g` is then in its line of `g` (or a later
+/// generation that reused it) or below its barrier word.
+fn reached(seg: &Segment, r: usize, g: u64) -> bool {
+    line_of(seg, r, g).gen.load(Ordering::Acquire) >= g
+        || seg.rank(r).arrived.load(Ordering::Acquire) >= g
+}
+
 /// Rank `r`'s line of generation `g`.
 fn line_of(seg: &Segment, r: usize, g: u64) -> &Line {
     &seg.rank(r).line[(g % LINES as u64) as usize]
@@ -169,14 +178,13 @@ impl Ctx<'_> {
         let comm = self.comm;
         let seg = &comm.seg;
         let (n, me) = (self.n(), self.me());
-        let at = |r: usize| seg.rank(r).arrived.load(Ordering::Acquire);
+        let reached = |r: usize| reached(seg, r, need);
         self.wait_peers(
             what,
-            || (0..n).all(|r| r == me || at(r) >= need),
-            || (0..n).filter(|&r| r != me && at(r) < need).collect(),
+            || (0..n).all(|r| r == me || reached(r)),
+            || (0..n).filter(|&r| r != me && !reached(r)).collect(),
         )?;
-        // Everyone may be further along than needed: fewer waits later.
-        self.settled = (0..n).filter(|&r| r != me).map(at).min().unwrap_or(need);
+        self.settled = need;
         Ok(())
     }
 
@@ -219,8 +227,7 @@ impl Ctx<'_> {
     }
 
     /// Publishes this rank's start of generation `g`: the descriptor `d`, the payload `small`
-    /// (at most [`LINE_BYTES`]), the generation in the line and then as the rank's progress,
-    /// and wakes sleeping peers.
+    /// (at most [`LINE_BYTES`]) and last the generation itself, then wakes sleeping peers.
     fn publish(&mut self, g: u64, d: &Desc, small: Option<&[u8]>) {
         self.started = true;
         let line = line_of(self.seg(), self.me(), g);
@@ -239,14 +246,7 @@ impl Ctx<'_> {
                 )
             };
         }
-        line.gen.store(g, Ordering::Release);
-        self.seg()
-            .rank(self.me())
-            .arrived
-            .store(g, Ordering::Release);
-        // One full barrier for both stores before `notify` reads whether anyone sleeps (a
-        // waiter registers as a sleeper first, then reads the line or the word).
-        std::sync::atomic::fence(Ordering::SeqCst);
+        line.gen.store(g, Ordering::SeqCst);
         notify(self.seg());
     }
 

@@ -63,8 +63,7 @@ pub struct RankState {
     /// The rank's pid, written at attach.
     pub pid: AtomicU32,
     _pad: u32,
-    /// The last generation this rank published, at a barrier or in a line (monotonic, never
-    /// reset): it has finished reading everything published before it.
+    /// The last barrier generation this rank arrived at (monotonic, never reset).
     pub arrived: AtomicU64,
     /// Operation starts, by their generation modulo [`LINES`].
     pub line: [Line; LINES],
