@@ -184,7 +184,14 @@ impl Ctx<'_> {
             || (0..n).all(|r| r == me || reached(r)),
             || (0..n).filter(|&r| r != me && !reached(r)).collect(),
         )?;
-        self.settled = need;
+        // A rank's barrier word is a lower bound of its progress (a receiver of a small
+        // broadcast also bumps it): the root of many learns how far each receiver is, and
+        // checks again only once its lines run out.
+        self.settled = (0..n)
+            .filter(|&r| r != me)
+            .map(|r| seg.rank(r).arrived.load(Ordering::Acquire).max(need))
+            .min()
+            .unwrap_or(need);
         Ok(())
     }
 
@@ -283,7 +290,9 @@ impl Ctx<'_> {
                 || vec![root],
             )?;
             let same = (0..5).all(|i| theirs.desc[i].load(Ordering::Relaxed) == d.words(g)[i]);
-            // Published even on a mismatch, so that the root's next agreement sees it too.
+            // Its progress for a root that settles (see `settle`), then its line: published
+            // even on a mismatch, so that the root's next agreement sees it too.
+            comm.seg.rank(self.me()).arrived.store(g, Ordering::Release);
             self.publish(g, d, None);
             self.gen = g;
             if !same {

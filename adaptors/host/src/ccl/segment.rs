@@ -63,7 +63,8 @@ pub struct RankState {
     /// The rank's pid, written at attach.
     pub pid: AtomicU32,
     _pad: u32,
-    /// The last barrier generation this rank arrived at (monotonic, never reset).
+    /// The last barrier generation this rank arrived at, or small broadcast it received
+    /// (monotonic, never reset).
     pub arrived: AtomicU64,
     /// Operation starts, by their generation modulo [`LINES`].
     pub line: [Line; LINES],
