@@ -142,9 +142,16 @@ def row(n, what, size, label, bold_time=False, bold_bw=False):
     rbs = f"**{rb:.2f}**" if bold_bw else f"{rb:.2f}"
     return (f"| {n} | {label} | {ft:.2f} | {mt:.2f} | {rts} | {fb:.3f} | {mb:.3f} | {rbs} | {wrong} |")
 
+# The host CCL's threads per rank for large copies and reductions (see its `cores` module):
+# FERROCX_HOST_THREADS, else the rank's share of the cores, at most 4.
+cores = len(os.sched_getaffinity(0))
+setting = os.environ.get("FERROCX_HOST_THREADS", "auto").strip().lower()
+threads = ", ".join(
+    f"{n} ranks: {setting if setting not in ('', 'auto') else max(1, min(cores // int(n), 4))}"
+    for n in ranks)
 print(f"Machine: {cpu}, {os.cpu_count()} cores; {mpi_name}. Float sum, out of place; time is the "
       f"maximum over ranks of the mean per call, median of {rounds} alternated rounds; "
-      f"ratios are ferrocx / MPI.\n")
+      f"ratios are ferrocx / MPI. ferrocx threads per rank ({threads}).\n")
 print("| ranks | op, size | ferrocx time (us) | MPI time (us) | time ratio | ferrocx busbw (GB/s) | "
       "MPI busbw (GB/s) | busbw ratio | #wrong |")
 print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -24,13 +24,22 @@ struct Exec {
     waiting: usize,
     /// Barrier generation reached.
     gen: u64,
+    /// Generation every rank is known to have reached (see `Ctx::settle`).
+    settled: u64,
     /// Ticket of the next operation to run.
     next: u64,
     /// The first failure; later operations fail with it.
     broken: Option<Error>,
 }
 
-/// One rank's communicator.
+/// A value on a cache line of its own.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// One rank's communicator. Aligned to a cache line, so that the reference counts its `Arc`
+/// keeps in front of it (taken by the thread that enqueues, dropped by the stream's worker)
+/// share no line with what the worker reads.
+#[repr(align(128))]
 pub struct HostComm {
     pub rank: usize,
     pub nranks: usize,
@@ -40,10 +49,15 @@ pub struct HostComm {
     pub placement: Placement,
     /// Helper threads for the copies and reductions of large collectives.
     pub helpers: Helpers,
-    tickets: AtomicU64,
+    /// Taken by the enqueuing thread for every call: a line of its own.
+    tickets: Padded<AtomicU64>,
     exec: Mutex<Exec>,
     turn: Condvar,
     pub aborted: AtomicBool,
+    /// Bytes read and written by the copies and reductions of the large collectives (the
+    /// slot and chunk paths), counted by the thread that runs them; logged (debug) when the
+    /// communicator goes.
+    pub moved: AtomicU64,
     /// Set when the handle is destroyed (handle caches check it).
     pub destroyed: AtomicBool,
 }
@@ -65,27 +79,37 @@ impl HostComm {
             timeout,
             placement,
             helpers,
-            tickets: AtomicU64::new(0),
+            tickets: Padded(AtomicU64::new(0)),
             exec: Mutex::new(Exec {
                 waiting: 0,
                 gen: 0,
+                settled: 0,
                 next: 0,
                 broken: None,
             }),
             turn: Condvar::new(),
             aborted: AtomicBool::new(false),
+            moved: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
         }
     }
 
+    /// Counts `bytes` read or written by a large collective's copies and reductions.
+    pub fn count_moved(&self, bytes: usize) {
+        // Only the thread that runs the communicator's operations (one at a time) adds.
+        self.moved.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     /// Sets the barrier generation reached during initialisation.
     pub fn set_generation(&self, gen: u64) {
-        self.exec.lock().unwrap_or_else(|p| p.into_inner()).gen = gen;
+        let mut ex = self.exec.lock().unwrap_or_else(|p| p.into_inner());
+        ex.gen = gen;
+        ex.settled = gen;
     }
 
     /// Blocks until every operation enqueued so far has run; returns the first failure.
     pub fn wait_idle(&self) -> Result<()> {
-        let target = self.tickets.load(Ordering::Acquire);
+        let target = self.tickets.0.load(Ordering::Acquire);
         let mut ex = self.exec.lock().unwrap_or_else(|p| p.into_inner());
         while ex.next < target && ex.broken.is_none() {
             ex.waiting += 1;
@@ -100,7 +124,7 @@ impl HostComm {
 
     /// A ticket for an operation about to be enqueued.
     pub fn ticket(&self) -> u64 {
-        self.tickets.fetch_add(1, Ordering::AcqRel)
+        self.tickets.0.fetch_add(1, Ordering::AcqRel)
     }
 
     /// The first failure of the communicator, if any.
@@ -149,9 +173,10 @@ impl HostComm {
                 format!("the communicator failed earlier: {}", e.message()),
             )),
             None => {
-                let mut ctx = Ctx::new(self, ex.gen, resume);
+                let mut ctx = Ctx::new(self, ex.gen, ex.settled, resume);
                 let r = f(&mut ctx);
                 ex.gen = ctx.gen;
+                ex.settled = ctx.settled;
                 r
             }
         };
@@ -160,27 +185,29 @@ impl HostComm {
 
     /// Runs operation `ticket` on the calling thread if it is its turn now (no earlier
     /// operation of the communicator is still to run), letting its agreement wait for peers
-    /// at most `budget`. `None`: not its turn (nothing was done). `Some(None)`: the start was
-    /// published but a peer had not arrived: the operation stays the communicator's next and
-    /// must be finished by [`run`](Self::run) with `resume`. `Some(Some(result))`: it ran.
+    /// at most `budget`. `None`: not its turn (nothing was done). `Some(Err(started))`: a peer
+    /// had not arrived (or, for a small broadcast, its data or its room was not there): the
+    /// operation stays the communicator's next and must be finished by [`run`](Self::run),
+    /// with `resume` when its start was published (`started`). `Some(Ok(result))`: it ran.
     pub fn run_inline(
         &self,
         ticket: u64,
         budget: Duration,
         f: impl FnOnce(&mut Ctx<'_>) -> Result<()>,
-    ) -> Option<Option<Result<()>>> {
+    ) -> Option<std::result::Result<Result<()>, bool>> {
         let mut ex = self.exec.try_lock().ok()?;
         if ex.next != ticket || ex.broken.is_some() {
             return None;
         }
-        let mut ctx = Ctx::new(self, ex.gen, false);
+        let mut ctx = Ctx::new(self, ex.gen, ex.settled, false);
         ctx.budget = Some(budget);
         let r = f(&mut ctx);
         if ctx.pending {
-            return Some(None);
+            return Some(Err(ctx.started));
         }
         ex.gen = ctx.gen;
-        Some(Some(self.end(ex, ticket, r)))
+        ex.settled = ctx.settled;
+        Some(Ok(self.end(ex, ticket, r)))
     }
 
     /// Records the end of operation `ticket` (its failure breaks the communicator) and lets
@@ -206,5 +233,17 @@ impl HostComm {
             self.turn.notify_all();
         }
         result
+    }
+}
+
+impl Drop for HostComm {
+    fn drop(&mut self) {
+        tracing::debug!(
+            rank = self.rank,
+            nranks = self.nranks,
+            bytes = self.moved.load(Ordering::Relaxed),
+            "host communicator: bytes read and written by the large collectives' copies and \
+             reductions"
+        );
     }
 }

@@ -10,7 +10,7 @@ use ferrocx_plugin_sdk::{Error, Result};
 
 use super::algo::copy;
 use super::comm::HostComm;
-use super::segment::{Segment, LINE, LINE_BYTES};
+use super::segment::{Line, Segment, LINE, LINES, LINE_BYTES};
 use super::sync::{barrier, notify, poll, wait_until};
 
 /// Operation kinds, as written in descriptors.
@@ -70,10 +70,41 @@ pub struct Desc {
     pub root: i64,
 }
 
+impl Desc {
+    /// The descriptor as published for generation `g`.
+    fn words(&self, g: u64) -> [u64; 6] {
+        [
+            self.kind as u64,
+            self.count,
+            self.dtype.0 as u64,
+            self.op.0 as u64,
+            self.root as u64,
+            g,
+        ]
+    }
+}
+
+/// Whether rank `r` has published generation `g` or a later one, so it has finished reading
+/// everything published before `g`. Every rank publishes every generation in order, in a line
+/// (an agreement, a small broadcast) or at a barrier: `g` is then in its line of `g` (or a later
+/// generation that reused it) or below its barrier word.
+fn reached(seg: &Segment, r: usize, g: u64) -> bool {
+    line_of(seg, r, g).gen.load(Ordering::Acquire) >= g
+        || seg.rank(r).arrived.load(Ordering::Acquire) >= g
+}
+
+/// Rank `r`'s line of generation `g`.
+fn line_of(seg: &Segment, r: usize, g: u64) -> &Line {
+    &seg.rank(r).line[(g % LINES as u64) as usize]
+}
+
 /// The state an algorithm runs with.
 pub struct Ctx<'a> {
     pub comm: &'a HostComm,
     pub(super) gen: u64,
+    /// Every rank is known to have finished reading what was published before this generation
+    /// (see [`settle`](Self::settle)); equal to `gen` after an agreement or a barrier.
+    pub(super) settled: u64,
     /// Set while the operation runs on the calling thread (see `HostComm::run_inline`): how
     /// long its agreement may wait for peers before the operation is handed to the worker.
     pub(super) budget: Option<Duration>,
@@ -83,6 +114,9 @@ pub struct Ctx<'a> {
     /// Set when an inline attempt published its start but its peers had not all arrived within
     /// the budget: the operation goes on from there on the worker.
     pub(super) pending: bool,
+    /// This run published something (its line): a pending inline attempt is resumed from
+    /// there, not started over.
+    pub(super) started: bool,
 }
 
 impl Ctx<'_> {
@@ -104,13 +138,15 @@ impl Ctx<'_> {
     }
 
     /// A context for operations that run in their turn (on the worker).
-    pub(super) fn new(comm: &HostComm, gen: u64, resume: bool) -> Ctx<'_> {
+    pub(super) fn new(comm: &HostComm, gen: u64, settled: u64, resume: bool) -> Ctx<'_> {
         Ctx {
             comm,
             gen,
+            settled,
             budget: None,
             resume,
             pending: false,
+            started: false,
         }
     }
 
@@ -122,15 +158,159 @@ impl Ctx<'_> {
 
     /// A barrier; returns the parity of the buffers it published.
     pub(super) fn barrier(&mut self, what: &str) -> Result<usize> {
+        self.settle(self.gen, what)?;
         self.gen += 1;
         barrier(self.seg(), self.me(), self.gen, self.comm.timeout, what)?;
+        self.settled = self.gen;
         Ok((self.gen % 2) as usize)
+    }
+
+    /// Makes sure every rank has reached generation `need` (published it, in a line or at a
+    /// barrier, so it has finished reading everything published before it), waiting if it is
+    /// not known yet. Writing generation `g`'s slots needs `g - 1` (they are reused every
+    /// other generation), its line `g + 1 - LINES`. Costs nothing after an agreement or a
+    /// barrier, which establish the current generation; only a small broadcast (whose root
+    /// does not wait for its receivers) leaves something to wait for.
+    pub(super) fn settle(&mut self, need: u64, what: &str) -> Result<()> {
+        if self.settled >= need {
+            return Ok(());
+        }
+        let comm = self.comm;
+        let seg = &comm.seg;
+        let (n, me) = (self.n(), self.me());
+        let reached = |r: usize| reached(seg, r, need);
+        self.wait_peers(
+            what,
+            || (0..n).all(|r| r == me || reached(r)),
+            || (0..n).filter(|&r| r != me && !reached(r)).collect(),
+        )?;
+        // A rank's barrier word is a lower bound of its progress (a receiver of a small
+        // broadcast also bumps it): the root of many learns how far each receiver is, and
+        // checks again only once its lines run out.
+        self.settled = (0..n)
+            .filter(|&r| r != me)
+            .map(|r| seg.rank(r).arrived.load(Ordering::Acquire).max(need))
+            .min()
+            .unwrap_or(need);
+        Ok(())
+    }
+
+    /// [`settle`](Self::settle) for an operation that may write its slots before it agrees.
+    pub(super) fn settle_slots(&mut self, what: &str) -> Result<()> {
+        self.settle(self.gen, what)
+    }
+
+    /// Waits until `ready()`; within the budget only when running inline (then it marks the
+    /// operation pending and fails, for the worker to take it over).
+    fn wait_peers(
+        &mut self,
+        what: &str,
+        ready: impl Fn() -> bool,
+        pending: impl Fn() -> Vec<usize>,
+    ) -> Result<()> {
+        if let Some(budget) = self.budget {
+            if !poll(budget, self.n(), &ready) {
+                self.pending = true;
+                return Err(Error::internal(
+                    "handed to the stream's worker (peers not there yet)",
+                ));
+            }
+            return Ok(());
+        }
+        let comm = self.comm;
+        wait_until(
+            &comm.seg,
+            comm.rank,
+            comm.timeout,
+            what,
+            || Ok(ready()),
+            pending,
+        )
+    }
+
+    /// Rank `r`'s line of the current generation (after [`agree`](Self::agree)).
+    pub(super) fn line(&self, r: usize) -> &Line {
+        line_of(self.seg(), r, self.gen)
+    }
+
+    /// Publishes this rank's start of generation `g`: the descriptor `d`, the payload `small`
+    /// (at most [`LINE_BYTES`]) and last the generation itself, then wakes sleeping peers.
+    fn publish(&mut self, g: u64, d: &Desc, small: Option<&[u8]>) {
+        self.started = true;
+        let line = line_of(self.seg(), self.me(), g);
+        for (slot, v) in line.desc.iter().zip(d.words(g)) {
+            slot.store(v, Ordering::Relaxed);
+        }
+        if let Some(bytes) = small {
+            // SAFETY: at most LINE_BYTES bytes into this rank's own line, which no peer
+            // reads until the generation below is published (and none still reads what it
+            // held LINES generations before: the caller settled).
+            unsafe {
+                copy(
+                    line.data.get() as *mut u8,
+                    bytes.as_ptr(),
+                    bytes.len().min(LINE_BYTES),
+                )
+            };
+        }
+        line.gen.store(g, Ordering::SeqCst);
+        notify(self.seg());
+    }
+
+    /// A small broadcast from `root`, its payload `data` (the root's, at most [`LINE_BYTES`])
+    /// in the root's line: the root publishes and returns without waiting for its receivers,
+    /// as an eager send does; a receiver waits for the root's line, checks its descriptor,
+    /// copies the payload to `recv` and then publishes its own line (its acknowledgement, and
+    /// its descriptor for a root that called something else). A line is rewritten `LINES`
+    /// generations later, so the root runs up to `LINES - 1` operations ahead of its slowest
+    /// receiver before it waits ([`settle`](Self::settle)); any other operation settles first.
+    ///
+    /// # Safety
+    /// `recv` holds `bytes` bytes (at most `LINE_BYTES`), on every rank.
+    pub(super) unsafe fn post_broadcast(
+        &mut self,
+        d: &Desc,
+        root: usize,
+        data: Option<&[u8]>,
+        recv: *mut u8,
+        bytes: usize,
+    ) -> Result<()> {
+        // Nothing is published before a wait here: a resumed inline attempt starts over.
+        self.resume = false;
+        let g = self.gen + 1;
+        if self.me() == root {
+            self.settle((g + 1).saturating_sub(LINES as u64), d.kind.name())?;
+            self.publish(g, d, data);
+        } else {
+            let comm = self.comm;
+            let theirs = line_of(&comm.seg, root, g);
+            self.wait_peers(
+                d.kind.name(),
+                || theirs.gen.load(Ordering::Acquire) >= g,
+                || vec![root],
+            )?;
+            let same = (0..5).all(|i| theirs.desc[i].load(Ordering::Relaxed) == d.words(g)[i]);
+            // Its progress for a root that settles (see `settle`), then its line: published
+            // even on a mismatch, so that the root's next agreement sees it too.
+            comm.seg.rank(self.me()).arrived.store(g, Ordering::Release);
+            self.publish(g, d, None);
+            self.gen = g;
+            if !same {
+                return Err(self.mismatch(d, g, &[root]));
+            }
+        }
+        self.gen = g;
+        // SAFETY: recv holds `bytes`; the root's line holds `bytes` published bytes until it
+        // is rewritten LINES generations later, which needs this rank to have published the
+        // generation after this one.
+        unsafe { copy(recv, self.line_data(root), bytes) };
+        Ok(())
     }
 
     /// Starts an operation: publishes its descriptor (and `small`, a payload of at most
     /// [`LINE_BYTES`]) in this rank's line for the next generation, waits until every rank has
     /// published that generation (a barrier), and checks that every rank called the same
-    /// operation. Returns the parity of what was published.
+    /// operation. Returns the parity of the slots of that generation.
     pub(super) fn agree(&mut self, d: &Desc, small: Option<&[u8]>) -> Result<usize> {
         let g = self.gen + 1;
         let p = (g % 2) as usize;
@@ -138,60 +318,23 @@ impl Ctx<'_> {
         let seg = &comm.seg;
         let n = comm.nranks;
         let me = comm.rank;
-        let line = &seg.rank(me).line[p];
-        let mine = [
-            d.kind as u64,
-            d.count,
-            d.dtype.0 as u64,
-            d.op.0 as u64,
-            d.root as u64,
-            g,
-        ];
-        let all_there = || (0..n).all(|r| seg.rank(r).line[p].gen.load(Ordering::Acquire) >= g);
+        let mine = d.words(g);
+        let gen_of = |r: usize| line_of(seg, r, g).gen.load(Ordering::Acquire);
         if std::mem::take(&mut self.resume) {
             // An inline attempt published this generation already (same descriptor, same data).
-            debug_assert_eq!(line.gen.load(Ordering::Relaxed), g);
+            debug_assert_eq!(gen_of(me), g);
         } else {
-            for (slot, v) in line.desc.iter().zip(mine) {
-                slot.store(v, Ordering::Relaxed);
-            }
-            if let Some(bytes) = small {
-                // SAFETY: at most LINE_BYTES bytes into this rank's own line, which no peer
-                // reads until the generation below is published.
-                unsafe {
-                    copy(
-                        line.data.get() as *mut u8,
-                        bytes.as_ptr(),
-                        bytes.len().min(LINE_BYTES),
-                    )
-                };
-            }
-            line.gen.store(g, Ordering::SeqCst);
-            notify(seg);
-            if let Some(budget) = self.budget {
-                if !poll(budget, n, all_there) {
-                    self.pending = true;
-                    return Err(Error::internal(
-                        "handed to the stream's worker (peers not there yet)",
-                    ));
-                }
-            }
+            self.settle((g + 1).saturating_sub(LINES as u64), d.kind.name())?;
+            self.publish(g, d, small);
         }
-        wait_until(
-            seg,
-            me,
-            comm.timeout,
-            d.kind.name(),
-            || Ok(all_there()),
-            || {
-                (0..n)
-                    .filter(|&r| seg.rank(r).line[p].gen.load(Ordering::Acquire) < g)
-                    .collect()
-            },
-        )?;
+        let all_there = || (0..n).all(|r| gen_of(r) >= g);
+        self.wait_peers(d.kind.name(), all_there, || {
+            (0..n).filter(|&r| gen_of(r) < g).collect()
+        })?;
         self.gen = g;
+        self.settled = g;
         let same = |r: usize| {
-            let theirs = &seg.rank(r).line[p].desc;
+            let theirs = &line_of(seg, r, g).desc;
             let at = |i: usize| theirs[i].load(Ordering::Relaxed);
             if d.kind == Kind::AllToAllV {
                 at(0) == mine[0] && at(2) == mine[2]
@@ -203,15 +346,12 @@ impl Ctx<'_> {
         if (0..n).all(same) {
             return Ok(p);
         }
-        let mut differ = Vec::new();
-        for r in (0..n).filter(|&r| !same(r)) {
-            let theirs: Vec<u64> = seg.rank(r).line[p]
-                .desc
-                .iter()
-                .map(|x| x.load(Ordering::Relaxed))
-                .collect();
-            differ.push((r, theirs));
-        }
+        let differ: Vec<usize> = (0..n).filter(|&r| !same(r)).collect();
+        Err(self.mismatch(d, g, &differ))
+    }
+
+    /// The error for ranks `differ` whose descriptor of generation `g` is not `d`.
+    fn mismatch(&self, d: &Desc, g: u64, differ: &[usize]) -> Error {
         let show = |r: usize, v: &[u64]| {
             let kind = Kind::from(v[0]).map(Kind::name).unwrap_or("?");
             format!(
@@ -222,19 +362,29 @@ impl Ctx<'_> {
                 v[4] as i64
             )
         };
-        let mut msg = format!("ranks disagree on the operation ({}; ", show(me, &mine));
+        let mut msg = format!(
+            "ranks disagree on the operation ({}; ",
+            show(self.me(), &d.words(g))
+        );
         msg += &differ
             .iter()
-            .map(|(r, v)| show(*r, v))
+            .map(|&r| {
+                let theirs: Vec<u64> = line_of(self.seg(), r, g)
+                    .desc
+                    .iter()
+                    .map(|x| x.load(Ordering::Relaxed))
+                    .collect();
+                show(r, &theirs)
+            })
             .collect::<Vec<_>>()
             .join("; ");
         msg.push(')');
-        Err(Error::invalid_argument(msg))
+        Error::invalid_argument(msg)
     }
 
-    /// Rank `r`'s small payload of parity `p`.
-    pub(super) fn line_data(&self, p: usize, r: usize) -> *const u8 {
-        self.seg().rank(r).line[p].data.get() as *const u8
+    /// Rank `r`'s small payload of the current generation (after [`agree`](Self::agree)).
+    pub(super) fn line_data(&self, r: usize) -> *const u8 {
+        self.line(r).data.get() as *const u8
     }
 
     /// Rank `r`'s slot of parity `p`.

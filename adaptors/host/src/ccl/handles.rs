@@ -34,6 +34,24 @@ pub(super) fn get(c: Comm) -> Result<Arc<HostComm>> {
     Ok(comm)
 }
 
+/// Runs `f` with communicator `c`, without taking a reference to it when it is this thread's
+/// last one (a check of an argument before the call is enqueued).
+pub(super) fn with<R>(c: Comm, f: impl FnOnce(&HostComm) -> R) -> Result<R> {
+    let id = c.0 as usize as u64;
+    let mut f = Some(f);
+    let hit = LAST.with(|l| match &*l.borrow() {
+        Some((h, comm)) if *h == id && !comm.destroyed.load(Ordering::Acquire) => {
+            f.take().map(|f| f(comm))
+        }
+        _ => None,
+    });
+    match (hit, f) {
+        (Some(r), _) => Ok(r),
+        (None, Some(f)) => Ok(f(&*get(c)?)),
+        (None, None) => unreachable!("f runs at most once"),
+    }
+}
+
 fn lookup(c: Comm) -> Result<Arc<HostComm>> {
     COMMS.get(c.0 as usize as u64)
 }

@@ -5,9 +5,13 @@
 //! pid, and once all are attached rank 0 removes the name, so a crash leaves nothing behind.
 //! Every collective is enqueued on the device stream and returns at once; waits on peers spin
 //! briefly, then yield (for up to 2 ms), then sleep on a futex, and fail by the deadline naming
-//! the rank. The thread that runs a small collective is bound to the rank's share of the cores
-//! when each rank gets one (`bind`), and large copies and reductions are split over `threads`
-//! threads per rank (see `cores`).
+//! the rank. A broadcast of at most one line of payload (192 bytes) does not synchronize the
+//! ranks: its root writes the data into its line and completes, as an eager send does; it waits
+//! only for a receiver 15 such broadcasts behind (its lines are used up), and the next other
+//! operation waits until every receiver has caught up (see `Ctx::post_broadcast`). The thread
+//! that runs a small collective is bound to the rank's share of the cores when each rank gets
+//! one (`bind`), and large copies and reductions are split over `threads` threads per rank (see
+//! `cores`).
 //!
 //! The files: `handles` (communicators by handle), `comm` (a communicator and the order its
 //! operations run in), `task` (an operation as queued on a stream), `group` (point-to-point
@@ -40,7 +44,7 @@ use algo::elem_size;
 use comm::HostComm;
 use ctx::Kind;
 use group::p2p;
-use handles::{get, take, COMMS};
+use handles::{get, take, with, COMMS};
 use p2p::Transfer;
 use segment::{Layout, Segment};
 use task::{enqueue, Coll};
@@ -292,7 +296,7 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let root = root_of(&*get(c)?, root)?;
+        let root = with(c, |comm| root_of(comm, root))??;
         let (send, recv) = (ptr(s), ptr(r));
         enqueue(
             c,
@@ -318,7 +322,7 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let root = root_of(&*get(c)?, root)?;
+        let root = with(c, |comm| root_of(comm, root))??;
         let (send, recv) = (ptr(s), ptr(r));
         enqueue(
             c,
@@ -344,7 +348,7 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let root = root_of(&*get(c)?, root)?;
+        let root = with(c, |comm| root_of(comm, root))??;
         let (send, recv) = (ptr(s), ptr(r));
         enqueue(
             c,
@@ -369,7 +373,7 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let root = root_of(&*get(c)?, root)?;
+        let root = with(c, |comm| root_of(comm, root))??;
         let (send, recv) = (ptr(s), ptr(r));
         enqueue(
             c,
@@ -449,7 +453,7 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         let len = n * elem_size(t)?;
-        let peer = peer_of(&*get(c)?, peer)?;
+        let peer = with(c, |comm| peer_of(comm, peer))??;
         p2p(
             c,
             st,
@@ -470,7 +474,7 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         let len = n * elem_size(t)?;
-        let peer = peer_of(&*get(c)?, peer)?;
+        let peer = with(c, |comm| peer_of(comm, peer))??;
         p2p(
             c,
             st,

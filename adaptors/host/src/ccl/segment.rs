@@ -53,16 +53,21 @@ pub struct Line {
     pub data: std::cell::UnsafeCell<[u64; LINE_BYTES / 8]>,
 }
 
+/// Lines per rank: generation `g` publishes in line `g % LINES`. A small broadcast's root
+/// runs up to `LINES - 1` operations ahead of its receivers (see `Ctx::post_broadcast`).
+pub const LINES: usize = 16;
+
 /// Per-rank state.
 #[repr(C, align(128))]
 pub struct RankState {
     /// The rank's pid, written at attach.
     pub pid: AtomicU32,
     _pad: u32,
-    /// The last barrier generation this rank arrived at (monotonic, never reset).
+    /// The last barrier generation this rank arrived at, or small broadcast it received
+    /// (monotonic, never reset).
     pub arrived: AtomicU64,
-    /// Operation starts, by parity of their generation.
-    pub line: [Line; 2],
+    /// Operation starts, by their generation modulo [`LINES`].
+    pub line: [Line; LINES],
 }
 
 /// A ring for point-to-point traffic from one rank to another.

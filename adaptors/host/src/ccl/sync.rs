@@ -75,8 +75,12 @@ fn spin_budget(nranks: usize) -> u32 {
 
 /// Polls `ready()` for at most `budget` without sleeping (an inline attempt's bounded wait):
 /// spins where every rank of the `nranks` can have a core, yields otherwise (a spinning rank
-/// would hold the core a peer needs). Returns whether it held.
+/// would hold the core a peer needs); a zero budget looks once. Returns whether it held.
 pub fn poll(budget: Duration, nranks: usize, mut ready: impl FnMut() -> bool) -> bool {
+    if budget.is_zero() {
+        // One look: the caller goes on without waiting at all.
+        return ready();
+    }
     let oversubscribed = spin_budget(nranks) == SPIN_OVERSUBSCRIBED;
     let mut start = None;
     let mut n = 0u32;
@@ -112,15 +116,9 @@ pub fn wait_until(
     pending: impl Fn() -> Vec<usize>,
 ) -> Result<()> {
     let spin = spin_budget(seg.layout.nranks);
-    let now = Instant::now();
-    let mut w = Waiter {
-        seg,
-        me,
-        deadline: now + timeout,
-        timeout,
-        next_check: now + Duration::from_millis(20),
-        what,
-    };
+    // The clock is first read once the spinning is over: a wait that ends while spinning (the
+    // common case on a busy path) reads no clock at all. The deadline counts from there.
+    let mut w: Option<Waiter<'_>> = None;
     let h = seg.header();
     let mut n = 0u32;
     let mut yield_until = None;
@@ -162,6 +160,17 @@ pub fn wait_until(
             futex::wait(&h.wake, word, Duration::from_millis(5));
             h.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
+        let w = w.get_or_insert_with(|| {
+            let now = Instant::now();
+            Waiter {
+                seg,
+                me,
+                deadline: now + timeout,
+                timeout,
+                next_check: now + Duration::from_millis(20),
+                what,
+            }
+        });
         if let Err(e) = w.check(&pending) {
             return settle(e, &mut ready);
         }

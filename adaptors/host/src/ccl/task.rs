@@ -83,6 +83,16 @@ impl Coll {
     /// Runs the operation with `ctx` (in its turn on the communicator).
     fn exec(self, ctx: &mut super::ctx::Ctx<'_>) -> Result<()> {
         let op = self;
+        match op {
+            // A small broadcast settles on its root only (see `Ctx::post_broadcast`);
+            // transfers use the rings, not the generations' buffers.
+            Coll::Broadcast { .. } if op.posted() => {}
+            // A small all-reduce uses lines only: its agreement settles what it needs.
+            Coll::Reduce { count, dtype, .. } if algo::all_reduce_is_line(count, dtype) => {}
+            Coll::Transfers(_) => {}
+            // Anything else may write its slot before its agreement: make that free first.
+            _ => ctx.settle_slots("collective")?,
+        }
         {
             // SAFETY: (every arm) the buffers hold what the ABI requires for the operation and
             // stay valid until it completes on the stream.
@@ -169,6 +179,11 @@ impl Coll {
         }
     }
 
+    /// Whether this is a small broadcast (see `Ctx::post_broadcast`).
+    fn posted(&self) -> bool {
+        matches!(*self, Coll::Broadcast { count, dtype, .. } if algo::broadcast_is_posted(count, dtype))
+    }
+
     /// A copy of the operation if it is one agreement with local work before and after it
     /// (no other wait on peers), so an inline attempt can hand it to the worker at that one
     /// point; `None` for every other operation.
@@ -222,25 +237,43 @@ impl Coll {
 /// worker's would, not to this call. It is off by default: on a loaded machine a late peer
 /// makes the calls alternate between the caller and a sleeping worker, which costs more than
 /// the hand-off it saves (measured with `scripts/bench-vs-mpi.sh`).
+///
+/// A small broadcast (see `Ctx::post_broadcast`) takes this path whatever the setting, with no
+/// wait at all: its root's work is local (it writes its line; only a root whose lines are all
+/// still unread waits, and that one is handed over), and a receiver finds the root's data
+/// already there when the root is ahead, else it is handed over at once. So the calling thread
+/// never waits on a peer, and stream order holds as above.
 pub(super) fn enqueue(c: Comm, s: Stream, op: Coll) -> Result<()> {
     let comm = get(c)?;
     let st = stream::get(s)?;
     let ticket = comm.ticket();
-    let budget = inline_budget();
-    if let Some(attempt) = op.one_round(&comm).filter(|_| !budget.is_zero()) {
+    // A small broadcast is always tried here (with no wait: its root's work is local, and a
+    // receiver's is when the root is ahead, the common case); anything else only when the
+    // fast path is on.
+    let posted = op.posted();
+    let budget = if posted {
+        Duration::ZERO
+    } else {
+        inline_budget()
+    };
+    if let Some(attempt) = (posted || !budget.is_zero())
+        .then(|| op.one_round(&comm))
+        .flatten()
+    {
         if let Some(claim) = st.claim_inline() {
             return match comm.run_inline(ticket, budget, |ctx| attempt.exec(ctx)) {
-                Some(Some(outcome)) => {
+                Some(Ok(outcome)) => {
                     claim.finish(outcome);
                     Ok(())
                 }
-                // Started, peers not there yet: the worker finishes it.
-                Some(None) => {
+                // Peers (or the data) not there yet: the worker finishes it, from its
+                // published start if it made one.
+                Some(Err(started)) => {
                     claim.hand_over(CollTask {
                         comm,
                         ticket,
                         op,
-                        resume: true,
+                        resume: started,
                     });
                     Ok(())
                 }

@@ -4,7 +4,7 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::{Error, Result};
 
-use super::{copy, elem_size, par_copy, par_reduce_slots, reduce_into, share};
+use super::{copy, elem_size, par_step, reduce_into, share, Move, SlotReduce};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
 use crate::ccl::segment::LINE_BYTES;
 
@@ -18,6 +18,15 @@ pub fn all_reduce_is_one_round(count: usize, dtype: DataType, slot_bytes: usize)
         .size()
         .and_then(|es| count.checked_mul(es))
         .is_some_and(|b| b <= LINE_BYTES || b <= ONE_SHOT_BYTES.min(slot_bytes))
+}
+
+/// Whether an all-reduce (or reduce) of `count` elements of `dtype` travels in the lines that
+/// announce it (no slot).
+pub fn all_reduce_is_line(count: usize, dtype: DataType) -> bool {
+    dtype
+        .size()
+        .and_then(|es| count.checked_mul(es))
+        .is_some_and(|b| b <= LINE_BYTES)
 }
 
 /// All-reduce (and reduce to `root` when `root` is Some).
@@ -59,12 +68,13 @@ pub unsafe fn all_reduce(
         // The data rides in the line that announces the call: one round trip in all.
         // SAFETY: send holds `bytes` bytes.
         let data = unsafe { std::slice::from_raw_parts(send, bytes) };
-        let p = ctx.agree(&desc, Some(data))?;
+        ctx.agree(&desc, Some(data))?;
         if writes(ctx) && bytes > 0 {
-            // SAFETY: every rank's line of parity p holds `bytes` published bytes, 8-byte
-            // aligned, until the next generation of that parity; recv holds `bytes` and is none
-            // of them (the sources are copies in the segment, so in place is fine too).
-            unsafe { reduce_into(recv, bytes, ctx.n(), |r| ctx.line_data(p, r), dtype, op) }?;
+            // SAFETY: every rank's line of this generation holds `bytes` published bytes, 8-byte
+            // aligned, until it is rewritten LINES generations later (after this rank has
+            // published the next one); recv holds `bytes` and is none of them (the sources are
+            // copies in the segment, so in place is fine too).
+            unsafe { reduce_into(recv, bytes, ctx.n(), |r| ctx.line_data(r), dtype, op) }?;
         }
         return Ok(());
     }
@@ -82,35 +92,76 @@ pub unsafe fn all_reduce(
         }
         return Ok(());
     }
+    // Chunks of a slot, software-pipelined: step k reduces this rank's share of chunk k - 1
+    // (every rank's slot, published by the barrier before) into the result buffer, copies
+    // chunk k of `send` into this rank's slot and copies the result of chunk k - 2 (reduced
+    // in the step before) out to `recv`, all as one fork-join, then one barrier. So each
+    // chunk takes one barrier and one fork-join (instead of two and three), and each byte
+    // is copied in once, read once by the rank that reduces it and copied out once.
+    //
+    // Buffers: chunk k lives in slot parity (g0 + k) % 2, where g0 is the agreement's
+    // generation, so that what a step writes is what the generation convention frees
+    // (written in step k, read in step k + 1, rewritten in step k + 2, a barrier between
+    // each); its result in result buffer k % 2 (written in step k + 1, read in step k + 2).
     let chunk = Ctx::fit(ctx.slot_bytes(), es) / es;
-    let mut done = 0;
-    let mut first = true;
-    while done < count || first {
-        let n = chunk.min(count - done);
-        let p = ctx.next_parity();
-        // SAFETY: n elements fit in the slot; send holds count elements.
-        unsafe { par_copy(ctx, ctx.slot(p, ctx.me()), send.add(done * es), n * es) }?;
-        let p = if first {
-            ctx.agree(&desc, None)?
-        } else {
-            ctx.barrier(kind.name())?
+    let chunks = count.div_ceil(chunk).max(1);
+    let g0 = ctx.gen + 1;
+    let slot_of = |k: usize| ((g0 + k as u64) % 2) as usize;
+    let elems = |k: usize| (k * chunk, ((k + 1) * chunk).min(count));
+    let me = ctx.me();
+    let copy_in = |ctx: &Ctx<'_>, k: usize| {
+        let (lo, hi) = elems(k);
+        Move {
+            dst: ctx.slot(slot_of(k), me) as usize,
+            // SAFETY: within `send`, which holds `count` elements.
+            src: unsafe { send.add(lo * es) } as usize,
+            n: (hi - lo) * es,
+        }
+    };
+    let copy_out = |ctx: &Ctx<'_>, k: usize| {
+        let (lo, hi) = elems(k);
+        Move {
+            // SAFETY: within `recv`, which holds `count` elements.
+            dst: unsafe { recv.add(lo * es) } as usize,
+            src: ctx.seg().result(k % 2) as usize,
+            n: (hi - lo) * es,
+        }
+    };
+    // SAFETY: the first chunk fits this rank's slot of the parity the agreement publishes.
+    unsafe { par_step(ctx, None, &[copy_in(ctx, 0)]) }?;
+    ctx.agree(&desc, None)?;
+    for k in 1..=chunks {
+        let (lo, hi) = elems(k - 1);
+        let (a, b) = share(hi - lo, ctx.n(), me);
+        let red = SlotReduce {
+            p: slot_of(k - 1),
+            lo: a,
+            hi: b,
+            es,
+            dtype,
+            op,
+            // SAFETY: the result buffer holds a whole chunk; the share is within it.
+            dst: unsafe { ctx.seg().result((k - 1) % 2).add(a * es) } as usize,
         };
-        first = false;
-        let (lo, hi) = share(n, ctx.n(), ctx.me());
-        let q = ctx.next_parity();
-        let res = ctx.seg().result(q);
-        if hi > lo {
-            // SAFETY: the result buffer holds a whole chunk; the share is within it and aligned.
-            let dst = unsafe { std::slice::from_raw_parts_mut(res.add(lo * es), (hi - lo) * es) };
-            // SAFETY: as above.
-            unsafe { par_reduce_slots(ctx, p, lo, hi, es, dtype, op, dst) }?;
+        let mut moves = [copy_in(ctx, 0); 2];
+        let mut m = 0;
+        if k < chunks {
+            moves[m] = copy_in(ctx, k);
+            m += 1;
         }
+        if k >= 2 && writes(ctx) {
+            moves[m] = copy_out(ctx, k - 2);
+            m += 1;
+        }
+        // SAFETY: every rank's slot of chunk k - 1 holds it (published by the barrier
+        // before); the slot chunk k goes to, the result buffer chunk k - 1 goes to and the
+        // part of `recv` chunk k - 2 goes to are read by nobody in this step (see above).
+        unsafe { par_step(ctx, Some(red), &moves[..m]) }?;
         ctx.barrier(kind.name())?;
-        if writes(ctx) {
-            // SAFETY: the result holds n elements; recv holds count.
-            unsafe { par_copy(ctx, recv.add(done * es), res, n * es) }?;
-        }
-        done += n;
+    }
+    if writes(ctx) {
+        // SAFETY: the last chunk's result, reduced before the last barrier.
+        unsafe { par_step(ctx, None, &[copy_out(ctx, chunks - 1)]) }?;
     }
     Ok(())
 }

@@ -43,9 +43,9 @@ pub unsafe fn all_to_allv(
     };
     let send = staged.as_ref().map_or(send, |v| v.as_ptr());
     // Every rank must run the same number of rounds: agree on the largest block first.
-    let p0 = ctx.agree(&desc, None)?;
+    ctx.agree(&desc, None)?;
     let global_max = (0..n)
-        .map(|r| ctx.seg().rank(r).line[p0].desc[1].load(Ordering::Relaxed))
+        .map(|r| ctx.line(r).desc[1].load(Ordering::Relaxed))
         .max()
         .unwrap_or(0) as usize;
     let mut done = 0;

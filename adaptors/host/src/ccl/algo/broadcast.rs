@@ -3,7 +3,7 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::Result;
 
-use super::{copy, elem_size, par_copy};
+use super::{elem_size, par_copy};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
 use crate::ccl::segment::LINE_BYTES;
 
@@ -14,6 +14,15 @@ pub fn broadcast_is_one_round(count: usize, dtype: DataType, slot_bytes: usize) 
         .size()
         .and_then(|es| count.checked_mul(es).map(|b| b <= Ctx::fit(slot_bytes, es)))
         .unwrap_or(false)
+}
+
+/// Whether a broadcast of `count` elements of `dtype` rides in the root's line (see
+/// `Ctx::post_broadcast`): its root does not wait for the receivers.
+pub fn broadcast_is_posted(count: usize, dtype: DataType) -> bool {
+    dtype
+        .size()
+        .and_then(|es| count.checked_mul(es))
+        .is_some_and(|b| b <= LINE_BYTES)
 }
 
 /// Broadcast from `root`.
@@ -39,15 +48,12 @@ pub unsafe fn broadcast(
     let chunk = Ctx::fit(ctx.slot_bytes(), es);
     let bytes = count * es;
     if bytes <= LINE_BYTES {
-        // The root's data rides in the line that announces the call.
+        // The root's data rides in its line; the root does not wait for the receivers.
         let mine = (ctx.me() == root)
             // SAFETY: send holds `bytes` bytes on the root.
             .then(|| unsafe { std::slice::from_raw_parts(send, bytes) });
-        let p = ctx.agree(&desc, mine)?;
-        // SAFETY: recv holds bytes; the root's line holds `bytes` published bytes until the
-        // next generation of that parity.
-        unsafe { copy(recv, ctx.line_data(p, root), bytes) };
-        return Ok(());
+        // SAFETY: recv holds `bytes` bytes on every rank.
+        return unsafe { ctx.post_broadcast(&desc, root, mine, recv, bytes) };
     }
     let mut done = 0;
     let mut first = true;

@@ -16,9 +16,9 @@ use super::ctx::Ctx;
 use super::reduce::reduce;
 
 pub use all_gather::all_gather;
-pub use all_reduce::{all_reduce, all_reduce_is_one_round};
+pub use all_reduce::{all_reduce, all_reduce_is_line, all_reduce_is_one_round};
 pub use all_to_allv::all_to_allv;
-pub use broadcast::{broadcast, broadcast_is_one_round};
+pub use broadcast::{broadcast, broadcast_is_one_round, broadcast_is_posted};
 pub use exchange::exchange;
 
 thread_local! {
@@ -90,6 +90,9 @@ fn piece(len: usize, parts: usize, i: usize) -> (usize, usize) {
 /// As [`copy`]; the ranges do not overlap unless equal.
 pub(super) unsafe fn par_copy(ctx: &Ctx<'_>, dst: *mut u8, src: *const u8, n: usize) -> Result<()> {
     let h = &ctx.comm.helpers;
+    if !std::ptr::eq(dst, src) {
+        ctx.comm.count_moved(2 * n);
+    }
     if h.parts() == 1 || n < par_min_bytes() {
         // SAFETY: by the caller's contract.
         unsafe { copy(dst, src, n) };
@@ -103,41 +106,85 @@ pub(super) unsafe fn par_copy(ctx: &Ctx<'_>, dst: *mut u8, src: *const u8, n: us
     })
 }
 
-/// [`reduce_slots`] of elements `[lo, hi)` into `dst`, split over the communicator's helper
-/// threads when large.
+/// A copy of `n` bytes from `src` to `dst` (addresses of this process), one job of a
+/// [`par_step`].
+#[derive(Clone, Copy)]
+pub(super) struct Move {
+    pub dst: usize,
+    pub src: usize,
+    pub n: usize,
+}
+
+/// The reduction of elements `[lo, hi)` of every rank's slot of parity `p` into `dst` (an
+/// address), one job of a [`par_step`].
+#[derive(Clone, Copy)]
+pub(super) struct SlotReduce {
+    pub p: usize,
+    pub lo: usize,
+    pub hi: usize,
+    pub es: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub dst: usize,
+}
+
+/// Runs a reduction and some copies that touch disjoint memory, as one fork-join over the
+/// communicator's helper threads when they are large (each job split over every thread, so a
+/// step whose jobs differ in size still keeps every thread busy), on the calling thread
+/// otherwise.
 ///
 /// # Safety
-/// As [`reduce_slots`].
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn par_reduce_slots(
+/// Each copy as [`copy`] (ranges valid, disjoint from every other job's destination); the
+/// reduction as [`reduce_slots`], its `dst` holding `(hi - lo) * es` bytes.
+pub(super) unsafe fn par_step(
     ctx: &Ctx<'_>,
-    p: usize,
-    lo: usize,
-    hi: usize,
-    es: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    dst: &mut [u8],
+    red: Option<SlotReduce>,
+    moves: &[Move],
 ) -> Result<()> {
     let h = &ctx.comm.helpers;
-    if h.parts() == 1 || (hi - lo) * es < par_min_bytes() {
-        // SAFETY: by the caller's contract.
-        return unsafe { reduce_slots(ctx, p, lo, hi, es, dtype, op, dst) };
-    }
-    let (out, parts) = (dst.as_mut_ptr() as usize, h.parts());
+    let total = moves.iter().map(|m| m.n).sum::<usize>()
+        + red.map_or(0, |r| (r.hi - r.lo) * r.es * ctx.n());
+    // Each copy reads and writes its bytes; the reduction reads every rank's share, writes one.
+    ctx.comm.count_moved(
+        2 * moves.iter().map(|m| m.n).sum::<usize>()
+            + red.map_or(0, |r| (r.hi - r.lo) * r.es * (ctx.n() + 1)),
+    );
+    let parts = if total < par_min_bytes() {
+        1
+    } else {
+        h.parts()
+    };
     let failed = std::sync::Mutex::new(None);
-    h.run(&|i| {
-        let (a, b) = share(hi - lo, parts, i);
-        // SAFETY: a part of `dst`, disjoint from the others.
-        let d = unsafe { std::slice::from_raw_parts_mut((out + a * es) as *mut u8, (b - a) * es) };
-        // SAFETY: a part of the caller's range.
-        if let Err(e) = unsafe { reduce_slots(ctx, p, lo + a, lo + b, es, dtype, op, d) } {
-            failed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
+    let job = |i: usize| {
+        if let Some(r) = red {
+            let (a, b) = share(r.hi - r.lo, parts, i);
+            if b > a {
+                // SAFETY: a part of `r.dst`, disjoint from the other parts.
+                let d = unsafe {
+                    std::slice::from_raw_parts_mut((r.dst + a * r.es) as *mut u8, (b - a) * r.es)
+                };
+                // SAFETY: a part of the caller's range.
+                let res =
+                    unsafe { reduce_slots(ctx, r.p, r.lo + a, r.lo + b, r.es, r.dtype, r.op, d) };
+                if let Err(e) = res {
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                }
+            }
         }
-    })?;
+        for m in moves {
+            let (lo, hi) = piece(m.n, parts, i);
+            // SAFETY: disjoint parts of the caller's ranges.
+            unsafe { copy((m.dst + lo) as *mut u8, (m.src + lo) as *const u8, hi - lo) };
+        }
+    };
+    if parts == 1 {
+        job(0);
+    } else {
+        h.run(&job)?;
+    }
     match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),
