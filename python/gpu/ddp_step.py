@@ -78,6 +78,27 @@ def main():
     ids = [local] if cuda else None
     rank, n = dist.get_rank(), dist.get_world_size()
     fx = dist.new_group(backend="ferrocx")
+    # --breakdown: the time DDP's bucket calls spend in the backend's Python (the call and its
+    # future), counted around the ferrocx group's methods.
+    spent = {"allreduce": [0, 0.0], "get_future": [0, 0.0]}
+    if a.breakdown:
+        import ferrocx.torch as fxt
+
+        def timed(cls, name):
+            inner = getattr(cls, name)
+
+            def wrapper(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    spent[name][0] += 1
+                    spent[name][1] += time.perf_counter() - t0
+
+            setattr(cls, name, wrapper)
+
+        timed(fxt.ProcessGroupFerrocx, "allreduce")
+        timed(fxt._Work, "get_future")
 
     runs = {
         ref: DDP(model(a.width, a.layers, device), device_ids=ids),
@@ -113,8 +134,18 @@ def main():
         for name in order:
             times[name].append(step(name, i))
 
+    steps_fx = a.warmup + a.steps
     extra = []
     if a.breakdown:
+        calls_ar, t_ar = spent["allreduce"]
+        calls_fut, t_fut = spent["get_future"]
+        if rank == 0:
+            print(
+                f"# ferrocx group, per step: {calls_ar / steps_fx:.1f} allreduce calls, "
+                f"{t_ar / steps_fx * 1e3:.3f} ms in them; {calls_fut / steps_fx:.1f} get_future "
+                f"calls, {t_fut / steps_fx * 1e3:.3f} ms in them (rank 0, Python time)",
+                flush=True,
+            )
         groups = {ref: None, "ferrocx": fx}
         flat = torch.zeros(params, device=device)
         for name in runs:
