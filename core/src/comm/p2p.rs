@@ -651,7 +651,7 @@ impl<'a> Call<'a> {
             None => rounds_per_group(),
         };
         let table = rounds(world, me);
-        for (k, group) in table.chunks(per.min(table.len().max(1))).enumerate() {
+        for (k, group) in table.chunks(per).enumerate() {
             let peers: Vec<usize> = group.iter().flatten().copied().collect();
             let stream = match peers.as_slice() {
                 [one] => pool[one % n],
