@@ -509,6 +509,16 @@ impl Step {
         if let Some(e) = self.fault {
             return Err(e);
         }
+        let trace = |phase: &str| {
+            if step_trace() {
+                eprintln!(
+                    "bridge step epoch={} phase={phase} t_us={}",
+                    self.epoch,
+                    now_us()
+                );
+            }
+        };
+        trace("start");
         if let Some((call, d)) = self.check {
             b.check_call(call, d, &describe)?;
         }
@@ -535,6 +545,7 @@ impl Step {
             unsafe { Part::run_all(&copies) };
         }
         b.publish(b.arrive(me, slot), self.epoch + 1);
+        trace("published");
         let mut read: Vec<usize> = Vec::new();
         let mut parts: Vec<Part> = Vec::new();
         for out in &self.outs {
@@ -550,6 +561,7 @@ impl Step {
             }
             parts.extend(Part::cut(out.dst as usize, srcs, out.n, out.reduce));
         }
+        trace("peers");
         // SAFETY: every `dst` holds its `n` elements (bytes for a copy) by the buffer
         // contract; the sources lie in slots their ranks published for this epoch (planned
         // against the slot's size), not rewritten before our `done` below.
@@ -557,8 +569,24 @@ impl Step {
         for r in read {
             b.add_one(b.done(r, slot));
         }
+        trace("done");
         Ok(())
     }
+}
+
+/// Whether `FERROCX_BRIDGE_TRACE=1` asks for a line on stderr at each phase of every bridge
+/// step (start, published, peers arrived, done) with the wall clock in microseconds: every
+/// rank's steps on one time line, to see where a pipelined collective waits.
+fn step_trace() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERROCX_BRIDGE_TRACE").is_ok_and(|v| v == "1"))
+}
+
+/// Microseconds of the wall clock (the same on every process of a host), for the step traces.
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// A share of a step's copy or reduction, for the bridge's threads ([`workers`]): `dst` gets
