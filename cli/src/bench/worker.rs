@@ -241,7 +241,11 @@ impl Bench<'_> {
                 let call = self.comm.call();
                 let call = match (op, self.args.algo) {
                     (_, AlgoArg::Auto) => call,
-                    (Op::AllGather, AlgoArg::P2p) => {
+                    (Op::AllGather, a) if a.p2p().is_some() => {
+                        let call = match a.p2p().flatten() {
+                            Some(route) => call.via(route),
+                            None => call,
+                        };
                         // SAFETY: the bench's buffers hold the geometry of the largest size
                         // and are freed only after the stream is synchronized; `join` orders
                         // the communicator's stream after every slice, so that synchronize

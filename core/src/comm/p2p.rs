@@ -43,8 +43,55 @@
 //!   its staging memory directly and acknowledges it, so rank `j` overwrites its staging only
 //!   once every peer has read it. The staging window is registered at the first such call and
 //!   again (larger) when a call needs more: collective, the same on every rank;
+//! - [`Route::WindowCopies`], where the device has the memops group (stream-ordered 32-bit
+//!   stores and waits) and memory it exports to peers, and is not host-addressable (a GPU),
+//!   unless [`COPIES_ENV`] is `0`; forced anywhere it runs (the host device too): the bytes
+//!   move by the device's copy engines (`mem_copy_async`), no kernel of the transfer takes
+//!   SMs from a consumer pipelined with it (NCCL's send/recv kernels do). Protocol below;
 //! - [`Route::Clusters`] (a job across clusters): the cross-cluster plan's all-gather on the
 //!   caller's stream; every slice's event fires when the whole gather is done.
+//!
+//! # The window-copies protocol
+//!
+//! Each rank has a staging window of the communicator (registered at the first such call,
+//! again larger when a call needs more: collective, the same on every rank), mapped into every
+//! peer: signal words, then two data areas, the *parities* of the calls' rounds (call `e`, the
+//! same number on every rank, uses parity `e % 2`, so a rank fills one while its peers still
+//! copy out of the other). Every signal word is written by one rank, in stream order, with the
+//! memops store (release), and waited on only by the rank that holds it (a local wait; the
+//! stores cross to the peers), with the memops wait (GEQ, wrapping 32-bit rounds):
+//!
+//! ```text
+//! stream (rank mod S):  wait ack[q][e%2] >= e-2 for every peer q   (all have copied round e-2
+//!                       copy send -> my staging[e%2]                out of this parity)
+//!                       store ready[me][e%2] = e in every peer q
+//!                       copy send -> my slice of recv ──record──► event[rank]
+//! stream (j mod S):     wait ready[j][e%2] >= e                    (rank j staged round e)
+//!                       copy peer j's staging[e%2] -> slice j of recv
+//!                       store ack[me][e%2] = e in peer j ──record──► event[j]
+//! ```
+//!
+//! Peers in tournament order, as on the CCL. Nothing blocks the calling thread; the data
+//! crosses once (a copy engine reading the peer's memory), plus one local copy into the
+//! staging. A word per parity keeps every word monotonic whatever streams the calls use.
+//! A zero-byte call moves nothing and signals nothing (every rank alike).
+//!
+//! **Waits and failures.** The memops waits have no deadline of their own (neither CUDA's
+//! `cuStreamWaitValue32` nor the host device's): a rank that never makes a call its peers made
+//! holds their streams, and whatever is ordered after them. [`AllGatherP2p::synchronize`] and
+//! [`AllGatherP2p::synchronize_slice`] bound the wait by the communicator's timeout: past it
+//! they fail the communicator's point-to-point all-gathers with an error naming the slice and
+//! *release* this rank's streams (the host sets every signal word they wait on), so nothing
+//! ordered after them hangs; the teardown and a staging that grows do the same. A caller
+//! that only synchronizes the communicator's stream after [`AllGatherP2p::wait_all`] waits
+//! without that bound.
+//!
+//! **On a GPU** the staging and its words are the window's device memory (the symmetric heap:
+//! VMM memory exported to the peers and mapped into each), the copies `cuMemcpyAsync` between
+//! peers (copy engines over NVLink), the stores and waits `cuStreamWriteValue32` /
+//! `cuStreamWaitValue32` on those device addresses (the local word for waits, the peer's mapped
+//! word for stores). A driver that refuses a memop address fails the call that enqueues it
+//! with the driver's error.
 //!
 //! The streams are the communicator's, made at the first call that needs them and kept; the
 //! events come from a pool of the communicator and go back when the handle
