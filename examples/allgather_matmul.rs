@@ -175,11 +175,11 @@ fn main() -> Result<(), Error> {
             }
             .map_err(ferrocx::comm::CommError::PointToPoint)
         };
-        // SAFETY: the buffers hold what the shapes say and live past the synchronize.
         let call = match forced {
             Some(r) => comm.call().via(r),
             None => comm.call(),
         };
+        // SAFETY: the buffers hold what the shapes say and live past the synchronize.
         let h = unsafe {
             call.all_gather_p2p_each(x.ptr(), x_full.ptr(), m * k, DataType::F32, streams, hook)
         }?;
