@@ -8,6 +8,13 @@
 //!                    └─ several clusters ──────────────────────────────────────► cross-cluster plan
 //! ```
 //!
+//! The point-to-point all-gather ([`crate::comm::p2p`]) has its own decision,
+//! [`Router::all_gather_p2p`]: across clusters the cross-cluster plan; copies out of the
+//! peers' windows by the copy engines ([`Route::WindowCopies`]) where the device has stream
+//! memory operations and exportable memory and is not host-addressable (a GPU); else the CCL's
+//! `send`/`recv`; else reads of the peers' windows by host functions
+//! ([`Route::WindowReads`]) on a host-addressable device.
+//!
 //! The router decides from what was probed once when the communicator was made (which entries
 //! the CCL's table has, what the window provider measured for the device, the cluster's keys);
 //! the same inputs give the same route on every rank, which is what keeps the ranks of one call

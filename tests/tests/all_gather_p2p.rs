@@ -565,3 +565,47 @@ fn window_copies_missing_peer_is_an_error_not_a_hang() {
         }
     }
 }
+
+/// A device without memory it exports to peers (the `offhost` test plugin: memops, but no IPC
+/// or VMM, and memory the host cannot address) refuses the window-copies route with an error
+/// naming the adaptor, before anything is enqueued; the router does not choose it there.
+fn offhost_main() {
+    let comm = Communicator::from_env().unwrap_or_else(|e| panic!("communicator: {e}"));
+    assert_eq!(comm.device().name(), "offhost");
+    let buf = DeviceBuffer::new(comm.device(), 64, MemKind::DEVICE).expect("alloc");
+    // SAFETY: refused before anything is enqueued.
+    let e = unsafe {
+        comm.call().via(Route::WindowCopies).all_gather_p2p(
+            buf.ptr(),
+            buf.ptr(),
+            4,
+            DataType::F32,
+            2,
+        )
+    }
+    .err()
+    .expect("the window-copies route refused on offhost");
+    assert!(
+        e.to_string().contains(
+            "the window-copies route needs the memops group (ferrocx_device_memops_v1) and \
+             memory exported to peers (IPC or VMM), which the device adaptor `offhost` lacks"
+        ),
+        "{e}"
+    );
+    println!("RANK OK");
+}
+
+#[test]
+fn window_copies_are_refused_where_the_device_cannot_run_them() {
+    const T: &str = "window_copies_are_refused_where_the_device_cannot_run_them";
+    match rank_of(T) {
+        Some(_) => offhost_main(),
+        None => {
+            let path = ferrocx_tests::offhost_plugin();
+            Job::new(T, 1)
+                .adaptors("offhost", "offhost")
+                .env("FERROCX_PLUGIN_PATH", path.to_str().expect("a UTF-8 path"))
+                .run();
+        }
+    }
+}

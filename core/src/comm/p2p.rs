@@ -118,7 +118,7 @@ const LINE: usize = 64;
 
 /// Environment variable: `0` keeps the router from choosing [`Route::WindowCopies`] (the
 /// route can still be forced with [`Call::via`]); unset or anything else lets it choose the
-/// route where the device runs it.
+/// route where the device runs it. Read once per process.
 pub const COPIES_ENV: &str = "FERROCX_P2P_COPIES";
 
 /// Peers of `rank` in the order of the exchanges, one per round of a round-robin tournament
@@ -720,7 +720,13 @@ fn copies_run_on(device: &Device) -> bool {
 fn copies_chosen_on(device: &Device) -> bool {
     copies_run_on(device)
         && !capabilities(device).is_some_and(|c| c.contains(Capabilities::HOST_ADDRESSABLE))
-        && std::env::var(COPIES_ENV).map_or(true, |v| v.trim() != "0")
+        && copies_allowed()
+}
+
+/// [`COPIES_ENV`] is not `0` (read once per process).
+fn copies_allowed() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| std::env::var(COPIES_ENV).map_or(true, |v| v.trim() != "0"))
 }
 
 /// The capabilities of the current device.
