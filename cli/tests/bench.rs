@@ -248,7 +248,19 @@ fn a_wrong_result_is_reported_and_makes_the_exit_code_1() {
 
 #[test]
 fn bad_arguments_exit_2_naming_them_before_anything_is_launched() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &[
+                "-n",
+                "2",
+                "--op",
+                "all_gather",
+                "--algo",
+                "window-copies",
+                "--graph",
+            ],
+            "--algo window-copies cannot run under --graph",
+        ),
         (&["-n", "2", "-b", "1Q"], "1Q"),
         (
             &["-n", "2", "-b", "1M", "-e", "64K"],

@@ -475,6 +475,14 @@ impl BenchArgs {
                 self.op.name()
             ));
         }
+        if self.graph && matches!(self.algo, AlgoArg::WindowCopies | AlgoArg::WindowReads) {
+            return Err(format!(
+                "--algo {} cannot run under --graph: each call numbers its round when it is \
+                 enqueued, and a graph's launches would replay the first call's rounds; drop \
+                 --graph (--algo p2p under --graph runs on the CCL)",
+                self.algo.name()
+            ));
+        }
         if self.overlap {
             if !gather_only {
                 return Err(format!(

@@ -242,7 +242,10 @@ impl Bench<'_> {
                 let call = match (op, self.args.algo) {
                     (_, AlgoArg::Auto) => call,
                     (Op::AllGather, a) if a.p2p().is_some() => {
-                        let call = match a.p2p().flatten() {
+                        // A graph replays what was captured: the window routes' rounds
+                        // cannot be replayed, so a captured `p2p` runs on the CCL.
+                        let forced = a.p2p().flatten().or(self.args.graph.then_some(Route::Ccl));
+                        let call = match forced {
                             Some(route) => call.via(route),
                             None => call,
                         };

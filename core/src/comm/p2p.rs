@@ -86,6 +86,12 @@
 //! that only synchronizes the communicator's stream after [`AllGatherP2p::wait_all`] waits
 //! without that bound.
 //!
+//! **Graphs.** The window routes number each call's round when it is enqueued: a graph
+//! captured from one call would replay that call's rounds (and its host functions) at every
+//! launch, which the protocol cannot tell from a new call. Do not capture them; force
+//! [`Route::Ccl`] ([`Call::via`]) for an all-gather inside a capture (NCCL's send/recv are
+//! capturable). Nothing here can see a capture the caller started outside ferrocx.
+//!
 //! **On a GPU** the staging and its words are the window's device memory (the symmetric heap:
 //! VMM memory exported to the peers and mapped into each), the copies `cuMemcpyAsync` between
 //! peers (copy engines over NVLink), the stores and waits `cuStreamWriteValue32` /
