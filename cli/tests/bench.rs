@@ -448,6 +448,15 @@ fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
             stdout.contains(&format!("all_gather (--algo {algo}, 3 stream(s)) + matmul")),
             "{stdout}"
         );
+        // The router leaves the host device to its CCL's send/recv; the algo forces the copies.
+        let route = match algo {
+            "window-copies" => "window-copies",
+            _ => "ccl",
+        };
+        assert!(
+            stdout.contains(&format!("# pipelined all_gather_p2p route: {route}\n")),
+            "{stdout}"
+        );
         // 1K, 4K, 16K: rows of 24 f32 per rank on 2 ranks (192 bytes each).
         let rows: Vec<Vec<&str>> = stdout
             .lines()

@@ -49,6 +49,8 @@ struct Overlap<'a> {
     matmul: Matmul,
     k: usize,
     n: usize,
+    /// The route the pipelined gather took (the last call's).
+    route: std::cell::Cell<Option<Route>>,
 }
 
 impl Overlap<'_> {
@@ -134,6 +136,7 @@ impl Overlap<'_> {
                 hook,
             )?
         };
+        self.route.set(Some(h.route()));
         h.join(self.comm.stream())?;
         Ok(())
     }
@@ -232,6 +235,7 @@ pub fn run(args: &BenchArgs, comm: &Communicator) -> Result<ExitCode, Box<dyn Er
         matmul,
         k: args.matmul_k as usize,
         n: args.matmul_n as usize,
+        route: std::cell::Cell::new(None),
     };
     let sweep = sizes(args.min_bytes, args.max_bytes, args.step_factor);
     let per_row = 4 * o.k * world;
@@ -293,6 +297,11 @@ pub fn run(args: &BenchArgs, comm: &Communicator) -> Result<ExitCode, Box<dyn Er
                 (t.gather + t.matmul) / t.pipelined,
                 wrong
             );
+        }
+    }
+    if rank == 0 {
+        if let Some(route) = o.route.get() {
+            println!("# pipelined all_gather_p2p route: {route}");
         }
     }
     if wrong_total > 0 {
