@@ -1,6 +1,7 @@
 //! All-gather as coalesced point-to-point transfers on a few streams of the communicator, each
 //! slice's arrival an event, so that a consumer (a matmul of a tensor-parallel layer) starts on
-//! slice `j` while the other slices are still on the wire: [`Call::all_gather_p2p`].
+//! slice `j` while the other slices are still on the wire: [`Call::all_gather_p2p`]. On the
+//! CCL (the window routes below move the bytes otherwise, on the same streams and events):
 //!
 //! ```text
 //! caller's stream ──record──► start
@@ -804,8 +805,9 @@ impl Communicator {
 }
 
 impl<'a> Call<'a> {
-    /// Enqueues `recv[r * send_count..]` = rank r's `send`, as one grouped receive and send
-    /// per peer `j` on the communicator's stream `j mod streams` and a device copy of this
+    /// Enqueues `recv[r * send_count..]` = rank r's `send`, as one transfer per peer `j` on
+    /// the communicator's stream `j mod streams` (a grouped receive and send on the CCL, a copy
+    /// out of the peer's staging window on the window routes) and a device copy of this
     /// rank's own slice, all after the work enqueued so far on this call's stream (see the
     /// [module docs](self) for the order and the routes). Returns at once with
     /// the event of each slice's arrival: a consumer waits for slice `j` alone
