@@ -84,10 +84,11 @@ fn route_arg(args: &[String]) -> Result<Option<Route>, Error> {
         Some("ccl") => Ok(Some(Route::Ccl)),
         Some("window-copies") => Ok(Some(Route::WindowCopies)),
         Some("window-reads") => Ok(Some(Route::WindowReads)),
-        other => Err(format!(
-            "--route: expected auto, ccl, window-copies or window-reads, not {other:?}"
+        Some(other) => Err(format!(
+            "--route: expected auto, ccl, window-copies or window-reads, not {other}"
         )
         .into()),
+        None => Err("--route needs a value".into()),
     }
 }
 
