@@ -172,7 +172,11 @@ fn gather_case(
 fn back_to_back(comm: &Communicator, case: u64, route: Route) {
     let (me, world) = (comm.rank(), comm.world());
     let dev = comm.device();
-    let counts = [333usize, 333, 333, 1025, 1025, 7, 333];
+    // Then a run of small calls: many rounds of both parities in flight at once.
+    let counts: Vec<usize> = [333usize, 333, 333, 1025, 1025, 7, 333]
+        .into_iter()
+        .chain((0..24).map(|i| 1 + (i * 37) % 101))
+        .collect();
     let all: Vec<Vec<Vec<u8>>> = counts
         .iter()
         .enumerate()
@@ -192,7 +196,7 @@ fn back_to_back(comm: &Communicator, case: u64, route: Route) {
         .collect();
     let mut handles = Vec::new();
     for (k, &count) in counts.iter().enumerate() {
-        if me == world - 1 {
+        if me == world - 1 && k < 7 {
             std::thread::sleep(std::time::Duration::from_millis(3));
         }
         // SAFETY: the buffers live until after every handle's synchronize below.
