@@ -18,14 +18,17 @@
 //! ```
 //!
 //! Options (all optional): `--m` rows per rank (64), `--k` (128), `--n` (96), `--streams` S
-//! (2), `--iters` timed runs of each (3). Rank 0 prints the routes, the times (best of the
-//! runs, wall clock around each way and a synchronize) and their ratio.
+//! (2), `--iters` timed runs of each (3), `--route` of the pipelined gather (`auto`: the
+//! router's, the default; `ccl`, `window-copies`, `window-reads` forced). Rank 0 prints the
+//! routes, the times (best of the runs, wall clock around each way and a synchronize) and
+//! their ratio.
 
 use std::time::{Duration, Instant};
 
 use ferrocx::abi::{DataType, DevicePtr, MemKind};
 use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::Communicator;
+use ferrocx::route::Route;
 use ferrocx_kernels::matmul::Matmul;
 
 type Error = Box<dyn std::error::Error>;
@@ -71,6 +74,24 @@ fn arg(args: &[String], name: &str, default: usize) -> Result<usize, Error> {
     }
 }
 
+/// `--route`: `None` for the router's choice.
+fn route_arg(args: &[String]) -> Result<Option<Route>, Error> {
+    let Some(i) = args.iter().position(|a| a == "--route") else {
+        return Ok(None);
+    };
+    match args.get(i + 1).map(String::as_str) {
+        Some("auto") => Ok(None),
+        Some("ccl") => Ok(Some(Route::Ccl)),
+        Some("window-copies") => Ok(Some(Route::WindowCopies)),
+        Some("window-reads") => Ok(Some(Route::WindowReads)),
+        Some(other) => Err(format!(
+            "--route: expected auto, ccl, window-copies or window-reads, not {other}"
+        )
+        .into()),
+        None => Err("--route needs a value".into()),
+    }
+}
+
 fn main() -> Result<(), Error> {
     if let Ok(filter) = std::env::var("FERROCX_LOG") {
         tracing_subscriber::fmt()
@@ -81,12 +102,15 @@ fn main() -> Result<(), Error> {
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(a) = args.iter().find(|a| {
-        a.starts_with("--") && !["--m", "--k", "--n", "--streams", "--iters"].contains(&a.as_str())
+        a.starts_with("--")
+            && !["--m", "--k", "--n", "--streams", "--iters", "--route"].contains(&a.as_str())
     }) {
-        return Err(
-            format!("unknown option {a}: expected --m, --k, --n, --streams, --iters").into(),
-        );
+        return Err(format!(
+            "unknown option {a}: expected --m, --k, --n, --streams, --iters, --route"
+        )
+        .into());
     }
+    let forced = route_arg(&args)?;
     let (m, k, n) = (
         arg(&args, "--m", 64)?,
         arg(&args, "--k", 128)?,
@@ -152,16 +176,13 @@ fn main() -> Result<(), Error> {
             }
             .map_err(ferrocx::comm::CommError::PointToPoint)
         };
+        let call = match forced {
+            Some(r) => comm.call().via(r),
+            None => comm.call(),
+        };
         // SAFETY: the buffers hold what the shapes say and live past the synchronize.
         let h = unsafe {
-            comm.call().all_gather_p2p_each(
-                x.ptr(),
-                x_full.ptr(),
-                m * k,
-                DataType::F32,
-                streams,
-                hook,
-            )
+            call.all_gather_p2p_each(x.ptr(), x_full.ptr(), m * k, DataType::F32, streams, hook)
         }?;
         route = Some(h.route());
         h.join(comm.stream())?;

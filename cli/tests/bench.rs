@@ -248,7 +248,19 @@ fn a_wrong_result_is_reported_and_makes_the_exit_code_1() {
 
 #[test]
 fn bad_arguments_exit_2_naming_them_before_anything_is_launched() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &[
+                "-n",
+                "2",
+                "--op",
+                "all_gather",
+                "--algo",
+                "window-copies",
+                "--graph",
+            ],
+            "--algo window-copies cannot run under --graph",
+        ),
         (&["-n", "2", "-b", "1Q"], "1Q"),
         (
             &["-n", "2", "-b", "1M", "-e", "64K"],
@@ -356,44 +368,52 @@ fn repeats_report_the_median_and_say_so() {
 
 #[test]
 fn all_gather_p2p_on_three_ranks_checks_every_size_in_both_placements() {
-    let out = bench(
-        &[
-            "-n",
-            "3",
-            "--op",
-            "all_gather",
-            "--algo",
-            "p2p",
-            "--streams",
-            "2",
-            "-b",
-            "12",
-            "-e",
-            "300K",
-            "-f",
-            "7",
-            "--iters",
-            "3",
-            "--warmup",
-            "1",
-            "--check-iters",
-            "2",
-        ],
-        &[],
-    );
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    let rows = rows(&stdout);
-    assert_eq!(rows.len(), 6, "{stdout}");
-    for r in &rows {
-        assert_eq!((r[8].as_str(), r[12].as_str()), ("0", "0"), "{r:?}");
+    // The router's route (the host CCL's send/recv), then the copies out of the peers'
+    // windows, forced.
+    for algo in ["p2p", "window-copies"] {
+        let out = bench(
+            &[
+                "-n",
+                "3",
+                "--op",
+                "all_gather",
+                "--algo",
+                algo,
+                "--streams",
+                "2",
+                "-b",
+                "12",
+                "-e",
+                "300K",
+                "-f",
+                "7",
+                "--iters",
+                "3",
+                "--warmup",
+                "1",
+                "--check-iters",
+                "2",
+            ],
+            &[],
+        );
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{algo}: {stdout}\n{}",
+            text(&out.stderr)
+        );
+        let rows = rows(&stdout);
+        assert_eq!(rows.len(), 6, "{algo}: {stdout}");
+        for r in &rows {
+            assert_eq!((r[8].as_str(), r[12].as_str()), ("0", "0"), "{algo}: {r:?}");
+        }
+        assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
     }
-    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
 }
 
 #[test]
 fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
-    for algo in ["ccl", "p2p"] {
+    for algo in ["ccl", "p2p", "window-copies"] {
         let out = bench(
             &[
                 "-n",
@@ -428,6 +448,15 @@ fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
             stdout.contains(&format!("all_gather (--algo {algo}, 3 stream(s)) + matmul")),
             "{stdout}"
         );
+        // The router leaves the host device to its CCL's send/recv; the algo forces the copies.
+        let route = match algo {
+            "window-copies" => "window-copies",
+            _ => "ccl",
+        };
+        assert!(
+            stdout.contains(&format!("# pipelined all_gather_p2p route: {route}\n")),
+            "{stdout}"
+        );
         // 1K, 4K, 16K: rows of 24 f32 per rank on 2 ranks (192 bytes each).
         let rows: Vec<Vec<&str>> = stdout
             .lines()
@@ -453,10 +482,14 @@ fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
 
 #[test]
 fn p2p_and_overlap_arguments_are_checked_before_anything_is_launched() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["-n", "2", "--op", "all_reduce", "--algo", "p2p"],
             "--algo p2p runs all_gather only, not --op all_reduce",
+        ),
+        (
+            &["-n", "2", "--op", "all", "--algo", "window-copies"],
+            "--algo window-copies runs all_gather only, not --op all",
         ),
         (
             &["-n", "2", "--op", "broadcast", "--overlap"],

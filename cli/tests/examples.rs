@@ -58,17 +58,26 @@ fn the_all_reduce_example_runs_every_route_and_the_ring_on_3_ranks() {
     }
 }
 
-/// The pipelined all-gather + matmul on 1, 3 and 4 ranks (odd shapes, 1 to 3 streams): the
-/// example checks both ways against its reference on every rank and fails otherwise.
+/// The pipelined all-gather + matmul on 1, 3 and 4 ranks (odd shapes, 1 to 3 streams), on the
+/// router's route (the host CCL's send/recv) and forced onto the window copies: the example
+/// checks both ways against its reference on every rank and fails otherwise.
 #[test]
 fn the_allgather_matmul_example_checks_both_ways() {
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configs/local.toml");
-    for (ranks, streams) in [("1", "2"), ("3", "2"), ("4", "3"), ("3", "1")] {
+    for (ranks, streams, route) in [
+        ("1", "2", "auto"),
+        ("3", "2", "auto"),
+        ("4", "3", "auto"),
+        ("3", "1", "auto"),
+        ("1", "2", "window-copies"),
+        ("3", "2", "window-copies"),
+        ("4", "3", "window-copies"),
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferrocx"))
             .args(["launch", "-n", ranks, "--"])
             .arg(example("allgather_matmul"))
             .args(["--m", "17", "--k", "33", "--n", "29", "--iters", "1"])
-            .args(["--streams", streams])
+            .args(["--streams", streams, "--route", route])
             .env("FERROCX_CONFIG", &config)
             .env_remove("FERROCX_LOG")
             .output()
@@ -83,8 +92,14 @@ fn the_allgather_matmul_example_checks_both_ways() {
                 "{stdout}"
             );
         }
+        let took = match route {
+            "auto" => "ccl",
+            forced => forced,
+        };
         assert!(
-            stdout.contains("pipelined all_gather_p2p (route ccl) + per-slice matmul: correct"),
+            stdout.contains(&format!(
+                "pipelined all_gather_p2p (route {took}) + per-slice matmul: correct"
+            )),
             "{stdout}"
         );
         assert!(
@@ -93,16 +108,24 @@ fn the_allgather_matmul_example_checks_both_ways() {
         );
     }
     // A bad option is named.
-    let out = Command::new(example("allgather_matmul"))
-        .args(["--m", "0"])
-        .output()
-        .expect("run the example");
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--m: expected a positive integer, not 0"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for (args, needle) in [
+        (&["--m", "0"][..], "--m: expected a positive integer, not 0"),
+        (
+            &["--route", "nvlink"][..],
+            "--route: expected auto, ccl, window-copies or window-reads, not nvlink",
+        ),
+    ] {
+        let out = Command::new(example("allgather_matmul"))
+            .args(args)
+            .output()
+            .expect("run the example");
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(needle),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// `ferrocx bench` on a job across two clusters (1 + 3 ranks, host adaptors in both) runs

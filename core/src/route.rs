@@ -8,6 +8,13 @@
 //!                    └─ several clusters ──────────────────────────────────────► cross-cluster plan
 //! ```
 //!
+//! The point-to-point all-gather ([`crate::comm::p2p`]) has its own decision,
+//! [`Router::all_gather_p2p`]: across clusters the cross-cluster plan; copies out of the
+//! peers' windows by the copy engines ([`Route::WindowCopies`]) where the device has stream
+//! memory operations and exportable memory and is not host-addressable (a GPU); else the CCL's
+//! `send`/`recv`; else reads of the peers' windows by host functions
+//! ([`Route::WindowReads`]) on a host-addressable device.
+//!
 //! The router decides from what was probed once when the communicator was made (which entries
 //! the CCL's table has, what the window provider measured for the device, the cluster's keys);
 //! the same inputs give the same route on every rank, which is what keeps the ranks of one call
@@ -108,6 +115,12 @@ pub enum Route {
     /// point-to-point all-gather where the CCL has no `send`/`recv`, see
     /// [`crate::comm::p2p`]).
     WindowReads,
+    /// Copies of the peers' slices out of a window of the communicator by the device's copy
+    /// engines (`mem_copy_async`), each after a stream-ordered wait for the peer's signal (the
+    /// memops group): the point-to-point all-gather where the device has stream memory
+    /// operations and memory it maps into peers, with no kernel of the transfer on the SMs
+    /// (see [`crate::comm::p2p`]).
+    WindowCopies,
 }
 
 impl fmt::Display for Route {
@@ -118,6 +131,7 @@ impl fmt::Display for Route {
             Route::Store => f.write_str("store"),
             Route::Clusters => f.write_str("clusters"),
             Route::WindowReads => f.write_str("window-reads"),
+            Route::WindowCopies => f.write_str("window-copies"),
         }
     }
 }
@@ -213,12 +227,18 @@ impl Router {
     }
 
     /// Where a point-to-point all-gather ([`crate::comm::p2p`]) goes: the cross-cluster plan
-    /// for a job across clusters; the CCL's grouped `send`/`recv` where it has both; else
-    /// reads of the peers' windows where `reads_run` (the device's memory is host-addressable
-    /// and it runs host functions); else the CCL, whose missing entry fails naming it.
-    pub fn all_gather_p2p(&self, reads_run: bool) -> Route {
+    /// for a job across clusters; copies out of the peers' windows by the copy engines where
+    /// `copies_run` (the device has the memops group and memory it exports to peers, and is
+    /// not host-addressable: a GPU, where the CCL's send/recv kernels would take SMs from the
+    /// consumer the gather is pipelined with); else the CCL's grouped `send`/`recv` where it
+    /// has both; else reads of the peers' windows where `reads_run` (the device's memory is
+    /// host-addressable and it runs host functions); else the CCL, whose missing entry fails
+    /// naming it.
+    pub fn all_gather_p2p(&self, reads_run: bool, copies_run: bool) -> Route {
         if self.clusters > 1 {
             Route::Clusters
+        } else if copies_run {
+            Route::WindowCopies
         } else if self.ccl.has(Collective::Send) && self.ccl.has(Collective::Recv) {
             Route::Ccl
         } else if reads_run {
@@ -447,16 +467,19 @@ mod tests {
     }
 
     #[test]
-    fn a_p2p_all_gather_takes_the_ccl_then_the_window_reads() {
+    fn a_p2p_all_gather_takes_the_copies_then_the_ccl_then_the_window_reads() {
         let both = router(&[Collective::Send, Collective::Recv], false);
-        assert_eq!(both.all_gather_p2p(true), Route::Ccl);
+        assert_eq!(both.all_gather_p2p(true, false), Route::Ccl);
+        assert_eq!(both.all_gather_p2p(false, true), Route::WindowCopies);
         let send_only = router(&[Collective::Send], false);
-        assert_eq!(send_only.all_gather_p2p(true), Route::WindowReads);
-        assert_eq!(send_only.all_gather_p2p(false), Route::Ccl);
+        assert_eq!(send_only.all_gather_p2p(true, false), Route::WindowReads);
+        assert_eq!(send_only.all_gather_p2p(false, false), Route::Ccl);
+        assert_eq!(send_only.all_gather_p2p(false, true), Route::WindowCopies);
         let mut across = both.clone();
         across.clusters = 2;
-        assert_eq!(across.all_gather_p2p(true), Route::Clusters);
+        assert_eq!(across.all_gather_p2p(true, true), Route::Clusters);
         assert_eq!(Route::WindowReads.to_string(), "window-reads");
+        assert_eq!(Route::WindowCopies.to_string(), "window-copies");
     }
 
     #[test]

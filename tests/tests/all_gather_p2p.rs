@@ -1,7 +1,9 @@
 //! The point-to-point all-gather (`Call::all_gather_p2p`) on the host backend, across real
 //! processes (the test executable re-run once per rank, see `window_ranks`): 2, 3 and 4 ranks,
-//! every route it takes there (the host CCL's grouped send/recv, and reads of the peers'
-//! staging windows), 1 to 3 streams, several element types and odd counts, on random data
+//! every route it takes there (the host CCL's grouped send/recv, reads of the peers' staging
+//! windows, and copies out of them after stream-ordered waits on signal words, forced: the
+//! router leaves a host-addressable device to the CCL), 1 to 3 streams, several element types
+//! and odd counts (and none), in place and not, on random data
 //! checked byte for byte against every rank's input computed here. Each slice is read in
 //! stream order right after its event (a host function enqueued on the slice's stream by the
 //! per-slice hook), and on the host right after its event completes: the data is in place
@@ -9,7 +11,9 @@
 //! where the CCL runs the exchanges one after another). On 4 ranks with one exchange a group,
 //! a slice arrives before a late rank has even called the gather. Several tournament rounds in one group of send/recv
 //! (3, 4, 5 ranks). A job across clusters takes the cross-cluster plan's all-gather. Bad
-//! arguments get errors naming them.
+//! arguments get errors naming them. Calls enqueued back to back before any is waited for,
+//! with one rank late to each, and the routes interleaved call by call. On the window-copies
+//! route, a rank that stops calling is a timeout error on its peer, not a hang.
 
 mod window_ranks;
 
@@ -71,7 +75,11 @@ fn gather_case(
     let mut recv = DeviceBuffer::new(dev, (world * bytes).max(1), MemKind::DEVICE).expect("alloc");
     // Garbage where the slices go, so a slice not written is seen.
     recv.fill(0xA5).expect("fill");
-    let send = DeviceBuffer::from_host(dev, &all[me], MemKind::DEVICE).expect("upload");
+    let send = match bytes {
+        0 => DeviceBuffer::new(dev, 1, MemKind::DEVICE),
+        _ => DeviceBuffer::from_host(dev, &all[me], MemKind::DEVICE),
+    }
+    .expect("upload");
     let send_ptr = if in_place {
         recv.copy_from_host_at(me * bytes, &all[me])
             .expect("own slice");
@@ -150,7 +158,72 @@ fn gather_case(
     let mut seen = seen.lock().unwrap().clone();
     seen.sort_unstable();
     assert_eq!(seen, (0..world).collect::<Vec<_>>(), "{what}");
-    assert_eq!(recv.to_vec().expect("download"), *want, "{what}");
+    assert_eq!(
+        recv.to_vec().expect("download")[..world * bytes],
+        want[..],
+        "{what}"
+    );
+}
+
+/// Several all-gathers on `route` enqueued back to back before any is waited for (the
+/// staging's two parities each reused), each from its own buffers, one rank (the last)
+/// enqueueing each a little later than the others; then every call's output checked. Odd
+/// counts, and one call of another size in the middle (a larger staging for the copies).
+fn back_to_back(comm: &Communicator, case: u64, route: Route) {
+    let (me, world) = (comm.rank(), comm.world());
+    let dev = comm.device();
+    // Then a run of small calls: many rounds of both parities in flight at once.
+    let counts: Vec<usize> = [333usize, 333, 333, 1025, 1025, 7, 333]
+        .into_iter()
+        .chain((0..24).map(|i| 1 + (i * 37) % 101))
+        .collect();
+    let all: Vec<Vec<Vec<u8>>> = counts
+        .iter()
+        .enumerate()
+        .map(|(k, &c)| {
+            (0..world)
+                .map(|r| input(case + k as u64, r, c * 4))
+                .collect()
+        })
+        .collect();
+    let sends: Vec<DeviceBuffer> = all
+        .iter()
+        .map(|a| DeviceBuffer::from_host(dev, &a[me], MemKind::DEVICE).expect("upload"))
+        .collect();
+    let recvs: Vec<DeviceBuffer> = counts
+        .iter()
+        .map(|&c| DeviceBuffer::new(dev, world * c * 4, MemKind::DEVICE).expect("alloc"))
+        .collect();
+    let mut handles = Vec::new();
+    for (k, &count) in counts.iter().enumerate() {
+        if me == world - 1 && k < 7 {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+        // SAFETY: the buffers live until after every handle's synchronize below.
+        let h = unsafe {
+            comm.call().via(route).all_gather_p2p(
+                sends[k].ptr(),
+                recvs[k].ptr(),
+                count,
+                DataType::F32,
+                1 + k % 3,
+            )
+        }
+        .unwrap_or_else(|e| panic!("{route}, call {k}: {e}"));
+        handles.push(h);
+    }
+    for (k, h) in handles.iter().enumerate() {
+        h.synchronize()
+            .unwrap_or_else(|e| panic!("{route}, call {k}: {e}"));
+    }
+    drop(handles);
+    for (k, r) in recvs.iter().enumerate() {
+        assert!(
+            r.to_vec().expect("download") == all[k].concat(),
+            "{route}: call {k} of {} back to back is wrong",
+            counts.len()
+        );
+    }
 }
 
 /// A writer into a shared buffer, for the span log.
@@ -177,11 +250,12 @@ fn rank_main() {
         .with_writer(move || writer.clone())
         .finish();
     let comm = communicator();
-    // The host CCL has send and recv: the router takes them.
-    assert_eq!(comm.router().all_gather_p2p(true), Route::Ccl);
+    // The host CCL has send and recv: the router takes them (the copies run here, forced,
+    // but the router leaves a host-addressable device to the CCL).
+    assert_eq!(comm.router().all_gather_p2p(true, false), Route::Ccl);
     tracing::subscriber::with_default(subscriber, || {
         let mut case = 1;
-        for route in [Route::Ccl, Route::WindowReads] {
+        for route in [Route::Ccl, Route::WindowReads, Route::WindowCopies] {
             for (dtype, counts) in [
                 (DataType::F32, &[1usize, 7, 1000, 4099][..]),
                 (DataType::BF16, &[3, 1025][..]),
@@ -200,6 +274,25 @@ fn rank_main() {
             gather_case(&comm, 900 + case, 4099, DataType::F32, 2, route, true);
             gather_case(&comm, 901 + case, 300_001, DataType::U8, 2, route, false);
             gather_case(&comm, 902 + case, 17, DataType::F32, 2, route, false);
+            gather_case(&comm, 903 + case, 0, DataType::F32, 2, route, false);
+            back_to_back(&comm, 950 + case, route);
+        }
+        // The routes one after another, call by call (each keeps its own staging and rounds).
+        for (i, route) in [Route::WindowCopies, Route::Ccl, Route::WindowReads]
+            .into_iter()
+            .cycle()
+            .take(7)
+            .enumerate()
+        {
+            gather_case(
+                &comm,
+                990 + i as u64,
+                1001,
+                DataType::F32,
+                2,
+                route,
+                i % 2 == 0,
+            );
         }
         // The communicator's own stream, the router's route.
         let dev = comm.device();
@@ -254,7 +347,7 @@ fn rank_main() {
     );
     comm.barrier().expect("barrier");
     let text = String::from_utf8(log.0.lock().unwrap().clone()).expect("utf-8 log");
-    for route in ["ccl", "window-reads"] {
+    for route in ["ccl", "window-reads", "window-copies"] {
         assert!(
             text.contains(&format!("collective{{op=\"all_gather_p2p\" bytes=16396 dtype=\"f32\" route={route} streams=2}}")),
             "no span of all_gather_p2p on {route} in:\n{text}"
@@ -327,7 +420,10 @@ fn early_main() {
     let late = (1..world).find(|&r| r != first).expect("a third rank");
     let dev = comm.device();
     let count = 1001;
-    for (k, route) in [Route::Ccl, Route::WindowReads].into_iter().enumerate() {
+    for (k, route) in [Route::Ccl, Route::WindowReads, Route::WindowCopies]
+        .into_iter()
+        .enumerate()
+    {
         let all: Vec<Vec<u8>> = (0..world)
             .map(|r| input(50 + k as u64, r, count * 4))
             .collect();
@@ -410,6 +506,109 @@ fn across_two_clusters_the_plan_gathers_3_ranks() {
             Job::new(T, 3)
                 .clusters(&[("a", "0,2"), ("b", "1")])
                 .bridge_key("chunk_bytes", "4096")
+                .run();
+        }
+    }
+}
+
+/// On the window-copies route a rank that stops calling leaves its peers' streams waiting for
+/// its signal: the peer's synchronize ends at the communicator's timeout with an error naming
+/// the slice, its streams are released (the communicator's stream, ordered after the slices,
+/// drains), and later calls fail with the same error instead of waiting.
+fn missing_main() {
+    let comm = communicator();
+    let me = comm.rank();
+    let dev = comm.device();
+    let count = 77;
+    let send =
+        DeviceBuffer::from_host(dev, &input(80, me, count * 4), MemKind::DEVICE).expect("upload");
+    let recv = DeviceBuffer::new(dev, 2 * count * 4, MemKind::DEVICE).expect("alloc");
+    let call = comm.call().via(Route::WindowCopies);
+    // SAFETY: both buffers live past the synchronizes.
+    unsafe { call.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
+        .expect("all_gather_p2p")
+        .synchronize()
+        .expect("synchronize");
+    if me == 0 {
+        let started = std::time::Instant::now();
+        // SAFETY: as above.
+        let h = unsafe { call.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
+            .expect("all_gather_p2p");
+        h.wait_all(comm.stream()).expect("wait_all");
+        let e = h.synchronize().expect_err("rank 1 never publishes");
+        let waited = started.elapsed();
+        assert!(e.to_string().contains("did not get slice 1 within"), "{e}");
+        assert!(waited.as_millis() >= 900, "gave up after {waited:?}");
+        drop(h);
+        // The communicator's stream waited for the slices: released, it drains.
+        dev.stream_synchronize(comm.stream()).expect("stream");
+        // SAFETY: refused before anything is enqueued.
+        let again = unsafe { call.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
+            .err()
+            .expect("a failed communicator refuses the next call");
+        assert!(again.to_string().contains("did not get slice 1"), "{again}");
+        comm.store().set("missing/done", b"1").expect("store set");
+    } else {
+        // Rank 0 takes the timeout (a second) to give up, and the store's waits take as long.
+        let mut tries = 0;
+        while let Err(e) = comm.store().get("missing/done") {
+            tries += 1;
+            assert!(tries < 20, "no verdict from rank 0: {e}");
+        }
+    }
+    println!("RANK OK");
+}
+
+#[test]
+fn window_copies_missing_peer_is_an_error_not_a_hang() {
+    const T: &str = "window_copies_missing_peer_is_an_error_not_a_hang";
+    match rank_of(T) {
+        Some(_) => missing_main(),
+        None => {
+            Job::new(T, 2).timeout_ms(1000).run();
+        }
+    }
+}
+
+/// A device without memory it exports to peers (the `offhost` test plugin: memops, but no IPC
+/// or VMM, and memory the host cannot address) refuses the window-copies route with an error
+/// naming the adaptor, before anything is enqueued; the router does not choose it there.
+fn offhost_main() {
+    let comm = Communicator::from_env().unwrap_or_else(|e| panic!("communicator: {e}"));
+    assert_eq!(comm.device().name(), "offhost");
+    let buf = DeviceBuffer::new(comm.device(), 64, MemKind::DEVICE).expect("alloc");
+    // SAFETY: refused before anything is enqueued.
+    let e = unsafe {
+        comm.call().via(Route::WindowCopies).all_gather_p2p(
+            buf.ptr(),
+            buf.ptr(),
+            4,
+            DataType::F32,
+            2,
+        )
+    }
+    .err()
+    .expect("the window-copies route refused on offhost");
+    assert!(
+        e.to_string().contains(
+            "the window-copies route needs the memops group (ferrocx_device_memops_v1) and \
+             memory exported to peers (IPC or VMM), which the device adaptor `offhost` lacks"
+        ),
+        "{e}"
+    );
+    println!("RANK OK");
+}
+
+#[test]
+fn window_copies_are_refused_where_the_device_cannot_run_them() {
+    const T: &str = "window_copies_are_refused_where_the_device_cannot_run_them";
+    match rank_of(T) {
+        Some(_) => offhost_main(),
+        None => {
+            let path = ferrocx_tests::offhost_plugin();
+            Job::new(T, 1)
+                .adaptors("offhost", "offhost")
+                .env("FERROCX_PLUGIN_PATH", path.to_str().expect("a UTF-8 path"))
                 .run();
         }
     }

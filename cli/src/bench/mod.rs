@@ -98,8 +98,10 @@ pub struct BenchArgs {
     /// sends it, as a program's call goes), `window` (ferrocx's window algorithm the size
     /// picks: one-shot, two-shot, then the ring), or one of `one-shot`, `two-shot`, `ring`
     /// forced. Other ops always run on the CCL. With --direct, NCCL called directly is timed
-    /// next to it in the same run. For all_gather, `p2p` runs `all_gather_p2p` (grouped
-    /// receive/send per peer on --streams streams).
+    /// next to it in the same run. For all_gather, `p2p` runs `all_gather_p2p` on --streams
+    /// streams by the router's route (grouped receive/send per peer on the CCL, or copies out
+    /// of the peers' windows where the device has stream memory operations and is not
+    /// host-addressable), `window-copies` and `window-reads` force those routes.
     #[arg(long, value_enum, default_value = "ccl")]
     pub algo: AlgoArg,
     /// Streams of `--algo p2p` and of `--overlap`'s pipelined gather.
@@ -107,8 +109,9 @@ pub struct BenchArgs {
     pub streams: u32,
     /// all_gather only: per size, time the all-gather (by --algo), a matmul of the gathered
     /// rows (`--matmul-k` columns) by a `--matmul-k` x `--matmul-n` matrix, and the two
-    /// pipelined (`all_gather_p2p`, each slice's matmul on its stream after its event), and
-    /// print (t_all_gather + t_matmul) / t_pipelined.
+    /// pipelined (`all_gather_p2p`, each slice's matmul on its stream after its event; on the
+    /// route --algo window-copies or window-reads forces, else the router's), and print
+    /// (t_all_gather + t_matmul) / t_pipelined.
     #[arg(long)]
     pub overlap: bool,
     /// `--overlap`: columns of the gathered rows (rows per rank: the size over 4 bytes, the
@@ -202,8 +205,17 @@ pub enum AlgoArg {
     TwoShot,
     /// Window ring.
     Ring,
-    /// all_gather as grouped point-to-point transfers on several streams (`all_gather_p2p`).
+    /// all_gather as grouped point-to-point transfers on several streams (`all_gather_p2p`,
+    /// the route the router picks).
     P2p,
+    /// `all_gather_p2p` forced onto copies out of the peers' staging windows by the copy
+    /// engines, after stream-ordered waits on signal words (the memops group).
+    #[value(name = "window-copies", alias = "window_copies")]
+    WindowCopies,
+    /// `all_gather_p2p` forced onto reads of the peers' staging windows by host functions
+    /// (host-addressable devices).
+    #[value(name = "window-reads", alias = "window_reads")]
+    WindowReads,
 }
 
 impl AlgoArg {
@@ -212,7 +224,11 @@ impl AlgoArg {
     pub fn window(self) -> Option<Option<ferrocx::window::collectives::WindowAlgo>> {
         use ferrocx::window::collectives::WindowAlgo;
         match self {
-            AlgoArg::Ccl | AlgoArg::Auto | AlgoArg::P2p => None,
+            AlgoArg::Ccl
+            | AlgoArg::Auto
+            | AlgoArg::P2p
+            | AlgoArg::WindowCopies
+            | AlgoArg::WindowReads => None,
             AlgoArg::Window => Some(None),
             AlgoArg::OneShot => Some(Some(WindowAlgo::OneShot)),
             AlgoArg::TwoShot => Some(Some(WindowAlgo::TwoShot)),
@@ -229,6 +245,20 @@ impl AlgoArg {
             AlgoArg::TwoShot => "two-shot",
             AlgoArg::Ring => "ring",
             AlgoArg::P2p => "p2p",
+            AlgoArg::WindowCopies => "window-copies",
+            AlgoArg::WindowReads => "window-reads",
+        }
+    }
+
+    /// `Some(route)` for the point-to-point all-gathers (`None`: the router's route), `None`
+    /// for the others.
+    pub fn p2p(self) -> Option<Option<ferrocx::route::Route>> {
+        use ferrocx::route::Route;
+        match self {
+            AlgoArg::P2p => Some(None),
+            AlgoArg::WindowCopies => Some(Some(Route::WindowCopies)),
+            AlgoArg::WindowReads => Some(Some(Route::WindowReads)),
+            _ => None,
         }
     }
 }
@@ -438,10 +468,19 @@ impl BenchArgs {
             return Err(format!("-e {}: too large for this machine", self.max_bytes));
         }
         let gather_only = self.op == OpArg::AllGather;
-        if self.algo == AlgoArg::P2p && !gather_only {
+        if self.algo.p2p().is_some() && !gather_only {
             return Err(format!(
-                "--algo p2p runs all_gather only, not --op {}: add --op all_gather",
+                "--algo {} runs all_gather only, not --op {}: add --op all_gather",
+                self.algo.name(),
                 self.op.name()
+            ));
+        }
+        if self.graph && matches!(self.algo, AlgoArg::WindowCopies | AlgoArg::WindowReads) {
+            return Err(format!(
+                "--algo {} cannot run under --graph: each call numbers its round when it is \
+                 enqueued, and a graph's launches would replay the first call's rounds; drop \
+                 --graph (--algo p2p under --graph runs on the CCL)",
+                self.algo.name()
             ));
         }
         if self.overlap {
@@ -451,9 +490,10 @@ impl BenchArgs {
                     self.op.name()
                 ));
             }
-            if !matches!(self.algo, AlgoArg::Ccl | AlgoArg::Auto | AlgoArg::P2p) {
+            if !matches!(self.algo, AlgoArg::Ccl | AlgoArg::Auto) && self.algo.p2p().is_none() {
                 return Err(format!(
-                    "--overlap times the all-gather by --algo ccl, auto or p2p, not {}",
+                    "--overlap times the all-gather by --algo ccl, auto, p2p, window-copies or \
+                     window-reads, not {}",
                     self.algo.name()
                 ));
             }

@@ -4,11 +4,12 @@
 //! and a synchronize, after `--warmup`; the slowest rank's time):
 //!
 //! - `t_all_gather`: the all-gather alone (`--algo ccl`/`auto`: `all_gather`; `p2p`:
-//!   `all_gather_p2p` on `--streams` streams);
+//!   `all_gather_p2p` on `--streams` streams by the router's route; `window-copies`,
+//!   `window-reads`: `all_gather_p2p` forced onto that route);
 //! - `t_matmul`: the matmul of the gathered rows by a `k x n` matrix
 //!   ([`ferrocx_kernels::matmul`]), on the communicator's stream;
 //! - `t_pipelined`: `all_gather_p2p_each` with slice `j`'s matmul on slice `j`'s stream right
-//!   after its event.
+//!   after its event (on the route `--algo` forces, else the router's).
 //!
 //! The overlap is `(t_all_gather + t_matmul) / t_pipelined`: 1 when nothing overlaps, up to 2
 //! when the two take equal time and hide each other completely. The pipelined output is checked
@@ -48,6 +49,8 @@ struct Overlap<'a> {
     matmul: Matmul,
     k: usize,
     n: usize,
+    /// The route the pipelined gather took (the last call's).
+    route: std::cell::Cell<Option<Route>>,
 }
 
 impl Overlap<'_> {
@@ -58,8 +61,8 @@ impl Overlap<'_> {
         // is synchronized.
         unsafe {
             match self.args.algo {
-                AlgoArg::P2p => {
-                    let h = call.all_gather_p2p(
+                a if a.p2p().is_some() => {
+                    let h = self.p2p_call().all_gather_p2p(
                         b.x.ptr(),
                         b.x_full.ptr(),
                         count,
@@ -80,6 +83,15 @@ impl Overlap<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A call on the route `--algo` forces (`window-copies`, `window-reads`), else the
+    /// router's.
+    fn p2p_call(&self) -> ferrocx::comm::Call<'_> {
+        match self.args.algo.p2p().flatten() {
+            Some(route) => self.comm.call().via(route),
+            None => self.comm.call(),
+        }
     }
 
     /// Enqueues the matmul of every gathered row into `y`.
@@ -115,7 +127,7 @@ impl Overlap<'_> {
         };
         // SAFETY: as in `gather`.
         let h = unsafe {
-            self.comm.call().all_gather_p2p_each(
+            self.p2p_call().all_gather_p2p_each(
                 b.x.ptr(),
                 b.x_full.ptr(),
                 m * k,
@@ -124,6 +136,7 @@ impl Overlap<'_> {
                 hook,
             )?
         };
+        self.route.set(Some(h.route()));
         h.join(self.comm.stream())?;
         Ok(())
     }
@@ -222,6 +235,7 @@ pub fn run(args: &BenchArgs, comm: &Communicator) -> Result<ExitCode, Box<dyn Er
         matmul,
         k: args.matmul_k as usize,
         n: args.matmul_n as usize,
+        route: std::cell::Cell::new(None),
     };
     let sweep = sizes(args.min_bytes, args.max_bytes, args.step_factor);
     let per_row = 4 * o.k * world;
@@ -283,6 +297,11 @@ pub fn run(args: &BenchArgs, comm: &Communicator) -> Result<ExitCode, Box<dyn Er
                 (t.gather + t.matmul) / t.pipelined,
                 wrong
             );
+        }
+    }
+    if rank == 0 {
+        if let Some(route) = o.route.get() {
+            println!("# pipelined all_gather_p2p route: {route}");
         }
     }
     if wrong_total > 0 {

@@ -241,7 +241,14 @@ impl Bench<'_> {
                 let call = self.comm.call();
                 let call = match (op, self.args.algo) {
                     (_, AlgoArg::Auto) => call,
-                    (Op::AllGather, AlgoArg::P2p) => {
+                    (Op::AllGather, a) if a.p2p().is_some() => {
+                        // A graph replays what was captured: the window routes' rounds
+                        // cannot be replayed, so a captured `p2p` runs on the CCL.
+                        let forced = a.p2p().flatten().or(self.args.graph.then_some(Route::Ccl));
+                        let call = match forced {
+                            Some(route) => call.via(route),
+                            None => call,
+                        };
                         // SAFETY: the bench's buffers hold the geometry of the largest size
                         // and are freed only after the stream is synchronized; `join` orders
                         // the communicator's stream after every slice, so that synchronize

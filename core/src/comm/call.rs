@@ -123,7 +123,7 @@ impl<'a> Call<'a> {
             Route::Window(_) | Route::Store => Err(CommError::Topology(format!(
                 "{op} cannot take the route `{route}`: only all_reduce and barrier run there"
             ))),
-            Route::WindowReads => Err(CommError::Topology(format!(
+            Route::WindowReads | Route::WindowCopies => Err(CommError::Topology(format!(
                 "{op} cannot take the route `{route}`: only all_gather_p2p runs there"
             ))),
         }

@@ -326,7 +326,7 @@ impl Communicator {
             },
             barrier_word: Mutex::new(None),
             hetero,
-            p2p: p2p::P2pState::new(device_for_p2p, local_device),
+            p2p: p2p::P2pState::new(device_for_p2p, local_device, timeout),
             _server: server,
         })
     }

@@ -1,6 +1,7 @@
 //! All-gather as coalesced point-to-point transfers on a few streams of the communicator, each
 //! slice's arrival an event, so that a consumer (a matmul of a tensor-parallel layer) starts on
-//! slice `j` while the other slices are still on the wire: [`Call::all_gather_p2p`].
+//! slice `j` while the other slices are still on the wire: [`Call::all_gather_p2p`]. On the
+//! CCL (the window routes below move the bytes otherwise, on the same streams and events):
 //!
 //! ```text
 //! caller's stream ──record──► start
@@ -43,19 +44,72 @@
 //!   its staging memory directly and acknowledges it, so rank `j` overwrites its staging only
 //!   once every peer has read it. The staging window is registered at the first such call and
 //!   again (larger) when a call needs more: collective, the same on every rank;
+//! - [`Route::WindowCopies`], where the device has the memops group (stream-ordered 32-bit
+//!   stores and waits) and memory it exports to peers, and is not host-addressable (a GPU),
+//!   unless [`COPIES_ENV`] is `0`; forced anywhere it runs (the host device too): the bytes
+//!   move by the device's copy engines (`mem_copy_async`), no kernel of the transfer takes
+//!   SMs from a consumer pipelined with it (NCCL's send/recv kernels do). Protocol below;
 //! - [`Route::Clusters`] (a job across clusters): the cross-cluster plan's all-gather on the
 //!   caller's stream; every slice's event fires when the whole gather is done.
+//!
+//! # The window-copies protocol
+//!
+//! Each rank has a staging window of the communicator (registered at the first such call,
+//! again larger when a call needs more: collective, the same on every rank), mapped into every
+//! peer: signal words, then two data areas, the *parities* of the calls' rounds (call `e`, the
+//! same number on every rank, uses parity `e % 2`, so a rank fills one while its peers still
+//! copy out of the other). Every signal word is written by one rank, in stream order, with the
+//! memops store (release), and waited on only by the rank that holds it (a local wait; the
+//! stores cross to the peers), with the memops wait (GEQ, wrapping 32-bit rounds):
+//!
+//! ```text
+//! stream (rank mod S):  wait ack[q][e%2] >= e-2 for every peer q   (all have copied round e-2
+//!                       copy send -> my staging[e%2]                out of this parity)
+//!                       store ready[me][e%2] = e in every peer q
+//!                       copy send -> my slice of recv ──record──► event[rank]
+//! stream (j mod S):     wait ready[j][e%2] >= e                    (rank j staged round e)
+//!                       copy peer j's staging[e%2] -> slice j of recv
+//!                       store ack[me][e%2] = e in peer j ──record──► event[j]
+//! ```
+//!
+//! Peers in tournament order, as on the CCL. Nothing blocks the calling thread; the data
+//! crosses once (a copy engine reading the peer's memory), plus one local copy into the
+//! staging. A word per parity keeps every word monotonic whatever streams the calls use.
+//! A zero-byte call moves nothing and signals nothing (every rank alike).
+//!
+//! **Waits and failures.** The memops waits have no deadline of their own (neither CUDA's
+//! `cuStreamWaitValue32` nor the host device's): a rank that never makes a call its peers made
+//! holds their streams, and whatever is ordered after them. [`AllGatherP2p::synchronize`] and
+//! [`AllGatherP2p::synchronize_slice`] bound the wait by the communicator's timeout: past it
+//! they fail the communicator's point-to-point all-gathers with an error naming the slice and
+//! *release* this rank's streams (the host sets every signal word they wait on), so nothing
+//! ordered after them hangs; the teardown and a staging that grows do the same. A caller
+//! that only synchronizes the communicator's stream after [`AllGatherP2p::wait_all`] waits
+//! without that bound.
+//!
+//! **Graphs.** The window routes number each call's round when it is enqueued: a graph
+//! captured from one call would replay that call's rounds (and its host functions) at every
+//! launch, which the protocol cannot tell from a new call. Do not capture them; force
+//! [`Route::Ccl`] ([`Call::via`]) for an all-gather inside a capture (NCCL's send/recv are
+//! capturable). Nothing here can see a capture the caller started outside ferrocx.
+//!
+//! **On a GPU** the staging and its words are the window's device memory (the symmetric heap:
+//! VMM memory exported to the peers and mapped into each), the copies `cuMemcpyAsync` between
+//! peers (copy engines over NVLink), the stores and waits `cuStreamWriteValue32` /
+//! `cuStreamWaitValue32` on those device addresses (the local word for waits, the peer's mapped
+//! word for stores). A driver that refuses a memop address fails the call that enqueues it
+//! with the driver's error.
 //!
 //! The streams are the communicator's, made at the first call that needs them and kept; the
 //! events come from a pool of the communicator and go back when the handle
 //! ([`AllGatherP2p`]) drops.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::abi::{Capabilities, DataType, DevicePtr, Event, Stream};
+use crate::abi::{Capabilities, DataType, DevicePtr, Event, Status, Stream, WAIT_VALUE_GEQ};
 use crate::adaptor::{AdaptorError, Device};
 use crate::route::Route;
 use crate::window::collectives::Scratch;
@@ -68,6 +122,11 @@ pub const DEFAULT_P2P_STREAMS: usize = 2;
 
 /// Bytes between the staging window's signal words (one cache line each).
 const LINE: usize = 64;
+
+/// Environment variable: `0` keeps the router from choosing [`Route::WindowCopies`] (the
+/// route can still be forced with [`Call::via`]); unset or anything else lets it choose the
+/// route where the device runs it. Read once per process.
+pub const COPIES_ENV: &str = "FERROCX_P2P_COPIES";
 
 /// Peers of `rank` in the order of the exchanges, one per round of a round-robin tournament
 /// over `world` ranks (the circle method): in round `k`, rank `r`'s peer `p` has `r` as its own
@@ -209,19 +268,56 @@ impl AllGatherP2p<'_> {
         Ok(joined?)
     }
 
-    /// Blocks until slice `rank` is in place; reports a failure of the transfers.
+    /// Blocks until slice `rank` is in place; reports a failure of the transfers. On
+    /// [`Route::WindowCopies`] the wait is bounded by the communicator's timeout (see
+    /// [`AllGatherP2p::synchronize`]).
     pub fn synchronize_slice(&self, rank: usize) -> Result<(), CommError> {
-        let s = self.get(rank)?;
-        self.comm.device.event_synchronize(s.event)?;
+        let s = *self.get(rank)?;
+        let deadline = Instant::now() + self.comm.timeout();
+        self.settle(&s, deadline)?;
         self.comm.p2p.failure.check()
     }
 
     /// Blocks until every slice is in place; reports a failure of the transfers.
+    ///
+    /// On [`Route::WindowCopies`], whose streams wait for the peers' signals with no deadline
+    /// of their own, the wait is bounded by the communicator's timeout: a slice that has not
+    /// arrived by then (its rank never published it, or a peer never acknowledged a previous
+    /// round) fails the point-to-point all-gathers of the communicator with an error naming
+    /// the slice, and this rank's streams are released (its signal words set from the host) so
+    /// that nothing enqueued on them waits forever; data that arrives after that is not to be
+    /// trusted, and every later call fails.
     pub fn synchronize(&self) -> Result<(), CommError> {
+        let deadline = Instant::now() + self.comm.timeout();
         for s in &self.slices {
-            self.comm.device.event_synchronize(s.event)?;
+            self.settle(s, deadline)?;
         }
         self.comm.p2p.failure.check()
+    }
+
+    /// Waits for `s`'s event: unbounded, except on the window-copies route (until
+    /// `deadline`, then the communicator's transfers are failed and released).
+    fn settle(&self, s: &Slice, deadline: Instant) -> Result<(), CommError> {
+        let c = self.comm;
+        if self.route != Route::WindowCopies {
+            c.device.event_synchronize(s.event)?;
+            return Ok(());
+        }
+        if wait_event(&c.device, s.event, deadline)? {
+            return Ok(());
+        }
+        let me = c.rank;
+        c.p2p.release_copies(format!(
+            "all_gather_p2p (window-copies): rank {me} did not get slice {} within {:?} (rank \
+             {} did not publish it, or a peer did not acknowledge an earlier round: every rank \
+             must make the same calls); the transfers of this communicator are released and \
+             fail from now on",
+            s.rank,
+            c.timeout(),
+            s.rank
+        ));
+        c.device.event_synchronize(s.event)?;
+        c.p2p.failure.check()
     }
 
     fn get(&self, rank: usize) -> Result<&Slice, CommError> {
@@ -285,27 +381,122 @@ struct Staging {
     peers: Vec<u64>,
 }
 
+/// The staging window of the window-copies route: per rank, signal words, then two areas
+/// of `capacity` bytes (the parities of the rounds). See [`CopyLayout`].
+struct CopyStaging {
+    scratch: Scratch,
+    layout: CopyLayout,
+    /// The round of the last call, wrapping (every rank's calls are numbered alike; the
+    /// memops' GEQ compares wrapping 32-bit values, as CUDA does).
+    round: u32,
+    /// Every rank's staging memory, as this process (and its device) addresses it.
+    peers: Vec<u64>,
+    /// The device's memory is the host's: the host writes the words itself when it releases
+    /// them (else through a device copy).
+    host: bool,
+}
+
+/// Where things lie in a rank's window-copies staging (byte offsets from its start), a
+/// signal word a cache line apart from the next, `p` the parity of a round (`round % 2`):
+///
+/// ```text
+/// ready[j][p] at LINE * (2j + p)            round rank j put in its parity p (written by j)
+/// ack[q][p]   at LINE * (2 world + 2q + p)  round of this rank's parity p that rank q has
+///                                           copied out (written by q)
+/// data        at LINE * 4 world             parity 0, then parity 1 at + capacity
+/// ```
+///
+/// A word per parity keeps every word monotonic whatever streams write it: a rank's rounds
+/// `e` and `e + 1` may be published (or copied) on different streams and land in either
+/// order, but round `e + 2` of a parity is written only after every peer saw round `e` there.
+#[derive(Clone, Copy, Debug)]
+struct CopyLayout {
+    world: usize,
+    capacity: usize,
+}
+
+impl CopyLayout {
+    fn ready(self, j: usize, round: u32) -> usize {
+        LINE * (2 * j + (round % 2) as usize)
+    }
+    fn ack(self, q: usize, round: u32) -> usize {
+        LINE * (2 * self.world + 2 * q + (round % 2) as usize)
+    }
+    fn data(self, round: u32) -> usize {
+        LINE * 4 * self.world + (round % 2) as usize * self.capacity
+    }
+    fn bytes(self) -> usize {
+        LINE * 4 * self.world + 2 * self.capacity
+    }
+}
+
 /// What the point-to-point all-gathers of a communicator keep between calls.
 pub(super) struct P2pState {
     device: Device,
     /// The device this rank works on (made current before a stream or event is made).
     index: i32,
+    /// The communicator's deadline of a wait on a peer.
+    timeout: Duration,
     streams: Mutex<Vec<Stream>>,
     events: Mutex<Vec<Event>>,
     staging: Mutex<Option<Staging>>,
+    copies: Mutex<Option<CopyStaging>>,
     pub(super) failure: Arc<Failure>,
 }
 
 impl P2pState {
-    pub(super) fn new(device: Device, index: i32) -> P2pState {
+    pub(super) fn new(device: Device, index: i32, timeout: Duration) -> P2pState {
         P2pState {
             device,
             index,
+            timeout,
             streams: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
             staging: Mutex::new(None),
+            copies: Mutex::new(None),
             failure: Arc::new(Failure::default()),
         }
+    }
+
+    /// Fails the transfers with `why` and sets every signal word of this rank's window-copies
+    /// staging that its streams wait on (every peer's `ready` and `ack`) to the last round, so
+    /// that nothing enqueued on them waits any longer.
+    fn release_copies(&self, why: String) {
+        self.failure.set(why);
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = copies.as_mut() {
+            c.release(&self.device);
+        }
+    }
+
+    /// Waits for every stream, up to the timeout where window-copies waits may hold them
+    /// (then releases them as [`AllGatherP2p::synchronize`] does) before the plain drain.
+    fn drain_bounded(&self, copies: Option<&mut CopyStaging>) -> Result<(), AdaptorError> {
+        if let Some(c) = copies {
+            let deadline = Instant::now() + self.timeout;
+            let streams = self
+                .streams
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let mut done = true;
+            for &s in &streams {
+                if !wait_stream(&self.device, s, deadline)? {
+                    done = false;
+                    break;
+                }
+            }
+            if !done {
+                self.failure.set(format!(
+                    "all_gather_p2p (window-copies): the transfers did not end within {:?} (a \
+                     peer did not publish or acknowledge a round: every rank must make the same \
+                     calls); they are released and fail from now on",
+                    self.timeout
+                ));
+                c.release(&self.device);
+            }
+        }
+        self.drain()
     }
 
     /// The first `n` streams, made where missing.
@@ -366,7 +557,16 @@ impl P2pState {
     /// Drains the streams, then releases the staging window, the events and the streams
     /// (before the communicator's CCL communicator goes).
     pub(super) fn teardown(&self) {
-        let _ = self.drain();
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        let drained = self.drain_bounded(copies.as_mut());
+        if let Some(c) = copies.take() {
+            if drained.is_err() {
+                // A stream that failed to drain may still use it: leaked rather than
+                // unmapped under it.
+                std::mem::forget(c.scratch);
+            }
+        }
+        drop(copies);
         drop(
             self.staging
                 .lock()
@@ -429,6 +629,122 @@ pub fn launch_host(
     )))
 }
 
+impl CopyStaging {
+    /// Sets every word this rank's streams wait on (every peer's `ready` and `ack` in this
+    /// rank's staging) to the last round, from the host.
+    fn release(&mut self, device: &Device) {
+        let base = self.scratch.ptr().0;
+        let round = self.round;
+        let world = self.layout.world;
+        for q in 0..world {
+            let words = [round, round.wrapping_sub(1)]
+                .map(|r| [self.layout.ready(q, r), self.layout.ack(q, r)]);
+            for off in words.into_iter().flatten() {
+                let addr = base + off as u64;
+                if self.host {
+                    // SAFETY: a 4-aligned signal word of this rank's live staging, which the
+                    // host addresses; streams and peers touch it only with 32-bit atomics.
+                    let w = unsafe { &*(addr as *const AtomicU32) };
+                    w.store(round, Ordering::Release);
+                    crate::futex::wake(w);
+                } else {
+                    let value = round;
+                    // SAFETY: 4 bytes of this rank's live staging (device memory) from a local
+                    // value; the streams only wait on the word (a device copy of the host's
+                    // value is the way the host writes device memory).
+                    let _ = unsafe {
+                        device.mem_copy(DevicePtr(addr), DevicePtr(&value as *const u32 as u64), 4)
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// Waits for `event` until `deadline`: `Ok(false)` when it has not completed by then. Polls
+/// the event (spinning, then yielding, then sleeping in short steps); without `event_query`,
+/// an unbounded `event_synchronize`.
+fn wait_event(device: &Device, event: Event, deadline: Instant) -> Result<bool, AdaptorError> {
+    let Some(query) = device.tables().root.get().event_query else {
+        device.event_synchronize(event)?;
+        return Ok(true);
+    };
+    poll(deadline, || {
+        // SAFETY: an event of this device, alive while the handle holds it.
+        match unsafe { query(event) } {
+            Status::SUCCESS => Some(Ok(())),
+            Status::NOT_READY => None,
+            // The failure, named by the adaptor.
+            _ => Some(device.event_synchronize(event)),
+        }
+    })
+}
+
+/// Waits for everything on `stream` until `deadline`, as [`wait_event`].
+fn wait_stream(device: &Device, stream: Stream, deadline: Instant) -> Result<bool, AdaptorError> {
+    poll(deadline, || match device.stream_query(stream) {
+        Ok(true) => Some(Ok(())),
+        Ok(false) => None,
+        Err(e) => Some(Err(e)),
+    })
+}
+
+/// Calls `done` until it answers or `deadline` passes (`Ok(false)`).
+fn poll(
+    deadline: Instant,
+    mut done: impl FnMut() -> Option<Result<(), AdaptorError>>,
+) -> Result<bool, AdaptorError> {
+    let mut tries = 0u32;
+    loop {
+        if let Some(r) = done() {
+            return r.map(|()| true);
+        }
+        tries += 1;
+        if tries < 64 {
+            std::hint::spin_loop();
+        } else if tries < 256 {
+            std::thread::yield_now();
+        } else {
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// `true` where the window-copies route can run: the memops group, and memory the device
+/// exports to peers (IPC handles or VMM).
+fn copies_run_on(device: &Device) -> bool {
+    device.has_memops()
+        && capabilities(device)
+            .is_some_and(|c| c.contains(Capabilities::IPC) || c.contains(Capabilities::VMM))
+}
+
+/// `true` where the router may choose the window-copies route: it runs there, the device is
+/// not host-addressable (a host device's streams copy with its own threads: no SMs to spare),
+/// and [`COPIES_ENV`] is not `0`.
+fn copies_chosen_on(device: &Device) -> bool {
+    copies_run_on(device)
+        && !capabilities(device).is_some_and(|c| c.contains(Capabilities::HOST_ADDRESSABLE))
+        && copies_allowed()
+}
+
+/// [`COPIES_ENV`] is not `0` (read once per process).
+fn copies_allowed() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| std::env::var(COPIES_ENV).map_or(true, |v| v.trim() != "0"))
+}
+
+/// The capabilities of the current device.
+fn capabilities(device: &Device) -> Option<Capabilities> {
+    let caps = device.caps();
+    device
+        .get_device()
+        .ok()
+        .and_then(|d| caps.ordinal(d).map(|o| o.capabilities()))
+}
+
 /// `true` where the window-reads route can run: memory the process addresses, and host
 /// functions on streams.
 fn reads_run_on(device: &Device) -> bool {
@@ -489,8 +805,9 @@ impl Communicator {
 }
 
 impl<'a> Call<'a> {
-    /// Enqueues `recv[r * send_count..]` = rank r's `send`, as one grouped receive and send
-    /// per peer `j` on the communicator's stream `j mod streams` and a device copy of this
+    /// Enqueues `recv[r * send_count..]` = rank r's `send`, as one transfer per peer `j` on
+    /// the communicator's stream `j mod streams` (a grouped receive and send on the CCL, a copy
+    /// out of the peer's staging window on the window routes) and a device copy of this
     /// rank's own slice, all after the work enqueued so far on this call's stream (see the
     /// [module docs](self) for the order and the routes). Returns at once with
     /// the event of each slice's arrival: a consumer waits for slice `j` alone
@@ -553,14 +870,14 @@ impl<'a> Call<'a> {
         let reads = reads_run_on(&c.device);
         let route = match self.route {
             Some(_) if c.router.clusters > 1 => Route::Clusters,
-            Some(forced @ (Route::Ccl | Route::WindowReads)) => forced,
+            Some(forced @ (Route::Ccl | Route::WindowReads | Route::WindowCopies)) => forced,
             Some(other) => {
                 return Err(CommError::PointToPoint(format!(
-                    "all_gather_p2p cannot take the route `{other}`: only `ccl` and \
-                     `window-reads`"
+                    "all_gather_p2p cannot take the route `{other}`: only `ccl`, \
+                     `window-reads` and `window-copies`"
                 )))
             }
-            None => c.router.all_gather_p2p(reads),
+            None => c.router.all_gather_p2p(reads, copies_chosen_on(&c.device)),
         };
         let _span = tracing::debug_span!(
             target: "ferrocx::route",
@@ -576,6 +893,14 @@ impl<'a> Call<'a> {
             return Err(CommError::PointToPoint(format!(
                 "all_gather_p2p: the window-reads route needs host-addressable memory and host \
                  functions, which the device adaptor `{}` lacks",
+                c.device.name()
+            )));
+        }
+        if route == Route::WindowCopies && !copies_run_on(&c.device) {
+            return Err(CommError::PointToPoint(format!(
+                "all_gather_p2p: the window-copies route needs the memops group \
+                 (ferrocx_device_memops_v1) and memory exported to peers (IPC or VMM), which \
+                 the device adaptor `{}` lacks",
                 c.device.name()
             )));
         }
@@ -618,6 +943,11 @@ impl<'a> Call<'a> {
                 handle.order.push(r);
                 each(&s)?;
             }
+            return Ok(handle);
+        }
+
+        if route == Route::WindowCopies {
+            self.copies(&mut handle, send, bytes, &pool, &mut each)?;
             return Ok(handle);
         }
 
@@ -695,6 +1025,154 @@ impl<'a> Call<'a> {
             }
         }
         Ok(handle)
+    }
+
+    /// The window-copies route (see the module docs): this rank's slice into its staging
+    /// (parity `round % 2`, once every peer acknowledged round `round - 2`) and its `ready`
+    /// word set in every peer, then each peer's slice copied out of the peer's staging on
+    /// stream `peer mod S` once the peer's `ready` says this round, and acknowledged in the
+    /// peer's `ack` word. Only stream operations: nothing blocks the calling thread.
+    fn copies(
+        &self,
+        handle: &mut AllGatherP2p<'a>,
+        send: DevicePtr,
+        bytes: usize,
+        pool: &[Stream],
+        each: &mut impl FnMut(&Slice) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        let c = self.comm;
+        let dev = &c.device;
+        let (me, world) = (c.rank, c.world);
+        let n = pool.len();
+        // A zero-byte gather moves nothing: the slices' events only (alike on every rank, so
+        // the rounds stay in step).
+        let staged = if bytes > 0 {
+            Some(self.stage_copies(bytes)?)
+        } else {
+            None
+        };
+        let word = |base: u64, off: usize| (base + off as u64) as *mut u32;
+        let own = handle.slices[me];
+        if let Some((round, layout, peers)) = &staged {
+            let (round, layout) = (*round, *layout);
+            let base = peers[me];
+            let others = || (0..world).filter(move |&q| q != me);
+            for q in others() {
+                // SAFETY: words of this rank's staging, alive until the streams drain
+                // (teardown, or a larger staging); written by peers and waited on here only
+                // with 32-bit stream operations.
+                unsafe {
+                    dev.stream_wait_value32(
+                        own.stream,
+                        word(base, layout.ack(q, round)),
+                        round.wrapping_sub(2),
+                        WAIT_VALUE_GEQ,
+                    )
+                }?;
+            }
+            let staging = DevicePtr(base + layout.data(round) as u64);
+            // SAFETY: `send` holds `bytes` (the caller's contract); the staging parity holds
+            // `capacity >= bytes` and no peer reads it until this round's `ready`, every peer
+            // having copied round `round - 2` out of it (the waits above).
+            unsafe { dev.mem_copy_async(staging, send, bytes, own.stream) }?;
+            for q in others() {
+                // SAFETY: `ready[me]` in rank q's staging, mapped here for the window's life;
+                // only this rank writes it.
+                unsafe {
+                    dev.stream_write_value32(
+                        own.stream,
+                        word(peers[q], layout.ready(me, round)),
+                        round,
+                    )
+                }?;
+            }
+            if own.ptr != send {
+                // SAFETY: the caller's contract: `send` and this rank's slice of `recv` hold
+                // `bytes` and are distinct (equal is the in-place case, skipped).
+                unsafe { dev.mem_copy_async(own.ptr, send, bytes, own.stream) }?;
+            }
+        }
+        dev.event_record(own.event, own.stream)?;
+        handle.order.push(me);
+        each(&own)?;
+
+        for peer in schedule(world, me) {
+            let stream = pool[peer % n];
+            handle.slices[peer].stream = stream;
+            let slice = handle.slices[peer];
+            if let Some((round, layout, peers)) = &staged {
+                let (round, layout) = (*round, *layout);
+                // SAFETY: `ready[peer]` of this rank's staging (as above).
+                unsafe {
+                    dev.stream_wait_value32(
+                        stream,
+                        word(peers[me], layout.ready(peer, round)),
+                        round,
+                        WAIT_VALUE_GEQ,
+                    )
+                }?;
+                let from = DevicePtr(peers[peer] + layout.data(round) as u64);
+                // SAFETY: rank `peer` put `bytes` in this parity of its staging before it set
+                // `ready[peer]` here (stream order, with the store's memory barrier) and leaves
+                // them until this rank's acknowledgement below; the slice of `recv` holds
+                // `bytes` (the caller's contract).
+                unsafe { dev.mem_copy_async(slice.ptr, from, bytes, stream) }?;
+                // SAFETY: `ack[me]` in rank `peer`'s staging, mapped here; only this rank
+                // writes it.
+                unsafe {
+                    dev.stream_write_value32(
+                        stream,
+                        word(peers[peer], layout.ack(me, round)),
+                        round,
+                    )
+                }?;
+            }
+            dev.event_record(slice.event, slice.stream)?;
+            handle.order.push(peer);
+            each(&slice)?;
+        }
+        Ok(())
+    }
+
+    /// The window-copies staging for `bytes` per rank (registered, or replaced by a larger
+    /// one, on every rank alike) and this call's round: `(round, layout, every rank's staging
+    /// address)`.
+    fn stage_copies(&self, bytes: usize) -> Result<(u32, CopyLayout, Vec<u64>), CommError> {
+        let c = self.comm;
+        let mut copies = c.p2p.copies.lock().unwrap_or_else(|p| p.into_inner());
+        if copies.as_ref().is_none_or(|s| s.layout.capacity < bytes) {
+            if copies.is_some() {
+                // Peers may still copy out of the old window, or signal into it: every rank's
+                // transfers end, then all meet, before any rank lets it go.
+                c.p2p.drain_bounded(copies.as_mut())?;
+                c.p2p.failure.check()?;
+                c.host_barrier()?;
+                *copies = None;
+            }
+            let layout = CopyLayout {
+                world: c.world,
+                capacity: bytes.max(4096).next_power_of_two(),
+            };
+            let scratch = c.scratch_window(layout.bytes())?;
+            let peers = scratch.peers().ok_or_else(|| {
+                CommError::PointToPoint(
+                    "all_gather_p2p: the window-copies staging window has no peer addresses".into(),
+                )
+            })?;
+            let host = capabilities(&c.device)
+                .is_some_and(|caps| caps.contains(Capabilities::HOST_ADDRESSABLE));
+            *copies = Some(CopyStaging {
+                scratch,
+                layout,
+                round: 0,
+                peers,
+                host,
+            });
+        }
+        let s = copies.as_mut().expect("made above");
+        debug_assert!(s.scratch.size() >= s.layout.bytes());
+        s.round = s.round.wrapping_add(1);
+        Ok((s.round, s.layout, s.peers.clone()))
     }
 
     /// The staging window for `bytes` per rank (registered, or replaced by a larger one, on
