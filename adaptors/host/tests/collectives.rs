@@ -280,6 +280,46 @@ fn run_worker(rank: usize, world: usize) {
         }
     }
 
+    // Large reduce_scatter and all_gather in place (several chunks of the slot; the blocks at
+    // odd offsets), and a large reduce_scatter of another type and op.
+    for (dt, op, n) in [
+        (DataType::BF16, ReduceOp::MAX, 700_003),
+        (DataType::U8, ReduceOp::SUM, 1_500_007),
+    ] {
+        tag += 1;
+        let es = dt.size().unwrap();
+        let ins = all(tag, n * world, dt, op);
+        let mut buf = bytes(dt, &ins[rank]);
+        let b = pm(&mut buf);
+        // SAFETY: `buf` holds `n * world` elements of `dt`; the output (its first `n`) is read
+        // after the stream is synchronized.
+        unsafe { ccl.reduce_scatter(b, b, n, dt, op, c, s) }.unwrap();
+        sync("reduce_scatter in place");
+        check(
+            "reduce_scatter in place",
+            dt,
+            &buf[..n * es],
+            |i| reference(dt, op, &ins, rank * n + i),
+            n,
+        );
+        let mine = bytes(dt, &ins[rank][rank * n..(rank + 1) * n]);
+        let mut all_of = vec![0u8; n * es * world];
+        all_of[rank * n * es..(rank + 1) * n * es].copy_from_slice(&mine);
+        let send_at = DevicePtr(pm(&mut all_of).0 + (rank * n * es) as u64);
+        let whole = pm(&mut all_of);
+        // SAFETY: `all_of` holds `n * world` elements; this rank's block is `send_at` (in
+        // place); read after the stream is synchronized.
+        unsafe { ccl.all_gather(send_at, whole, n, dt, c, s) }.unwrap();
+        sync("all_gather in place");
+        check(
+            "all_gather in place",
+            dt,
+            &all_of,
+            |i| ins[i / n][(i / n) * n + i % n] as f64,
+            n * world,
+        );
+    }
+
     // reduce_scatter, all_to_all, scatter: inputs of n elements per rank block.
     for (dt, op, n) in [
         (DataType::F32, ReduceOp::SUM, 7),

@@ -3,7 +3,7 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::Result;
 
-use super::{elem_size, par_copy};
+use super::{elem_size, par_copy, par_step, Move};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
 
 /// All-gather (or gather to `root`).
@@ -33,6 +33,10 @@ pub unsafe fn all_gather(
     };
     let chunk = Ctx::fit(ctx.slot_bytes(), es);
     let bytes = count * es;
+    if bytes > chunk {
+        // SAFETY: the caller's contract.
+        return unsafe { pipelined(ctx, &desc, send, recv, bytes, chunk, root) };
+    }
     let mut done = 0;
     let mut first = true;
     while done < bytes || first {
@@ -54,6 +58,73 @@ pub unsafe fn all_gather(
             }
         }
         done += n;
+    }
+    Ok(())
+}
+
+/// All-gather (or gather) of `bytes` per rank in chunks of `chunk` bytes, software-pipelined
+/// as the large all-reduce: step `k` copies chunk `k` of `send` into this rank's slot and every
+/// rank's chunk `k - 1` out of its slot into `recv` (on the root only, for gather), as one
+/// fork-join over the helper threads, then one barrier. Chunk `k` lives in slot parity
+/// `(g0 + k) % 2`: written in step `k`, read in step `k + 1`, rewritten in step `k + 2`, a
+/// barrier between each (the last chunk's slots are rewritten two generations later, after
+/// every rank's last copy, so the last step needs no barrier). In place, this rank's own block
+/// of `recv` is `send`: its chunks are not copied back onto themselves.
+///
+/// # Safety
+/// `send` holds `bytes`; `recv` holds `bytes * nranks` where it is written.
+unsafe fn pipelined(
+    ctx: &mut Ctx<'_>,
+    desc: &Desc,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: usize,
+    chunk: usize,
+    root: Option<usize>,
+) -> Result<()> {
+    let (n, me) = (ctx.n(), ctx.me());
+    let chunks = bytes.div_ceil(chunk);
+    let g0 = ctx.gen + 1;
+    let slot_of = |k: usize| ((g0 + k as u64) % 2) as usize;
+    let len = |k: usize| chunk.min(bytes - k * chunk);
+    let writes = root.is_none_or(|r| r == me);
+    let copy_in = |ctx: &Ctx<'_>, k: usize| Move {
+        dst: ctx.slot(slot_of(k), me) as usize,
+        // SAFETY: within `send`, which holds `bytes`.
+        src: unsafe { send.add(k * chunk) } as usize,
+        n: len(k),
+    };
+    // SAFETY: the first chunk fits this rank's slot of the parity the agreement publishes.
+    unsafe { par_step(ctx, None, &[copy_in(ctx, 0)]) }?;
+    ctx.agree(desc, None)?;
+    let mut moves = Vec::with_capacity(n + 1);
+    for k in 1..=chunks {
+        moves.clear();
+        if k < chunks {
+            moves.push(copy_in(ctx, k));
+        }
+        if writes {
+            for r in 0..n {
+                // SAFETY: within `recv`, which holds `bytes * n` on a rank that writes.
+                let dst = unsafe { recv.add(r * bytes + (k - 1) * chunk) };
+                if r == me && std::ptr::eq(dst, unsafe { send.add((k - 1) * chunk) }) {
+                    continue;
+                }
+                moves.push(Move {
+                    dst: dst as usize,
+                    src: ctx.slot(slot_of(k - 1), r) as usize,
+                    n: len(k - 1),
+                });
+            }
+        }
+        // SAFETY: every rank's slot of chunk k - 1 holds it (published by the barrier or
+        // agreement before); the slot chunk k goes to is read by nobody in this step; the
+        // parts of `recv` written are disjoint from each other and from the part of `send`
+        // read (in place, the own block is skipped).
+        unsafe { par_step(ctx, None, &moves) }?;
+        if k < chunks {
+            ctx.barrier(desc.kind.name())?;
+        }
     }
     Ok(())
 }

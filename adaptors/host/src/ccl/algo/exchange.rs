@@ -3,7 +3,7 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::{Error, Result};
 
-use super::{copy, elem_size, with_scratch};
+use super::{copy, elem_size, par_step, with_scratch, Move, SlotReduce};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
 use crate::ccl::reduce::reduce;
 
@@ -53,6 +53,10 @@ pub unsafe fn exchange(
         None
     };
     let send = staged.as_ref().map_or(send, |v| v.as_ptr());
+    if kind == Kind::ReduceScatter && block > sub {
+        // SAFETY: the caller's contract; `send` is the input or its staged copy.
+        return unsafe { reduce_scatter_pipelined(ctx, &desc, send, recv, block, sub, es) };
+    }
     let mut done = 0;
     let mut first = true;
     while done < block || first {
@@ -105,6 +109,76 @@ pub unsafe fn exchange(
             _ => {}
         }
         done += m;
+    }
+    Ok(())
+}
+
+/// Reduce-scatter of `block` bytes per rank in chunks of `sub` bytes (a sub-slot per
+/// destination), software-pipelined as the large all-reduce: step `k` reduces this rank's
+/// sub-slot of every rank's slot for chunk `k - 1` straight into `recv` and copies chunk `k` of
+/// every destination's block into this rank's slot, as one fork-join over the helper threads,
+/// then one barrier. Chunk `k` lives in slot parity `(g0 + k) % 2` (`g0` the agreement's
+/// generation): written in step `k`, read in step `k + 1`, rewritten in step `k + 2`, a
+/// barrier between each; the last chunk's slots are rewritten only two generations later,
+/// which every rank reaches after its last reduction, so the last step needs no barrier.
+///
+/// # Safety
+/// `send` holds `block * nranks` bytes and is not `recv` (staged by the caller when it was);
+/// `recv` holds `block` bytes.
+unsafe fn reduce_scatter_pipelined(
+    ctx: &mut Ctx<'_>,
+    desc: &Desc,
+    send: *const u8,
+    recv: *mut u8,
+    block: usize,
+    sub: usize,
+    es: usize,
+) -> Result<()> {
+    let n = ctx.n();
+    let me = ctx.me();
+    let chunks = block.div_ceil(sub);
+    let g0 = ctx.gen + 1;
+    let slot_of = |k: usize| ((g0 + k as u64) % 2) as usize;
+    let bytes = |k: usize| sub.min(block - k * sub);
+    let copies_in = |ctx: &Ctx<'_>, k: usize| -> Vec<Move> {
+        let base = ctx.slot(slot_of(k), me) as usize;
+        (0..n)
+            .map(|d| Move {
+                dst: base + d * sub,
+                // SAFETY: within `send`, which holds `block * n` bytes.
+                src: unsafe { send.add(d * block + k * sub) } as usize,
+                n: bytes(k),
+            })
+            .collect()
+    };
+    // SAFETY: chunk 0 of every block fits its sub-slot of this rank's slot of the parity the
+    // agreement publishes.
+    unsafe { par_step(ctx, None, &copies_in(ctx, 0)) }?;
+    ctx.agree(desc, None)?;
+    for k in 1..=chunks {
+        let lo = me * sub / es;
+        let red = SlotReduce {
+            p: slot_of(k - 1),
+            lo,
+            hi: lo + bytes(k - 1) / es,
+            es,
+            dtype: desc.dtype,
+            op: desc.op,
+            // SAFETY: within `recv`, which holds `block` bytes.
+            dst: unsafe { recv.add((k - 1) * sub) } as usize,
+        };
+        let moves = if k < chunks {
+            copies_in(ctx, k)
+        } else {
+            Vec::new()
+        };
+        // SAFETY: every rank's slot of chunk k - 1 holds it (published by the barrier or
+        // agreement before); the slot chunk k goes to is read by nobody in this step (see
+        // above); `recv` is none of the slots.
+        unsafe { par_step(ctx, Some(red), &moves) }?;
+        if k < chunks {
+            ctx.barrier(desc.kind.name())?;
+        }
     }
     Ok(())
 }
