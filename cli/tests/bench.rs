@@ -413,7 +413,13 @@ fn all_gather_p2p_on_three_ranks_checks_every_size_in_both_placements() {
 
 #[test]
 fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
-    for algo in ["ccl", "p2p", "window-copies"] {
+    // Pieces: each peer's slice in 3 (uneven) pieces, each with its own matmul.
+    for (algo, pieces) in [
+        ("ccl", "1"),
+        ("p2p", "1"),
+        ("window-copies", "1"),
+        ("window-copies", "3"),
+    ] {
         let out = bench(
             &[
                 "-n",
@@ -439,13 +445,17 @@ fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
                 "9",
                 "--streams",
                 "3",
+                "--pieces",
+                pieces,
             ],
             &[],
         );
         let stdout = text(&out.stdout);
         assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
         assert!(
-            stdout.contains(&format!("all_gather (--algo {algo}, 3 stream(s)) + matmul")),
+            stdout.contains(&format!(
+                "all_gather (--algo {algo}, 3 stream(s), {pieces} piece(s) a slice) + matmul"
+            )),
             "{stdout}"
         );
         // The router leaves the host device to its CCL's send/recv; the algo forces the copies.

@@ -121,6 +121,10 @@ pub struct BenchArgs {
     /// `--overlap`: columns of the matmul's output.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub matmul_n: u32,
+    /// `--overlap`: cut each peer's slice into this many pieces, each with its own matmul as
+    /// soon as it lands (the window-copies route; 1: whole slices).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub pieces: u32,
     /// Timed runs per size and placement; the median is reported (default: 1, or 5 with
     /// --direct).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -534,6 +538,7 @@ impl BenchArgs {
         push("--streams", self.streams.to_string());
         push("--matmul-k", self.matmul_k.to_string());
         push("--matmul-n", self.matmul_n.to_string());
+        push("--pieces", self.pieces.to_string());
         if self.overlap {
             a.push("--overlap".into());
         }

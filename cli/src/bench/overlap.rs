@@ -115,19 +115,24 @@ impl Overlap<'_> {
     fn pipelined(&self, b: &Buffers, m: usize) -> Result<(), Box<dyn Error>> {
         let (k, n) = (self.k, self.n);
         let dev = self.comm.device();
+        // A slice, or a piece of one (`--pieces`): its rows of the gathered activations, and
+        // the same rows of `y`.
         let hook = |s: &Slice| {
-            let y = DevicePtr(b.y.ptr().0 + (s.rank * m * n * 4) as u64);
-            // SAFETY: slice `s.rank` (m x k) is in place when its stream reaches this point;
-            // the rows of `y` it writes are its own; the buffers live until the synchronize.
+            let row = (s.ptr.0 - b.x_full.ptr().0) as usize / (k * 4);
+            let y = DevicePtr(b.y.ptr().0 + (row * n * 4) as u64);
+            // SAFETY: the rows `row..row + s.count / k` (whole rows: pieces are cut at rows)
+            // are in place when the stream reaches this point; the rows of `y` it writes are
+            // its own; the buffers live until the synchronize.
             unsafe {
                 self.matmul
-                    .enqueue(dev, s.stream, [s.ptr, b.w.ptr(), y], (m, n, k))
+                    .enqueue(dev, s.stream, [s.ptr, b.w.ptr(), y], (s.count / k, n, k))
             }
             .map_err(CommError::PointToPoint)
         };
+        let piece_rows = m.div_ceil(self.args.pieces as usize);
         // SAFETY: as in `gather`.
         let h = unsafe {
-            self.p2p_call().all_gather_p2p_each(
+            self.p2p_call().pieces(piece_rows * k).all_gather_p2p_each(
                 b.x.ptr(),
                 b.x_full.ptr(),
                 m * k,
@@ -256,10 +261,11 @@ pub fn run(args: &BenchArgs, comm: &Communicator) -> Result<ExitCode, Box<dyn Er
     }
     if rank == 0 {
         println!(
-            "# ferrocx bench --overlap: all_gather (--algo {}, {} stream(s)) + matmul of f32 \
-             rows by {}x{} on {world} ranks; device {}, CCL {}, matmul: {}",
+            "# ferrocx bench --overlap: all_gather (--algo {}, {} stream(s), {} piece(s) a \
+             slice) + matmul of f32 rows by {}x{} on {world} ranks; device {}, CCL {}, matmul: {}",
             args.algo.name(),
             args.streams,
+            args.pieces,
             o.k,
             o.n,
             comm.device().name(),

@@ -34,6 +34,7 @@ pub struct Call<'a> {
     pub(super) comm: &'a Communicator,
     pub(super) stream: Stream,
     pub(super) route: Option<Route>,
+    pub(super) piece: Option<usize>,
 }
 
 fn bytes_of(count: usize, dtype: DataType) -> usize {
@@ -47,6 +48,7 @@ fn root_of(root: usize) -> i32 {
 impl<'a> Call<'a> {
     pub(super) fn new(comm: &'a Communicator, stream: Stream) -> Call<'a> {
         Call {
+            piece: None,
             comm,
             stream,
             route: None,
@@ -59,6 +61,17 @@ impl<'a> Call<'a> {
     /// its own ranks.
     pub fn via(mut self, route: Route) -> Call<'a> {
         self.route = Some(route);
+        self
+    }
+
+    /// Cuts each peer's slice of a point-to-point all-gather into pieces of `elems` elements
+    /// (the last one shorter), each with its own event and its own call of
+    /// [`Call::all_gather_p2p_each`]'s hook, so a consumer starts on the first rows of a slice
+    /// while the rest are still on the way. Only the window-copies route cuts (its copies are
+    /// stream operations, cheap to split); the other routes move whole slices. `elems` of 0
+    /// means whole slices.
+    pub fn pieces(mut self, elems: usize) -> Call<'a> {
+        self.piece = (elems > 0).then_some(elems);
         self
     }
 

@@ -211,6 +211,8 @@ pub struct AllGatherP2p<'a> {
     slices: Vec<Slice>,
     order: Vec<usize>,
     route: Route,
+    /// The events of the pieces before each slice's last ([`Call::pieces`]).
+    pieces: Vec<Event>,
 }
 
 impl AllGatherP2p<'_> {
@@ -334,6 +336,7 @@ impl Drop for AllGatherP2p<'_> {
     fn drop(&mut self) {
         let events: Vec<Event> = self.slices.iter().map(|s| s.event).collect();
         self.comm.p2p.give_back(&events);
+        self.comm.p2p.give_back(&self.pieces);
     }
 }
 
@@ -921,6 +924,7 @@ impl<'a> Call<'a> {
                 .collect(),
             order: Vec::with_capacity(world),
             route,
+            pieces: Vec::new(),
         };
         // The start event goes back at once: every wait on it is enqueued below.
         let start = events[world];
@@ -1112,11 +1116,69 @@ impl<'a> Call<'a> {
                     )
                 }?;
                 let from = DevicePtr(peers[peer] + layout.data(round) as u64);
+                // Every piece but the last: its copy, its event, the hook on it. The last
+                // piece is the rest of the slice, below.
+                let mut at = 0usize;
+                if let Some(pe) = self.piece {
+                    let es = bytes / slice.count.max(1);
+                    let step = pe.saturating_mul(es);
+                    while step > 0 && at + step < bytes {
+                        let e = c.p2p.take(1)?[0];
+                        handle.pieces.push(e);
+                        let part = Slice {
+                            ptr: DevicePtr(slice.ptr.0 + at as u64),
+                            count: pe,
+                            event: e,
+                            ..slice
+                        };
+                        // SAFETY: as the whole slice's copy below, for a part of it.
+                        unsafe {
+                            dev.mem_copy_async(
+                                part.ptr,
+                                DevicePtr(from.0 + at as u64),
+                                step,
+                                stream,
+                            )
+                        }?;
+                        dev.event_record(e, stream)?;
+                        each(&part)?;
+                        at += step;
+                    }
+                }
                 // SAFETY: rank `peer` put `bytes` in this parity of its staging before it set
                 // `ready[peer]` here (stream order, with the store's memory barrier) and leaves
                 // them until this rank's acknowledgement below; the slice of `recv` holds
                 // `bytes` (the caller's contract).
-                unsafe { dev.mem_copy_async(slice.ptr, from, bytes, stream) }?;
+                unsafe {
+                    dev.mem_copy_async(
+                        DevicePtr(slice.ptr.0 + at as u64),
+                        DevicePtr(from.0 + at as u64),
+                        bytes - at,
+                        stream,
+                    )
+                }?;
+                if at > 0 {
+                    // The slice's own event follows; the hook sees the last piece.
+                    dev.event_record(slice.event, slice.stream)?;
+                    handle.order.push(peer);
+                    let es = bytes / slice.count.max(1);
+                    let last = Slice {
+                        ptr: DevicePtr(slice.ptr.0 + at as u64),
+                        count: (bytes - at) / es.max(1),
+                        ..slice
+                    };
+                    // SAFETY: `ack[me]` in rank `peer`'s staging, mapped here; only this rank
+                    // writes it.
+                    unsafe {
+                        dev.stream_write_value32(
+                            stream,
+                            word(peers[peer], layout.ack(me, round)),
+                            round,
+                        )
+                    }?;
+                    each(&last)?;
+                    continue;
+                }
                 // SAFETY: `ack[me]` in rank `peer`'s staging, mapped here; only this rank
                 // writes it.
                 unsafe {
