@@ -302,6 +302,20 @@ fn run_worker(rank: usize, world: usize) {
             |i| reference(dt, op, &ins, rank * n + i),
             n,
         );
+        // In place as NCCL defines it: the output is this rank's block of the input.
+        let mut buf = bytes(dt, &ins[rank]);
+        let b = pm(&mut buf);
+        let own = DevicePtr(b.0 + (rank * n * es) as u64);
+        // SAFETY: as above; the output is this rank's block of `buf`.
+        unsafe { ccl.reduce_scatter(b, own, n, dt, op, c, s) }.unwrap();
+        sync("reduce_scatter into its own block");
+        check(
+            "reduce_scatter into its own block",
+            dt,
+            &buf[rank * n * es..(rank + 1) * n * es],
+            |i| reference(dt, op, &ins, rank * n + i),
+            n,
+        );
         let mine = bytes(dt, &ins[rank][rank * n..(rank + 1) * n]);
         let mut all_of = vec![0u8; n * es * world];
         all_of[rank * n * es..(rank + 1) * n * es].copy_from_slice(&mine);

@@ -107,7 +107,7 @@ unsafe fn pipelined(
             for r in 0..n {
                 // SAFETY: within `recv`, which holds `bytes * n` on a rank that writes.
                 let dst = unsafe { recv.add(r * bytes + (k - 1) * chunk) };
-                if r == me && std::ptr::eq(dst, unsafe { send.add((k - 1) * chunk) }) {
+                if r == me && std::ptr::eq(dst, send.wrapping_add((k - 1) * chunk)) {
                     continue;
                 }
                 moves.push(Move {

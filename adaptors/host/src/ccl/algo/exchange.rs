@@ -46,14 +46,20 @@ pub unsafe fn exchange(
     let block = count * es;
     // The whole input of reduce-scatter and all-to-all is read before any output is written, so
     // in place works chunk by chunk only when recv is not send: stage the input when it is.
-    let staged: Option<Vec<u8>> = if std::ptr::eq(send, recv) && block > 0 && root.is_none() {
-        // SAFETY: send holds count * nranks elements.
-        Some(unsafe { std::slice::from_raw_parts(send, block * n) }.to_vec())
-    } else {
-        None
-    };
+    // The pipelined reduce-scatter reads chunk k of every block while it writes chunk k - 1 of
+    // its own: in place as NCCL defines it (`recv` is this rank's block of `send`) it needs no
+    // staging.
+    let pipelined = kind == Kind::ReduceScatter && block > sub;
+    let own_block = std::ptr::eq(recv, send.wrapping_add(ctx.me() * block));
+    let staged: Option<Vec<u8>> =
+        if std::ptr::eq(send, recv) && block > 0 && root.is_none() && !(pipelined && own_block) {
+            // SAFETY: send holds count * nranks elements.
+            Some(unsafe { std::slice::from_raw_parts(send, block * n) }.to_vec())
+        } else {
+            None
+        };
     let send = staged.as_ref().map_or(send, |v| v.as_ptr());
-    if kind == Kind::ReduceScatter && block > sub {
+    if pipelined {
         // SAFETY: the caller's contract; `send` is the input or its staged copy.
         return unsafe { reduce_scatter_pipelined(ctx, &desc, send, recv, block, sub, es) };
     }
@@ -123,8 +129,8 @@ pub unsafe fn exchange(
 /// which every rank reaches after its last reduction, so the last step needs no barrier.
 ///
 /// # Safety
-/// `send` holds `block * nranks` bytes and is not `recv` (staged by the caller when it was);
-/// `recv` holds `block` bytes.
+/// `send` holds `block * nranks` bytes; `recv` holds `block` bytes and is either disjoint from
+/// `send` or this rank's block of it (in place; else the caller staged `send`).
 unsafe fn reduce_scatter_pipelined(
     ctx: &mut Ctx<'_>,
     desc: &Desc,
@@ -174,7 +180,8 @@ unsafe fn reduce_scatter_pipelined(
         };
         // SAFETY: every rank's slot of chunk k - 1 holds it (published by the barrier or
         // agreement before); the slot chunk k goes to is read by nobody in this step (see
-        // above); `recv` is none of the slots.
+        // above); `recv` is none of the slots, and in place only chunk k - 1 of this rank's
+        // block is written while chunk k is read.
         unsafe { par_step(ctx, Some(red), &moves) }?;
         if k < chunks {
             ctx.barrier(desc.kind.name())?;
