@@ -18,9 +18,10 @@ rank 0. Exit status 1 when the parameters differ by more than the tolerance. On 
 without a GPU it runs on CPU tensors against gloo instead (a check of the script; with small
 buckets, ``--bucket-mb``, a measure of the backend's Python per bucket on the host device).
 
-``--breakdown`` also prints, per call, the time DDP's bucket calls spend in the ferrocx group's
-``allreduce`` and in its works' ``get_future`` (DDP makes them from its autograd thread), and the
-same two calls on a tensor of one bucket's size made from a plain loop, for comparison.
+``--breakdown`` also prints, per call (median and mean over the run, slowest rank), the time
+DDP's bucket calls spend in the ferrocx group's ``allreduce`` (and of it in the communicator's
+Rust call) and in its works' ``get_future`` (DDP makes them from its autograd thread), and the
+same calls on a tensor of one bucket's size made from a plain loop, for comparison.
 
 NCCL_NVLS_ENABLE is set to 0 when the environment leaves it unset (no multicast objects).
 """
@@ -88,7 +89,7 @@ def main():
     fx = dist.new_group(backend="ferrocx")
     # --breakdown: the time DDP's bucket calls spend in the backend's Python (the call and its
     # future), counted around the ferrocx group's methods.
-    spent = {"allreduce": [0, 0.0], "get_future": [0, 0.0]}
+    spent = {"allreduce": [], "get_future": [], "ferrocx call": []}
     if a.breakdown:
         import ferrocx.torch as fxt
 
@@ -100,12 +101,29 @@ def main():
                 try:
                     return inner(*args, **kwargs)
                 finally:
-                    spent[name][0] += 1
-                    spent[name][1] += time.perf_counter() - t0
+                    spent[name].append(time.perf_counter() - t0)
 
             setattr(cls, name, wrapper)
 
         timed(fxt.ProcessGroupFerrocx, "allreduce")
+
+        class TimedComm:
+            """The group's communicator, its all_reduce timed (the Rust call inside allreduce)."""
+
+            def __init__(self, comm):
+                self._inner = comm
+
+            def all_reduce(self, *args):
+                t0 = time.perf_counter()
+                try:
+                    return self._inner.all_reduce(*args)
+                finally:
+                    spent["ferrocx call"].append(time.perf_counter() - t0)
+
+            def __getattr__(self, name):
+                return getattr(self._inner, name)
+
+        fx._comm = TimedComm(fx._comm)
         for cls in (fxt._Work, getattr(fxt, "_StreamWork", None)):
             if cls is not None and "get_future" in vars(cls):
                 timed(cls, "get_future")
@@ -149,32 +167,35 @@ def main():
     steps_fx = a.warmup + a.steps
     extra = []
     if a.breakdown:
-        calls_ar, t_ar = spent["allreduce"]
-        calls_fut, t_fut = spent["get_future"]
+        calls_ar, t_ar = len(spent["allreduce"]), sum(spent["allreduce"])
+        calls_fut, t_fut = len(spent["get_future"]), sum(spent["get_future"])
+        kinds = ("allreduce", "ferrocx call", "get_future")
+        ddp_med = [statistics.median(spent[k] or [0.0]) * 1e6 for k in kinds]
         # The same calls on one bucket's worth of gradients, from a plain loop (as DDP makes
         # them: allreduce, then get_future, waited for at the end).
         per_bucket = max(1, params // max(1, calls_ar // steps_fx))
         buf = torch.zeros(per_bucket, device=device)
         for k in spent:
-            spent[k] = [0, 0.0]
+            spent[k] = []
         loops = max(200, a.steps * calls_ar // steps_fx)
         for _ in range(loops):
             fx.allreduce([buf], dist.AllreduceOptions()).get_future().wait()
         sync()
-        loop_ar, loop_fut = (spent[k][1] / max(1, spent[k][0]) * 1e6 for k in ("allreduce", "get_future"))
+        loop_med = [statistics.median(spent[k] or [0.0]) * 1e6 for k in kinds]
         us = torch.tensor(
-            [t_ar / max(1, calls_ar) * 1e6, t_fut / max(1, calls_fut) * 1e6, loop_ar, loop_fut], device=device
+            [t_ar / max(1, calls_ar) * 1e6, t_fut / max(1, calls_fut) * 1e6] + ddp_med + loop_med, device=device
         )
         dist.all_reduce(us, op=dist.ReduceOp.MAX)
         if rank == 0:
-            ddp_ar, ddp_fut, loop_ar, loop_fut = us.tolist()
+            mean_ar, mean_fut, ddp_ar, ddp_call, ddp_fut, loop_ar, loop_call, loop_fut = us.tolist()
             print(
                 f"# ferrocx group, per step: {calls_ar / steps_fx:.1f} allreduce calls, "
                 f"{t_ar / steps_fx * 1e3:.3f} ms in them; {calls_fut / steps_fx:.1f} get_future "
                 f"calls, {t_fut / steps_fx * 1e3:.3f} ms in them (rank 0, Python time)\n"
-                f"# per call (us, slowest rank): from DDP allreduce {ddp_ar:.1f}, get_future "
-                f"{ddp_fut:.1f}; from a loop ({per_bucket} floats, {loops} calls) allreduce "
-                f"{loop_ar:.1f}, get_future {loop_fut:.1f}",
+                f"# per call, us (median; mean), slowest rank: from DDP allreduce {ddp_ar:.1f} "
+                f"({mean_ar:.1f}), of it the ferrocx call {ddp_call:.1f}, get_future {ddp_fut:.1f} "
+                f"({mean_fut:.1f}); from a loop ({per_bucket} floats, {loops} calls) allreduce "
+                f"{loop_ar:.1f}, of it the ferrocx call {loop_call:.1f}, get_future {loop_fut:.1f}",
                 flush=True,
             )
         groups = {ref: None, "ferrocx": fx}
