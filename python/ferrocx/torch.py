@@ -14,7 +14,7 @@ cluster, or several, e.g. GPU ranks on CUDA + NCCL beside CPU ranks on the host 
   caller's stream goes on with its own work. ``Work.get_future()`` of a call on the current
   stream is a future completed at once, its value ready in stream order (for work on that
   stream, as the call's tensors are: DDP's reducer and comm hooks use it there); of a call on
-  the communication stream, a CUDA future whose consumers wait for the call.
+  the communication stream, a CUDA future (its ``wait()`` orders the caller's stream after it).
 - CPU tensors (a rank on the ``host`` device): calls are enqueued on the communicator's stream
   and ``Work.wait()`` waits for them (so ``isend``/``irecv`` really run in the background).
   CPU tensors on a CUDA rank are staged through device memory, synchronously.
@@ -368,14 +368,15 @@ class _StreamWork(_Work):
         about 76 us per DDP bucket on H100s.
 
         A call on another stream (the communication stream, or the caller has switched since)
-        gets a CUDA future marked ready on the call's stream: ``wait()``, ``value()`` and
-        ``then`` order the consumer's stream after the call."""
+        gets a CUDA future marked ready on the call's stream: ``wait()`` and ``then``
+        callbacks order the consumer's stream after the call."""
         fut = self._future
         if fut is not None:
             return fut
         idx = self._idx
         if _raw_stream(idx) == self._raw:
-            fut = _completed(self._outputs, None)
+            fut = _CFuture(_NO_DEVICES)
+            fut.set_result(self._outputs)
         else:
             fut = torch.futures.Future(devices=[torch.device("cuda", idx)])
             # A CUDA future marks its value ready on the current stream: make that the call's,
@@ -387,6 +388,7 @@ class _StreamWork(_Work):
 
 
 _CFuture = torch._C.Future
+_NO_DEVICES: list = []
 
 
 def _completed(value, error: Optional[BaseException]) -> "torch.futures.Future":
@@ -396,7 +398,7 @@ def _completed(value, error: Optional[BaseException]) -> "torch.futures.Future":
         fut = torch.futures.Future()
         fut.set_exception(error)
         return fut
-    fut = _CFuture([])
+    fut = _CFuture(_NO_DEVICES)
     fut.set_result(value)
     return fut
 
