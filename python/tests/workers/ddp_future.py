@@ -8,7 +8,7 @@ comm hook (torch's ``allreduce_hook``: ``get_future().then(...)`` on the bucket'
 Then the futures themselves, on random tensors of several sizes: the value is the list of the
 call's output tensors (the caller's, reduced in place), equal to the sum computed here from
 every rank's input; ``then`` callbacks see it; a work gives one future however often asked, done at once when
-asked for after the call has completed.
+asked for after the call has completed; the future of a call that fails raises its error.
 
 Prints "ddp future ok" on each rank."""
 
@@ -102,6 +102,20 @@ for n in (1, 7, 1000, 65537):
         work.wait()
         fut = work.get_future()
         assert fut.done() and torch.equal(fut.value()[0], want), f"{dtype} n={n}: late future"
+
+# A call that fails on the communicator's stream (ranks disagree on the count; on a group of
+# its own, which stays failed): its future raises ferrocx's error, from wait() and in then().
+bad = dist.new_group(backend="ferrocx")
+fut = dist.all_reduce(torch.ones(4 + 3 * rank), group=bad, async_op=True).get_future()
+child = fut.then(lambda f: f.value()[0] * 2)
+# (torch wraps an error raised in a callback in a RuntimeError that quotes it.)
+for what, f, kind in (("wait", fut, ferrocx.torch.Error), ("then", child, RuntimeError)):
+    try:
+        f.wait()
+    except kind as e:
+        assert "ranks disagree" in str(e), f"{what}: {e}"
+    else:
+        raise AssertionError(f"{what}: no error from the future of an all_reduce whose ranks disagree")
 
 dist.barrier(group=gloo)
 print(f"ddp future ok on rank {rank}", flush=True)
