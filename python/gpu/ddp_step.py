@@ -173,13 +173,16 @@ def main():
         ddp_med = [statistics.median(spent[k] or [0.0]) * 1e6 for k in kinds]
         # The same calls on one bucket's worth of gradients, from a plain loop (as DDP makes
         # them: allreduce, then get_future, waited for at the end).
-        per_bucket = max(1, params // max(1, calls_ar // steps_fx))
+        per_step = max(1, calls_ar // steps_fx)
+        per_bucket = max(1, params // per_step)
         buf = torch.zeros(per_bucket, device=device)
         for k in spent:
             spent[k] = []
-        loops = max(200, a.steps * calls_ar // steps_fx)
-        for _ in range(loops):
+        loops = max(200, a.steps * per_step)
+        for i in range(loops):
             fx.allreduce([buf], dist.AllreduceOptions()).get_future().wait()
+            if i % per_step == per_step - 1:
+                sync()  # a step's worth at a time, as DDP's (the CCL's queue never fills)
         sync()
         loop_med = [statistics.median(spent[k] or [0.0]) * 1e6 for k in kinds]
         us = torch.tensor(
