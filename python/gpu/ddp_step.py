@@ -4,6 +4,8 @@ job: two copies of one model, each wrapped in DDP over its own process group (th
 on ``nccl``, a whole-world group on ``"ferrocx"``), stepped alternately on the same batches.
 
     torchrun --nproc-per-node N python/gpu/ddp_step.py [--steps 40] [--width 4096] [--layers 8]
+    torchrun --nproc-per-node 2 python/gpu/ddp_step.py --width 64 --bucket-mb 0.01 --breakdown
+
 
 The model is ``--layers`` square linear layers of ``--width`` (f32, ReLU between them); each
 rank feeds a batch of ``--batch`` rows of its own. DDP's gradient buckets (25 MiB by default)
@@ -13,7 +15,13 @@ the forward pass to the optimizer's step, the device synchronized on both ends; 
 median step time of each, their ratio and the largest difference between the two models'
 parameters at the end (they see the same data from the same initial weights) are printed by
 rank 0. Exit status 1 when the parameters differ by more than the tolerance. On a machine
-without a GPU it runs on CPU tensors against gloo instead (a check of the script).
+without a GPU it runs on CPU tensors against gloo instead (a check of the script; with small
+buckets, ``--bucket-mb``, a measure of the backend's Python per bucket on the host device).
+
+``--breakdown`` also prints, per call (median and mean over the run, slowest rank), the time
+DDP's bucket calls spend in the ferrocx group's ``allreduce`` (and of it in the communicator's
+Rust call) and in its works' ``get_future`` (DDP makes them from its autograd thread), and the
+same calls on a tensor of one bucket's size made from a plain loop, for comparison.
 
 NCCL_NVLS_ENABLE is set to 0 when the environment leaves it unset (no multicast objects).
 """
@@ -53,6 +61,7 @@ def main():
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--tolerance", type=float, default=1e-4)
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (both models)")
     p.add_argument(
         "--breakdown",
         action="store_true",
@@ -80,7 +89,7 @@ def main():
     fx = dist.new_group(backend="ferrocx")
     # --breakdown: the time DDP's bucket calls spend in the backend's Python (the call and its
     # future), counted around the ferrocx group's methods.
-    spent = {"allreduce": [0, 0.0], "get_future": [0, 0.0]}
+    spent = {"allreduce": [], "get_future": [], "ferrocx call": []}
     if a.breakdown:
         import ferrocx.torch as fxt
 
@@ -92,17 +101,38 @@ def main():
                 try:
                     return inner(*args, **kwargs)
                 finally:
-                    spent[name][0] += 1
-                    spent[name][1] += time.perf_counter() - t0
+                    spent[name].append(time.perf_counter() - t0)
 
             setattr(cls, name, wrapper)
 
         timed(fxt.ProcessGroupFerrocx, "allreduce")
-        timed(fxt._Work, "get_future")
+
+        class TimedComm:
+            """The group's communicator, its all_reduce timed (the Rust call inside allreduce)."""
+
+            def __init__(self, comm):
+                self._inner = comm
+
+            def all_reduce(self, *args):
+                t0 = time.perf_counter()
+                try:
+                    return self._inner.all_reduce(*args)
+                finally:
+                    spent["ferrocx call"].append(time.perf_counter() - t0)
+
+            def __getattr__(self, name):
+                return getattr(self._inner, name)
+
+        fx._comm = TimedComm(fx._comm)
+        for cls in (fxt._Work, getattr(fxt, "_StreamWork", None)):
+            if cls is not None and "get_future" in vars(cls):
+                timed(cls, "get_future")
 
     runs = {
-        ref: DDP(model(a.width, a.layers, device), device_ids=ids),
-        "ferrocx": DDP(model(a.width, a.layers, device), device_ids=ids, process_group=fx),
+        ref: DDP(model(a.width, a.layers, device), device_ids=ids, bucket_cap_mb=a.bucket_mb),
+        "ferrocx": DDP(
+            model(a.width, a.layers, device), device_ids=ids, process_group=fx, bucket_cap_mb=a.bucket_mb
+        ),
     }
     opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in runs.items()}
     params = sum(x.numel() for x in runs[ref].parameters())
@@ -137,13 +167,38 @@ def main():
     steps_fx = a.warmup + a.steps
     extra = []
     if a.breakdown:
-        calls_ar, t_ar = spent["allreduce"]
-        calls_fut, t_fut = spent["get_future"]
+        calls_ar, t_ar = len(spent["allreduce"]), sum(spent["allreduce"])
+        calls_fut, t_fut = len(spent["get_future"]), sum(spent["get_future"])
+        kinds = ("allreduce", "ferrocx call", "get_future")
+        ddp_med = [statistics.median(spent[k] or [0.0]) * 1e6 for k in kinds]
+        # The same calls on one bucket's worth of gradients, from a plain loop (as DDP makes
+        # them: allreduce, then get_future, waited for at the end).
+        per_step = max(1, calls_ar // steps_fx)
+        per_bucket = max(1, params // per_step)
+        buf = torch.zeros(per_bucket, device=device)
+        for k in spent:
+            spent[k] = []
+        loops = max(200, a.steps * per_step)
+        for i in range(loops):
+            fx.allreduce([buf], dist.AllreduceOptions()).get_future().wait()
+            if i % per_step == per_step - 1:
+                sync()  # a step's worth at a time, as DDP's (the CCL's queue never fills)
+        sync()
+        loop_med = [statistics.median(spent[k] or [0.0]) * 1e6 for k in kinds]
+        us = torch.tensor(
+            [t_ar / max(1, calls_ar) * 1e6, t_fut / max(1, calls_fut) * 1e6] + ddp_med + loop_med, device=device
+        )
+        dist.all_reduce(us, op=dist.ReduceOp.MAX)
         if rank == 0:
+            mean_ar, mean_fut, ddp_ar, ddp_call, ddp_fut, loop_ar, loop_call, loop_fut = us.tolist()
             print(
                 f"# ferrocx group, per step: {calls_ar / steps_fx:.1f} allreduce calls, "
                 f"{t_ar / steps_fx * 1e3:.3f} ms in them; {calls_fut / steps_fx:.1f} get_future "
-                f"calls, {t_fut / steps_fx * 1e3:.3f} ms in them (rank 0, Python time)",
+                f"calls, {t_fut / steps_fx * 1e3:.3f} ms in them (rank 0, Python time)\n"
+                f"# per call, us (median; mean), slowest rank: from DDP allreduce {ddp_ar:.1f} "
+                f"({mean_ar:.1f}), of it the ferrocx call {ddp_call:.1f}, get_future {ddp_fut:.1f} "
+                f"({mean_fut:.1f}); from a loop ({per_bucket} floats, {loops} calls) allreduce "
+                f"{loop_ar:.1f}, of it the ferrocx call {loop_call:.1f}, get_future {loop_fut:.1f}",
                 flush=True,
             )
         groups = {ref: None, "ferrocx": fx}
@@ -197,4 +252,11 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    # Leave without finalizing the interpreter (as the tests' workers do): on a machine without a
+    # GPU the reference is gloo, whose worker thread may still drop its last work then, and a
+    # thread that takes the interpreter's lock after finalization is killed mid-destructor
+    # (std::terminate, SIGABRT).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

@@ -1,6 +1,7 @@
 """World 1 on CUDA tensors through the "ferrocx" backend (CUDA device + NCCL): every operation,
 every dtype and reduce op, checked against the values computed here; that calls run on torch's
-current stream with no host synchronization; CPU tensors on the GPU rank (staged); async works.
+current stream with no host synchronization; CPU tensors on the GPU rank (staged); async works
+and their futures (completed at once on the call's stream, CUDA futures elsewhere).
 
     FERROCX_CONFIG=configs/nccl.toml torchrun --nproc-per-node 1 python/gpu/world1_cuda.py
 
@@ -132,6 +133,60 @@ same(t, x, "all_reduce waited for from the default stream")
 # async_op: the future's value, then() on it
 f = dist.all_reduce(x.clone(), async_op=True).get_future().then(lambda fut: fut.value()[0] * 2)
 same(f.wait(), x * 2, "get_future().then")
+
+# The future of a call on the current stream is completed at once, with no wait on the host
+# (the stream is still busy after all of it): its value is ready in stream order, and a then()
+# callback's kernels (run at once, on this stream) follow the call.
+t = x.clone()
+torch.cuda.synchronize()
+torch.cuda._sleep(200_000_000)
+fut = dist.all_reduce(t, async_op=True).get_future()
+assert fut.done(), "the future of a call on the current stream is not completed at once"
+assert fut.value()[0].data_ptr() == t.data_ptr(), "the future's value is not the call's tensor"
+doubled = fut.then(lambda f: f.value()[0] * 2).wait()
+assert not torch.cuda.current_stream().query(), "the stream was idle after get_future: something waited on the host"
+torch.cuda.synchronize()
+same(doubled, x * 2, "then() on the completed future, in stream order")
+
+# Asked for after the caller switched streams: a CUDA future, whose wait() orders the then
+# current stream after the call's.
+t = x.clone()
+torch.cuda.synchronize()
+with torch.cuda.stream(side):
+    torch.cuda._sleep(200_000_000)
+    work = dist.all_reduce(t, async_op=True)
+fut = work.get_future()
+got = fut.wait()[0]
+assert not torch.cuda.current_stream().query(), "the future's wait() did not order the current stream after the call"
+torch.cuda.synchronize()
+same(got, x, "get_future() asked for on another stream than the call's")
+
+# On the group's communication stream (FERROCX_TORCH_COMM_STREAM=1): the call runs there, and
+# the caller's stream goes on; the future's wait() and then(), and Work.wait(), order the
+# caller's stream after the call (held up here by a sleeping kernel on the communication stream).
+ferrocx.torch._COMM_STREAM = True
+try:
+    t = x.clone()
+    dist.all_reduce(t, async_op=True).wait()  # makes the communication stream
+    comm_stream = pg._comm_streams[0][0]
+    for how in ("future wait", "future then", "work wait"):
+        torch.cuda.synchronize()
+        with torch.cuda.stream(comm_stream):
+            torch.cuda._sleep(200_000_000)
+        work = dist.all_reduce(t, async_op=True)
+        assert torch.cuda.current_stream().query(), f"{how}: the current stream waited for the communication stream"
+        if how == "future wait":
+            got = work.get_future().wait()[0]
+        elif how == "future then":
+            got = work.get_future().then(lambda f: f.value()[0] * 2).wait() / 2
+        else:
+            work.wait()
+            got = t
+        assert not torch.cuda.current_stream().query(), f"{how}: the current stream is not ordered after the call"
+        torch.cuda.synchronize()
+        same(got, x, f"all_reduce on the communication stream, {how}")
+finally:
+    ferrocx.torch._COMM_STREAM = False
 
 # CPU tensors on the GPU rank: staged through device memory
 c = torch.arange(10, dtype=torch.float32)

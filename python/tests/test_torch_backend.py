@@ -50,3 +50,9 @@ def test_bad_input_raises_ferrocx_error(cases, world):
         assert job.rc == 0 and len(job.lines(f"error ok: {case}:")) == survivors, (
             f"{case}: exit {job.rc}\n{job.out[-6000:]}"
         )
+
+
+def test_ddp_futures_give_gloos_parameters_to_the_bit():
+    """DDP's reducer and a Python comm hook over the backend's futures, 2 ranks: the parameters
+    equal gloo's exactly; the futures' values are the reduced tensors."""
+    run_job("ddp_future.py", 2).expect_ok("ddp future ok", 2)
