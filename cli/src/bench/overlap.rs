@@ -116,16 +116,26 @@ impl Overlap<'_> {
         let (k, n) = (self.k, self.n);
         let dev = self.comm.device();
         // A slice, or a piece of one (`--pieces`): its rows of the gathered activations, and
-        // the same rows of `y`.
+        // the same rows of `y`. Whole slices are multiplied on their own streams, right after
+        // them; pieces on the communicator's stream after each piece's event, so the copies of
+        // a slice's later pieces (on the slice's stream) run under the matmul of its first.
+        let pieces = self.args.pieces > 1;
         let hook = |s: &Slice| {
             let row = (s.ptr.0 - b.x_full.ptr().0) as usize / (k * 4);
             let y = DevicePtr(b.y.ptr().0 + (row * n * 4) as u64);
+            let on = if pieces {
+                dev.stream_wait_event(self.comm.stream(), s.event)
+                    .map_err(|e| CommError::PointToPoint(e.to_string()))?;
+                self.comm.stream()
+            } else {
+                s.stream
+            };
             // SAFETY: the rows `row..row + s.count / k` (whole rows: pieces are cut at rows)
-            // are in place when the stream reaches this point; the rows of `y` it writes are
-            // its own; the buffers live until the synchronize.
+            // are in place when `on` reaches this point; the rows of `y` it writes are its
+            // own; the buffers live until the synchronize.
             unsafe {
                 self.matmul
-                    .enqueue(dev, s.stream, [s.ptr, b.w.ptr(), y], (s.count / k, n, k))
+                    .enqueue(dev, on, [s.ptr, b.w.ptr(), y], (s.count / k, n, k))
             }
             .map_err(CommError::PointToPoint)
         };
