@@ -457,7 +457,33 @@ pub(super) unsafe fn reduce_slots(ctx: &Ctx<'_>, r: &SlotReduce) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::share;
+    use super::{copy_to, share, stream_fence};
+
+    #[test]
+    fn streaming_copies_copy_every_byte_and_nothing_else() {
+        let src: Vec<u8> = ferrocx_test_support::random_bytes(0x57AE, 70_000);
+        for n in [0, 1, 63, 64, 65, 255, 256, 257, 1000, 4096 + 7, 65_536 + 33] {
+            for (so, d_off) in [(0, 0), (1, 0), (0, 1), (13, 37), (64, 63), (3, 64)] {
+                let mut dst = vec![0xA5u8; n + d_off + 200];
+                // SAFETY: both ranges hold `n` bytes (src has 70_000 >= n + 64 bytes) and are
+                // different allocations.
+                unsafe { copy_to(dst.as_mut_ptr().add(d_off), src.as_ptr().add(so), n, true) };
+                stream_fence();
+                assert_eq!(
+                    &dst[d_off..d_off + n],
+                    &src[so..so + n],
+                    "n={n} +{so} -> +{d_off}"
+                );
+                assert!(
+                    dst[..d_off]
+                        .iter()
+                        .chain(&dst[d_off + n..])
+                        .all(|b| *b == 0xA5),
+                    "n={n} +{so} -> +{d_off}: a byte outside the destination was written"
+                );
+            }
+        }
+    }
 
     #[test]
     fn shares_cover_everything_once() {
