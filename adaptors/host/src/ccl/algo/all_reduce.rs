@@ -103,8 +103,8 @@ pub unsafe fn all_reduce(
     // not copied into the slot (nobody else reads it there), the reduction reads it from
     // `send` (where that is aligned for the type) and writes its result to `recv` as well as
     // to the result buffer (which the peers copy it out of), so the copy out skips it too.
-    // When the message is much larger than the cache, `recv` is written by streaming stores
-    // (see `streams_out`).
+    // When the message is much larger than the cache and out of place, `recv` is written by
+    // streaming stores (see `streams_out`).
     //
     // Buffers: chunk k lives in slot parity (g0 + k) % 2, where g0 is the agreement's
     // generation, so that what a step writes is what the generation convention frees
@@ -119,7 +119,7 @@ pub unsafe fn all_reduce(
     let elems = |k: usize| (k * chunk, ((k + 1) * chunk).min(count));
     let me = ctx.me();
     let n = ctx.n();
-    let stream = super::streams_out(bytes, n);
+    let stream = super::streams_out(bytes, n, std::ptr::eq(send, recv));
     let own_from_send = (send as usize) % es == 0;
     // The parts of chunk k before and after this rank's share: (offset in the chunk, length),
     // in elements.

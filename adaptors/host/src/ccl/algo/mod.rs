@@ -184,22 +184,27 @@ fn par_min_bytes() -> usize {
     })
 }
 
-/// Whether a collective whose every rank moves `bytes` bytes in and `bytes` out writes the
-/// user's output by streaming stores (see [`copy_to`]): when the ranks' buffers together
-/// (`2 * n * bytes`) exceed the last-level cache, the output would leave the cache before
-/// anyone reads it again, so reading its lines in before writing them is wasted memory
-/// traffic. `FERROCX_HOST_STREAM_MIN` sets the message size from which it does instead (0:
-/// always; a huge value: never).
-pub(super) fn streams_out(bytes: usize, n: usize) -> bool {
+/// Whether a collective whose every rank writes `bytes` bytes of output, out of place, writes
+/// them by streaming stores (see [`copy_to`]): when the ranks' outputs together (`n * bytes`)
+/// exceed a quarter of the last-level cache (the share glibc's `memcpy` streams beyond), the
+/// output would leave the cache before anyone reads it again, so reading its lines in before
+/// writing them is wasted memory traffic. Never in place: there the output's lines were read
+/// as input shortly before and are still in the cache. `FERROCX_HOST_STREAM_MIN` sets the
+/// message size from which an out-of-place output is streamed instead (0: always; a huge
+/// value: never).
+pub(super) fn streams_out(bytes: usize, n: usize, in_place: bool) -> bool {
     static MIN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let min = MIN.get_or_init(|| {
         std::env::var("FERROCX_HOST_STREAM_MIN")
             .ok()
             .and_then(|v| v.trim().parse().ok())
     });
+    if in_place {
+        return false;
+    }
     match *min {
         Some(m) => bytes >= m,
-        None => bytes.saturating_mul(2 * n) > last_level_cache(),
+        None => bytes.saturating_mul(n) > last_level_cache() / 4,
     }
 }
 
