@@ -99,40 +99,72 @@ pub unsafe fn all_reduce(
     // chunk takes one barrier and one fork-join (instead of two and three), and each byte
     // is copied in once, read once by the rank that reduces it and copied out once.
     //
+    // This rank's own share of a chunk never goes through the segment for its own use: it is
+    // not copied into the slot (nobody else reads it there), the reduction reads it from
+    // `send` (where that is aligned for the type) and writes its result to `recv` as well as
+    // to the result buffer (which the peers copy it out of), so the copy out skips it too.
+    // When the message is much larger than the cache and out of place, `recv` is written by
+    // streaming stores (see `streams_out`).
+    //
     // Buffers: chunk k lives in slot parity (g0 + k) % 2, where g0 is the agreement's
     // generation, so that what a step writes is what the generation convention frees
     // (written in step k, read in step k + 1, rewritten in step k + 2, a barrier between
     // each); its result in result buffer k % 2 (written in step k + 1, read in step k + 2).
+    // In place, the share of `recv` a step writes (chunk k - 1's own share, chunk k - 2's
+    // others) is no part of `send` that the step or a later one reads.
     let chunk = Ctx::fit(ctx.slot_bytes(), es) / es;
     let chunks = count.div_ceil(chunk).max(1);
     let g0 = ctx.gen + 1;
     let slot_of = |k: usize| ((g0 + k as u64) % 2) as usize;
     let elems = |k: usize| (k * chunk, ((k + 1) * chunk).min(count));
     let me = ctx.me();
-    let copy_in = |ctx: &Ctx<'_>, k: usize| {
+    let n = ctx.n();
+    let stream = super::streams_out(bytes, n, std::ptr::eq(send, recv));
+    let own_from_send = (send as usize) % es == 0;
+    // The parts of chunk k before and after this rank's share: (offset in the chunk, length),
+    // in elements.
+    let others = |k: usize| {
         let (lo, hi) = elems(k);
-        Move {
-            dst: ctx.slot(slot_of(k), me) as usize,
-            // SAFETY: within `send`, which holds `count` elements.
-            src: unsafe { send.add(lo * es) } as usize,
-            n: (hi - lo) * es,
+        let (a, b) = share(hi - lo, n, me);
+        [(0, a), (b, hi - lo - b)]
+    };
+    // Where the reduction reads this rank's share from its slot, the whole chunk goes there.
+    let ins = |k: usize| {
+        if own_from_send {
+            others(k)
+        } else {
+            let (lo, hi) = elems(k);
+            [(0, hi - lo), (0, 0)]
         }
+    };
+    let copy_in = |ctx: &Ctx<'_>, k: usize| {
+        let lo = elems(k).0;
+        ins(k).map(|(at, len)| Move {
+            // SAFETY: within this rank's slot, which holds a chunk.
+            dst: unsafe { ctx.slot(slot_of(k), me).add(at * es) } as usize,
+            // SAFETY: within `send`, which holds `count` elements.
+            src: unsafe { send.add((lo + at) * es) } as usize,
+            n: len * es,
+            stream: false,
+        })
     };
     let copy_out = |ctx: &Ctx<'_>, k: usize| {
-        let (lo, hi) = elems(k);
-        Move {
+        let lo = elems(k).0;
+        others(k).map(|(at, len)| Move {
             // SAFETY: within `recv`, which holds `count` elements.
-            dst: unsafe { recv.add(lo * es) } as usize,
-            src: ctx.seg().result(k % 2) as usize,
-            n: (hi - lo) * es,
-        }
+            dst: unsafe { recv.add((lo + at) * es) } as usize,
+            // SAFETY: within the result buffer, which holds a chunk.
+            src: unsafe { ctx.seg().result(k % 2).add(at * es) } as usize,
+            n: len * es,
+            stream,
+        })
     };
     // SAFETY: the first chunk fits this rank's slot of the parity the agreement publishes.
-    unsafe { par_step(ctx, None, &[copy_in(ctx, 0)]) }?;
+    unsafe { par_step(ctx, None, &copy_in(ctx, 0)) }?;
     ctx.agree(&desc, None)?;
     for k in 1..=chunks {
         let (lo, hi) = elems(k - 1);
-        let (a, b) = share(hi - lo, ctx.n(), me);
+        let (a, b) = share(hi - lo, n, me);
         let red = SlotReduce {
             p: slot_of(k - 1),
             lo: a,
@@ -142,26 +174,45 @@ pub unsafe fn all_reduce(
             op,
             // SAFETY: the result buffer holds a whole chunk; the share is within it.
             dst: unsafe { ctx.seg().result((k - 1) % 2).add(a * es) } as usize,
+            own: if own_from_send {
+                // SAFETY: within `send`.
+                unsafe { send.add((lo + a) * es) as usize }
+            } else {
+                0
+            },
+            also: if writes(ctx) {
+                // SAFETY: within `recv`.
+                unsafe { recv.add((lo + a) * es) as usize }
+            } else {
+                0
+            },
+            stream,
         };
-        let mut moves = [copy_in(ctx, 0); 2];
+        let mut moves = [Move {
+            dst: 0,
+            src: 0,
+            n: 0,
+            stream: false,
+        }; 4];
         let mut m = 0;
         if k < chunks {
-            moves[m] = copy_in(ctx, k);
-            m += 1;
+            moves[m..m + 2].copy_from_slice(&copy_in(ctx, k));
+            m += 2;
         }
         if k >= 2 && writes(ctx) {
-            moves[m] = copy_out(ctx, k - 2);
-            m += 1;
+            moves[m..m + 2].copy_from_slice(&copy_out(ctx, k - 2));
+            m += 2;
         }
         // SAFETY: every rank's slot of chunk k - 1 holds it (published by the barrier
         // before); the slot chunk k goes to, the result buffer chunk k - 1 goes to and the
-        // part of `recv` chunk k - 2 goes to are read by nobody in this step (see above).
+        // parts of `recv` chunks k - 1 and k - 2 go to are read by nobody in this step (see
+        // above).
         unsafe { par_step(ctx, Some(red), &moves[..m]) }?;
         ctx.barrier(kind.name())?;
     }
     if writes(ctx) {
         // SAFETY: the last chunk's result, reduced before the last barrier.
-        unsafe { par_step(ctx, None, &[copy_out(ctx, chunks - 1)]) }?;
+        unsafe { par_step(ctx, None, &copy_out(ctx, chunks - 1)) }?;
     }
     Ok(())
 }
