@@ -14,12 +14,19 @@ use super::segment::Segment;
 /// [`notify`]): set once the process is registered for `membarrier`'s global expedited command.
 static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
 
+/// Environment variable: `0` keeps a full fence in every publication (no `membarrier`).
+pub const MEMBARRIER_ENV: &str = "FERROCX_HOST_MEMBARRIER";
+
 /// Registers this process for `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` (once), so that
 /// [`notify`] needs no fence of its own: a rank about to sleep issues the heavy side
-/// ([`sleeper_fence`]) instead. Where the kernel lacks it, publishers keep their full fence.
+/// ([`sleeper_fence`]) instead. Where the kernel lacks it (or [`MEMBARRIER_ENV`] is `0`),
+/// publishers keep their full fence.
 pub fn init_fences() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| ASYMMETRIC.store(register_membarrier(), Ordering::SeqCst));
+    ONCE.call_once(|| {
+        let off = std::env::var(MEMBARRIER_ENV).is_ok_and(|v| v.trim() == "0");
+        ASYMMETRIC.store(!off && register_membarrier(), Ordering::SeqCst);
+    });
 }
 
 #[cfg(target_os = "linux")]
