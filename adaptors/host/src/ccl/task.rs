@@ -243,16 +243,18 @@ impl Coll {
 /// worker's would, not to this call.
 ///
 /// A stream still busy with earlier work (typically a call handed over just before) is waited
-/// for, asleep, at most [`DRAIN`] before the call is queued behind it: without that, one late
-/// peer would send every later call of a busy loop through the worker (the caller keeps ahead
-/// of it), each a hand-off between two threads of the rank that compete for its core. So the
-/// calling thread waits at most `DRAIN` plus the budget, both bounded.
+/// for, asleep, at most [`DRAIN_US_ENV`] before the call is queued behind it: without that, one
+/// late peer would send every later call of a busy loop through the worker (the caller keeps
+/// ahead of it), each a hand-off between two threads of the rank that compete for its core.
+/// So the calling thread waits at most that plus the budget, both bounded.
 ///
 /// It is on by default ([`DEFAULT_INLINE_US`]) for an all-reduce whose data rides in the lines
 /// (the core's barrier is one) where every rank of the communicator can have a core of its
-/// own: a peer is then late by a cache-line round trip, not a time slice. Where ranks outnumber
-/// cores it is off unless set: a peer is often descheduled, the attempt fails and the calls
-/// alternate between the caller and the worker.
+/// own: a peer is then late by a cache-line round trip, rarely by a time slice. Where ranks
+/// outnumber cores it is off unless set: a peer is often descheduled, the attempt fails and
+/// the calls alternate between the caller and the worker. Even with a core per rank, a loaded
+/// machine sometimes settles into that alternation (a hand-off and a wake-up per call, several
+/// microseconds each); `FERROCX_HOST_DRAIN_US=0` trades it for the steady worker path.
 ///
 /// A small broadcast (see `Ctx::post_broadcast`) takes this path whatever the setting, with a
 /// budget of its own ([`POSTED_US_ENV`]): its root's work is local (it writes its line; only a
@@ -290,7 +292,8 @@ fn enqueue_on(comm: &Arc<HostComm>, st: &stream::StreamInner, op: Coll) -> Resul
         return st.enqueue_coll(queued(op, false));
     };
     let claim = st.claim_inline().or_else(|| {
-        (!budget.is_zero() && st.wait_drained(DRAIN))
+        let drain = drain_wait();
+        (!budget.is_zero() && !drain.is_zero() && st.wait_drained(drain))
             .then(|| st.claim_inline())
             .flatten()
     });
@@ -308,16 +311,28 @@ fn enqueue_on(comm: &Arc<HostComm>, st: &stream::StreamInner, op: Coll) -> Resul
     Ok(())
 }
 
-/// How long a call that would run on the calling thread waits for its stream's earlier work
-/// to complete (see [`enqueue`]).
-const DRAIN: Duration = Duration::from_micros(50);
+/// Environment variable: how long (microseconds) a call that would run on the calling thread
+/// waits for its stream's earlier work to complete (see [`enqueue`]); 0: it does not wait.
+pub const DRAIN_US_ENV: &str = "FERROCX_HOST_DRAIN_US";
+
+/// Default of [`DRAIN_US_ENV`].
+const DEFAULT_DRAIN_US: u64 = 50;
+
+/// [`DRAIN_US_ENV`], else [`DEFAULT_DRAIN_US`].
+fn drain_wait() -> Duration {
+    static SET: OnceLock<Option<Duration>> = OnceLock::new();
+    micros_env(&SET, DRAIN_US_ENV).unwrap_or(Duration::from_micros(DEFAULT_DRAIN_US))
+}
 
 /// Environment variable: how long (microseconds) a small collective run on the calling thread
 /// waits for its peers before the stream's worker takes it over; 0 turns the fast path off.
 pub const INLINE_US_ENV: &str = "FERROCX_HOST_INLINE_US";
 
-/// Default of [`INLINE_US_ENV`] where every rank can have a core (else 0).
-const DEFAULT_INLINE_US: u64 = 10;
+/// Default of [`INLINE_US_ENV`] where every rank can have a core (else 0): long enough that
+/// a peer's short hiccup does not send the call to the worker (measured on the 2-core
+/// development VM: the median of 12 runs of 5000 one-word all-reduces on 2 ranks was 0.43 us
+/// with 100 us, 0.80 us with 10 us).
+const DEFAULT_INLINE_US: u64 = 100;
 
 /// Environment variable: how long (microseconds) a small broadcast run on the calling thread
 /// waits for its root's data (a receiver) or for room in its lines (a root) before the
