@@ -110,9 +110,6 @@ struct State {
     closing: bool,
     /// The worker sleeps on `work`: only then does an enqueue need to wake it.
     worker_asleep: bool,
-    /// A caller runs an operation itself (see [`StreamInner::claim_inline`]): the worker
-    /// starts nothing until it is done or handed over.
-    inline: bool,
 }
 
 /// One stream: its queue and the worker's progress.
@@ -130,6 +127,10 @@ pub struct StreamInner {
     wake_at: AtomicU64,
     /// Cleared when the stream is destroyed (handle caches check it).
     alive: AtomicBool,
+    /// Set while a caller runs an operation itself (see [`StreamInner::claim_inline`]): the
+    /// worker starts nothing until it is cleared. An atomic rather than a field under the lock,
+    /// so that the calling thread's fast path takes no lock.
+    inline: AtomicBool,
     /// Signalled when a task is enqueued or the stream closes.
     work: Condvar,
     /// Signalled when a task completes and someone waits.
@@ -158,7 +159,9 @@ impl StreamInner {
             s = self.wait_for_room(s)?;
         }
         s.queue.push_back(w);
-        self.enqueued.fetch_add(1, Ordering::Release);
+        // `SeqCst`: a caller claiming the stream inline either sees this count or its claim is
+        // seen by the worker (see `claim_inline`).
+        self.enqueued.fetch_add(1, Ordering::SeqCst);
         let wake = s.worker_asleep;
         drop(s);
         // Skip the wake-up system call while the worker is busy: it re-checks the queue.
@@ -289,6 +292,9 @@ impl StreamInner {
     /// Blocks until everything enqueued before this call has run; returns (and clears) the
     /// stream's sticky error, if any.
     pub fn synchronize(&self) -> Result<()> {
+        // An operation another thread runs inline right now (bounded: see `claim_inline`)
+        // ends first, completed or handed over (then counted in `enqueued`).
+        self.wait_inline();
         let target = self.enqueued.load(Ordering::Acquire);
         if self.completed.load(Ordering::Acquire) < target {
             let mut s = self.lock();
@@ -309,9 +315,50 @@ impl StreamInner {
         }
     }
 
-    /// `true` when every enqueued task has run.
+    /// `true` when every enqueued task has run (and no caller runs one inline).
     pub fn is_idle(&self) -> bool {
         self.completed.load(Ordering::Acquire) >= self.enqueued.load(Ordering::Acquire)
+            && !self.inline.load(Ordering::Acquire)
+    }
+
+    /// Waits at most `timeout` (asleep, so that the worker can have this core) until every
+    /// operation enqueued so far has completed; returns whether they have.
+    /// On a stream's worker thread (a host function) it returns `false` at once: that worker
+    /// may be the one it would wait for.
+    pub(crate) fn wait_drained(&self, timeout: std::time::Duration) -> bool {
+        let target = self.enqueued.load(Ordering::SeqCst);
+        if self.completed.load(Ordering::SeqCst) >= target {
+            return true;
+        }
+        if ON_WORKER.with(|w| w.get()) {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        let mut s = self.lock();
+        loop {
+            // As `synchronize`: register the target, then re-check.
+            self.wake_at.fetch_min(target, Ordering::SeqCst);
+            if self.completed.load(Ordering::SeqCst) >= target {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            s = self
+                .done
+                .wait_timeout(s, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Waits (yielding) while a caller runs an operation inline: a bounded wait, since such an
+    /// operation waits on peers at most its budget before it is handed over.
+    fn wait_inline(&self) {
+        while self.inline.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
     }
 
     fn run(self: Arc<Self>) {
@@ -333,17 +380,30 @@ impl StreamInner {
             {
                 let mut s = self.lock();
                 loop {
-                    if !s.queue.is_empty() && !s.inline {
+                    if s.queue.is_empty() {
+                        if !s.closing {
+                            // Nothing to do; an inline claim's end wakes nobody, a push does.
+                            s.worker_asleep = true;
+                            s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
+                            s.worker_asleep = false;
+                            continue;
+                        }
+                        if !self.inline.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        // Closing, but a claim may still hand its operation over: wait for it.
+                    } else if !self.inline.load(Ordering::SeqCst) {
                         // Take everything queued at once: one lock per batch, not per task.
+                        // (`SeqCst`: a claim made before this push is seen, see `claim_inline`.)
                         std::mem::swap(&mut s.queue, &mut batch);
                         break;
                     }
-                    if s.closing && s.queue.is_empty() && !s.inline {
-                        return;
-                    }
-                    s.worker_asleep = true;
-                    s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
-                    s.worker_asleep = false;
+                    // A caller runs an operation inline: it ends within its budget (completed,
+                    // or handed over to the front of the queue), so yield until then rather
+                    // than sleep (its end wakes nobody).
+                    drop(s);
+                    self.wait_inline();
+                    s = self.lock();
                 }
             }
             while let Some(w) = batch.pop_front() {
@@ -374,79 +434,81 @@ impl StreamInner {
 
     /// Claims the stream for one operation the calling thread runs itself, at once: only when
     /// nothing is queued or running on it, and never on a stream's worker thread. The claim
-    /// counts as an enqueued operation (`synchronize` waits for it, `is_idle` is false) and
     /// holds the worker off until the caller ends it with [`Inline::finish`] (it ran) or
-    /// [`Inline::hand_over`] (the worker runs the rest, before anything enqueued meanwhile).
-    /// So whatever is enqueued after the claimed operation runs after it, and the claimed
-    /// operation starts after everything enqueued before it: stream order holds.
-    pub(crate) fn claim_inline(self: &Arc<Self>) -> Option<Inline> {
-        if ON_WORKER.with(|w| w.get()) || !self.is_idle() {
+    /// [`Inline::hand_over`] (the worker runs the rest, before anything enqueued meanwhile),
+    /// and `synchronize` waits for it to end. So whatever is enqueued after the claimed
+    /// operation runs after it, and the claimed operation starts after everything enqueued
+    /// before it: stream order holds.
+    ///
+    /// It takes no lock and one atomic exchange: the claim is the `inline` flag, set and then
+    /// checked against the counts. An operation pushed concurrently either raised `enqueued`
+    /// before that check (the claim fails) or is taken by the worker after it, and the worker
+    /// reads the flag (`SeqCst`) before it takes work, so it sees the claim and waits for its
+    /// end. An operation that completes inline is not counted in `enqueued`/`completed` at all:
+    /// it is done before the call that issued it returns.
+    pub(crate) fn claim_inline(&self) -> Option<Inline<'_>> {
+        let idle = || self.completed.load(Ordering::SeqCst) == self.enqueued.load(Ordering::SeqCst);
+        if !idle() || ON_WORKER.with(|w| w.get()) {
             return None;
         }
-        let mut s = self.lock();
-        if s.closing
-            || s.inline
-            || !s.queue.is_empty()
-            || self.completed.load(Ordering::Acquire) != self.enqueued.load(Ordering::Relaxed)
-        {
+        if self.inline.swap(true, Ordering::SeqCst) {
+            // Another thread runs one inline on this stream.
             return None;
         }
-        s.inline = true;
-        self.enqueued.fetch_add(1, Ordering::Release);
-        drop(s);
-        Some(Inline {
-            stream: self.clone(),
-        })
+        if !idle() {
+            // Work was enqueued meanwhile: it runs first, on the worker.
+            self.inline.store(false, Ordering::Release);
+            return None;
+        }
+        Some(Inline { stream: self })
     }
 }
 
 /// An operation the calling thread runs on an idle stream in the stream's place (see
 /// [`StreamInner::claim_inline`]). Dropped without an end, it counts as failed.
-pub(crate) struct Inline {
-    stream: Arc<StreamInner>,
+pub(crate) struct Inline<'a> {
+    stream: &'a StreamInner,
 }
 
-impl Inline {
-    /// The operation ran here with `outcome`: it completes on the stream (a failure becomes
-    /// the stream's sticky error, as the worker's would), and the worker may go on.
+impl Inline<'_> {
+    /// The operation ran here with `outcome`: a failure becomes the stream's sticky error, as
+    /// the worker's would, and the worker may go on.
     pub(crate) fn finish(self, outcome: Result<()>) {
-        let s = self.stream.clone();
+        let s = self.stream;
         std::mem::forget(self);
-        s.complete(outcome);
-        s.release(None);
+        if let Err(e) = outcome {
+            tracing::debug!(stream = s.id, "task failed: {e}");
+            s.lock().error.get_or_insert(e);
+        }
+        // Release: the worker, and a `synchronize` that waits for the claim, see its effects.
+        s.inline.store(false, Ordering::Release);
     }
 
     /// The worker finishes the operation: `rest` runs first on the stream, before anything
     /// enqueued while the caller held the claim.
     pub(crate) fn hand_over(self, rest: CollTask) {
-        let s = self.stream.clone();
+        let s = self.stream;
         std::mem::forget(self);
-        s.release(Some(Work::Coll(rest)));
-    }
-}
-
-impl Drop for Inline {
-    fn drop(&mut self) {
-        self.stream.complete(Err(Error::internal(
-            "an operation run on the calling thread ended without completing",
-        )));
-        self.stream.release(None);
-    }
-}
-
-impl StreamInner {
-    /// Ends an inline claim, queueing `rest` at the front; wakes the worker if it has work.
-    fn release(&self, rest: Option<Work>) {
-        let mut s = self.lock();
-        if let Some(w) = rest {
-            s.queue.push_front(w);
-        }
-        s.inline = false;
-        let wake = s.worker_asleep && (!s.queue.is_empty() || s.closing);
-        drop(s);
+        let mut st = s.lock();
+        st.queue.push_front(Work::Coll(rest));
+        // Counted before the claim ends: a `synchronize` that waited for the claim sees it.
+        s.enqueued.fetch_add(1, Ordering::SeqCst);
+        s.inline.store(false, Ordering::Release);
+        let wake = st.worker_asleep;
+        drop(st);
         if wake {
-            self.work.notify_one();
+            s.work.notify_one();
         }
+    }
+}
+
+impl Drop for Inline<'_> {
+    fn drop(&mut self) {
+        let s = self.stream;
+        s.lock().error.get_or_insert(Error::internal(
+            "an operation run on the calling thread ended without completing",
+        ));
+        s.inline.store(false, Ordering::Release);
     }
 }
 
@@ -469,6 +531,7 @@ fn spawn_with_depth(id: u64, depth: u64) -> Result<Arc<StreamInner>> {
         completed: AtomicU64::new(0),
         wake_at: AtomicU64::new(u64::MAX),
         alive: AtomicBool::new(true),
+        inline: AtomicBool::new(false),
         work: Condvar::new(),
         done: Condvar::new(),
     });
@@ -511,6 +574,22 @@ pub fn get(handle: Stream) -> Result<Arc<StreamInner>> {
     let s = lookup(handle)?;
     LAST.with(|l| *l.borrow_mut() = Some((id, s.clone())));
     Ok(s)
+}
+
+/// Runs `f` with the stream behind a handle, without taking a reference to it when it is this
+/// thread's last one (the calling thread's fast path, see `claim_inline`).
+pub fn with<R>(handle: Stream, f: impl FnOnce(&Arc<StreamInner>) -> R) -> Result<R> {
+    let id = handle.0 as usize as u64;
+    let mut f = Some(f);
+    let hit = LAST.with(|l| match &*l.borrow() {
+        Some((h, s)) if *h == id && s.alive.load(Ordering::Acquire) => f.take().map(|f| f(s)),
+        _ => None,
+    });
+    match (hit, f) {
+        (Some(r), _) => Ok(r),
+        (None, Some(f)) => Ok(f(&get(handle)?)),
+        (None, None) => unreachable!("f runs at most once"),
+    }
 }
 
 fn lookup(handle: Stream) -> Result<Arc<StreamInner>> {
@@ -790,6 +869,133 @@ mod tests {
         assert!(!s.is_idle(), "GEQ 2 was satisfied by u32::MAX - 1");
         word.store(2, Ordering::SeqCst);
         s.synchronize().unwrap();
+        destroy(h).unwrap();
+    }
+
+    #[test]
+    fn an_inline_claim_holds_the_worker_off_and_synchronize_waits_for_it() {
+        let h = create().unwrap();
+        let s = get(h).unwrap();
+        // Busy: no claim.
+        let (task, gate) = gated();
+        s.enqueue(task).unwrap();
+        assert!(
+            s.claim_inline().is_none(),
+            "claimed a stream with work queued"
+        );
+        open(&gate);
+        s.synchronize().unwrap();
+        // Idle: claimed, once; work enqueued meanwhile waits for the claim's end.
+        let claim = s.claim_inline().expect("an idle stream is claimed");
+        assert!(s.claim_inline().is_none(), "two claims at once");
+        assert!(!s.is_idle());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = log.clone();
+        s.enqueue(Box::new(move || {
+            l.lock().unwrap().push("queued");
+            Ok(())
+        }))
+        .unwrap();
+        thread::sleep(Duration::from_millis(50));
+        assert!(
+            log.lock().unwrap().is_empty(),
+            "the worker ran work enqueued during a claim"
+        );
+        // A synchronize on another thread waits for the claim too.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s2 = s.clone();
+        let t = thread::spawn(move || {
+            s2.synchronize().unwrap();
+            tx.send(()).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(50)).is_err(),
+            "synchronize returned during a claim"
+        );
+        log.lock().unwrap().push("inline");
+        claim.finish(Ok(()));
+        rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        t.join().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["inline", "queued"]);
+        // A failure inline is the stream's sticky error; the claim is over either way.
+        s.claim_inline()
+            .unwrap()
+            .finish(Err(Error::invalid_argument("inline failure")));
+        assert_eq!(s.synchronize().unwrap_err().message(), "inline failure");
+        drop(s.claim_inline().unwrap());
+        assert!(
+            s.synchronize().is_err(),
+            "a claim dropped without an end fails"
+        );
+        assert!(s.is_idle());
+        destroy(h).unwrap();
+    }
+
+    #[test]
+    fn inline_claims_and_the_worker_never_overlap() {
+        // Two threads enqueue, one of them also runs work itself whenever it can claim the
+        // stream: no two pieces of work ever run at once, and each thread's work runs in the
+        // order it issued it.
+        let h = create().unwrap();
+        let s = get(h).unwrap();
+        let busy = Arc::new(AtomicBool::new(false));
+        let overlaps = Arc::new(AtomicUsize::new(0));
+        let order = Arc::new(Mutex::new(vec![Vec::new(), Vec::new()]));
+        let (claimed, queued) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let work = {
+            let (busy, overlaps, order) = (busy.clone(), overlaps.clone(), order.clone());
+            move |who: usize, i: usize| {
+                if busy.swap(true, Ordering::SeqCst) {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                for _ in 0..50 {
+                    std::hint::spin_loop();
+                }
+                order.lock().unwrap()[who].push(i);
+                busy.store(false, Ordering::SeqCst);
+            }
+        };
+        let threads: Vec<_> = (0..2)
+            .map(|who| {
+                let (s, work) = (s.clone(), work.clone());
+                let (claimed, queued) = (claimed.clone(), queued.clone());
+                thread::spawn(move || {
+                    for i in 0..3000 {
+                        if who == 0 {
+                            if let Some(claim) = s.claim_inline() {
+                                work(who, i);
+                                claim.finish(Ok(()));
+                                claimed.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        }
+                        let work = work.clone();
+                        s.enqueue(Box::new(move || {
+                            work(who, i);
+                            Ok(())
+                        }))
+                        .unwrap();
+                        queued.fetch_add(1, Ordering::Relaxed);
+                        if i % 97 == 0 {
+                            s.synchronize().unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        s.synchronize().unwrap();
+        assert_eq!(overlaps.load(Ordering::SeqCst), 0, "work overlapped");
+        let order = order.lock().unwrap();
+        for (who, done) in order.iter().enumerate() {
+            assert_eq!(*done, (0..3000).collect::<Vec<_>>(), "thread {who}'s order");
+        }
+        assert!(
+            claimed.load(Ordering::Relaxed) > 0,
+            "no claim ever succeeded"
+        );
         destroy(h).unwrap();
     }
 

@@ -253,7 +253,9 @@ impl Ctx<'_> {
                 )
             };
         }
-        line.gen.store(g, Ordering::SeqCst);
+        // Release: a peer that sees `g` sees the descriptor and payload; `notify` orders it
+        // against the sleeper count.
+        line.gen.store(g, Ordering::Release);
         notify(self.seg());
     }
 

@@ -35,8 +35,9 @@ pub(super) fn get(c: Comm) -> Result<Arc<HostComm>> {
 }
 
 /// Runs `f` with communicator `c`, without taking a reference to it when it is this thread's
-/// last one (a check of an argument before the call is enqueued).
-pub(super) fn with<R>(c: Comm, f: impl FnOnce(&HostComm) -> R) -> Result<R> {
+/// last one (a check of an argument before the call is enqueued, the calling thread's fast
+/// path). `f` must not look up another communicator (the cache is borrowed meanwhile).
+pub(super) fn with<R>(c: Comm, f: impl FnOnce(&Arc<HostComm>) -> R) -> Result<R> {
     let id = c.0 as usize as u64;
     let mut f = Some(f);
     let hit = LAST.with(|l| match &*l.borrow() {
@@ -47,7 +48,7 @@ pub(super) fn with<R>(c: Comm, f: impl FnOnce(&HostComm) -> R) -> Result<R> {
     });
     match (hit, f) {
         (Some(r), _) => Ok(r),
-        (None, Some(f)) => Ok(f(&*get(c)?)),
+        (None, Some(f)) => Ok(f(&get(c)?)),
         (None, None) => unreachable!("f runs at most once"),
     }
 }

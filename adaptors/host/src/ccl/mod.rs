@@ -3,9 +3,10 @@
 //! `comm_init_rank`: rank 0 creates a POSIX shared-memory segment named from the job id and
 //! the unique id, the others attach to it (retrying until the timeout), every rank publishes its
 //! pid, and once all are attached rank 0 removes the name, so a crash leaves nothing behind.
-//! Every collective is enqueued on the device stream and returns at once; waits on peers spin
-//! briefly, then yield (for up to 2 ms), then sleep on a futex, and fail by the deadline naming
-//! the rank. A broadcast of at most one line of payload (192 bytes) does not synchronize the
+//! Every collective is enqueued on the device stream and returns at once, except that a small
+//! one on an idle stream runs on the calling thread when its peers are there within a few
+//! microseconds (see `task::enqueue`); waits on peers spin briefly, then yield (for up to
+//! 2 ms), then sleep on a futex, and fail by the deadline naming the rank. A broadcast of at most one line of payload (192 bytes) does not synchronize the
 //! ranks: its root writes the data into its line and completes, as an eager send does; it waits
 //! only for a receiver 15 such broadcasts behind (its lines are used up), and the next other
 //! operation waits until every receiver has caught up (see `Ctx::post_broadcast`). The thread
@@ -163,6 +164,8 @@ impl CclAdaptor for HostCcl {
         let hex: String = uid[8..].iter().map(|b| format!("{b:02x}")).collect();
         let name = format!("/ferrocx-{}-{pid0}-c{hex}", crate::shm::job_id());
         let deadline = Instant::now() + timeout;
+        // Before this rank publishes anything: how it fences its publications.
+        sync::init_fences();
         let mut seg = if rank == 0 {
             Segment::create(&name, layout)?
         } else {

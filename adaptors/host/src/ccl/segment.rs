@@ -44,7 +44,7 @@ pub const LINE_BYTES: usize = 192;
 /// descriptor (for the mismatch check) and, for a small message, its data.
 #[repr(C, align(128))]
 pub struct Line {
-    /// Generation of the publication (stored last, `SeqCst`; monotonic, never reset).
+    /// Generation of the publication (stored last, `Release`; monotonic, never reset).
     pub gen: AtomicU64,
     /// The operation: kind, count, dtype, op, root, generation.
     pub desc: [AtomicU64; 6],

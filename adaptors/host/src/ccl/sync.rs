@@ -1,7 +1,7 @@
 //! Waiting on peers: spin briefly, then yield, then sleep on a futex in the shared segment;
 //! every wait has a deadline, notices an abort, and names a peer that died.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ferrocx::futex;
@@ -10,12 +10,76 @@ use ferrocx_plugin_sdk::{Error, Result};
 
 use super::segment::Segment;
 
+/// Whether this process publishes with the light side of an asymmetric fence (see
+/// [`notify`]): set once the process is registered for `membarrier`'s global expedited command.
+static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
+
+/// Environment variable: `0` keeps a full fence in every publication (no `membarrier`).
+pub const MEMBARRIER_ENV: &str = "FERROCX_HOST_MEMBARRIER";
+
+/// Registers this process for `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` (once), so that
+/// [`notify`] needs no fence of its own: a rank about to sleep issues the heavy side
+/// ([`sleeper_fence`]) instead. Where the kernel lacks it (or [`MEMBARRIER_ENV`] is `0`),
+/// publishers keep their full fence.
+pub fn init_fences() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let off = std::env::var(MEMBARRIER_ENV).is_ok_and(|v| v.trim() == "0");
+        ASYMMETRIC.store(!off && register_membarrier(), Ordering::SeqCst);
+    });
+}
+
+#[cfg(target_os = "linux")]
+fn register_membarrier() -> bool {
+    const QUERY: libc::c_long = 0;
+    const GLOBAL_EXPEDITED: libc::c_long = 1 << 1;
+    const REGISTER_GLOBAL_EXPEDITED: libc::c_long = 1 << 2;
+    // SAFETY: membarrier takes two integers and touches no memory of ours.
+    let cmds = unsafe { libc::syscall(libc::SYS_membarrier, QUERY, 0) };
+    if cmds < 0 || cmds & (GLOBAL_EXPEDITED | REGISTER_GLOBAL_EXPEDITED) == 0 {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_membarrier, REGISTER_GLOBAL_EXPEDITED, 0) == 0 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn register_membarrier() -> bool {
+    false
+}
+
+/// The heavy side of the fence between a rank that registers as a sleeper and a publisher
+/// that then reads the sleeper count without a fence ([`notify`]): a memory barrier on every
+/// running thread of every registered process. A rank calls it only on its way to sleep (after
+/// milliseconds of waiting), never on a busy path.
+fn sleeper_fence() {
+    #[cfg(target_os = "linux")]
+    if ASYMMETRIC.load(Ordering::Relaxed) {
+        const GLOBAL_EXPEDITED: libc::c_long = 1 << 1;
+        // SAFETY: membarrier takes two integers and touches no memory of ours.
+        unsafe { libc::syscall(libc::SYS_membarrier, GLOBAL_EXPEDITED, 0) };
+    }
+}
+
 /// Tells sleeping ranks of `seg` that something they may wait for changed. Call it after the
-/// publishing store (made `SeqCst`); it costs one load when nobody sleeps, which is the common
-/// case while peers spin.
+/// publishing store; it costs one load when nobody sleeps, which is the common case while peers
+/// spin.
+///
+/// The publisher's store and its load of the sleeper count must not be reordered against a
+/// sleeper's registration and its re-check (each side must see the other's store, else the
+/// sleeper sleeps through the publication). With `membarrier` registered (see [`init_fences`])
+/// the publisher orders them with a compiler fence only, and the sleeper pays with
+/// [`sleeper_fence`]: a full fence here drains the store buffer, which waits for the
+/// publishing store's cache line to come back from the peers that read it, the largest part of
+/// a small broadcast's root. Without it, a full fence.
 pub fn notify(seg: &Segment) {
+    if ASYMMETRIC.load(Ordering::Relaxed) {
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    } else {
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
     let h = seg.header();
-    if h.sleepers.load(Ordering::SeqCst) > 0 {
+    if h.sleepers.load(Ordering::Relaxed) > 0 {
         h.wake.fetch_add(1, Ordering::SeqCst);
         futex::wake(&h.wake);
     }
@@ -62,11 +126,15 @@ const SPIN_OVERSUBSCRIBED: u32 = 16;
 /// more than this is a real imbalance, and then sleeping frees the core.
 const YIELD_FOR: Duration = Duration::from_millis(2);
 
+/// The cores this process may run on (read once).
+pub fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// The spin budget for a communicator of `nranks` processes on this host.
 fn spin_budget(nranks: usize) -> u32 {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if nranks > cores {
+    if nranks > cores() {
         SPIN_OVERSUBSCRIBED
     } else {
         SPIN
@@ -94,8 +162,9 @@ pub fn poll(budget: Duration, nranks: usize, mut ready: impl FnMut() -> bool) ->
         } else {
             std::hint::spin_loop();
         }
-        // Read the clock every few polls only: a poll is tens of nanoseconds.
-        if n % 16 == 0 {
+        // Read the clock every few polls only when spinning (a poll is tens of nanoseconds),
+        // after every yield otherwise (a yield may give the core away for a time slice).
+        if oversubscribed || n % 16 == 0 {
             let t0 = *start.get_or_insert_with(Instant::now);
             if t0.elapsed() >= budget {
                 return ready();
@@ -149,8 +218,9 @@ pub fn wait_until(
         } else {
             // Register as a sleeper, then re-check: a publisher either sees the sleeper (and
             // bumps the word, failing the futex compare or waking us) or published before the
-            // registration (and the re-check sees it).
+            // registration (and the re-check sees it). The fence pairs with `notify`'s.
             h.sleepers.fetch_add(1, Ordering::SeqCst);
+            sleeper_fence();
             let word = h.wake.load(Ordering::SeqCst);
             let r = ready();
             if !matches!(r, Ok(false)) {
