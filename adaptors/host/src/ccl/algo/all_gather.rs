@@ -93,6 +93,7 @@ unsafe fn pipelined(
         // SAFETY: within `send`, which holds `bytes`.
         src: unsafe { send.add(k * chunk) } as usize,
         n: len(k),
+        stream: false,
     };
     // SAFETY: the first chunk fits this rank's slot of the parity the agreement publishes.
     unsafe { par_step(ctx, None, &[copy_in(ctx, 0)]) }?;
@@ -114,6 +115,7 @@ unsafe fn pipelined(
                     dst: dst as usize,
                     src: ctx.slot(slot_of(k - 1), r) as usize,
                     n: len(k - 1),
+                    stream: false,
                 });
             }
         }

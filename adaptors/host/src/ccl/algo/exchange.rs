@@ -154,6 +154,7 @@ unsafe fn reduce_scatter_pipelined(
                 // SAFETY: within `send`, which holds `block * n` bytes.
                 src: unsafe { send.add(d * block + k * sub) } as usize,
                 n: bytes(k),
+                stream: false,
             })
             .collect()
     };
@@ -172,6 +173,9 @@ unsafe fn reduce_scatter_pipelined(
             op: desc.op,
             // SAFETY: within `recv`, which holds `block` bytes.
             dst: unsafe { recv.add((k - 1) * sub) } as usize,
+            own: 0,
+            also: 0,
+            stream: false,
         };
         let moves = if k < chunks {
             copies_in(ctx, k)
