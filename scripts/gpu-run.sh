@@ -156,20 +156,20 @@ for stage in "${stages[@]}"; do
       fi
       ;;
     overlap)
-      # The point-to-point all-gather against NCCL's all_gather, on NCCL's send/recv
-      # (FERROCX_P2P_COPIES=0) and on the copy engines (window-copies, the router's route on
-      # CUDA), and the all-gather pipelined with a matmul of its slices (overlap ratio: NCCL's
+      # The point-to-point all-gather against NCCL's all_gather, on NCCL's send/recv (the
+      # router's route) and on the copy engines (window-copies, opt-in: FERROCX_P2P_COPIES=1),
+      # and the all-gather pipelined with a matmul of its slices (overlap ratio: NCCL's
       # all_gather + the matmul over the pipelined time), on each route.
       if [ "$ngpu" -ge 2 ]; then
         for n in $counts; do
-          step env FERROCX_P2P_COPIES=0 ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --op all_gather --algo p2p -b 1M -e 256M -f 4
+          step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --op all_gather --algo p2p -b 1M -e 256M -f 4
           for s in 2 "$n"; do
             step ./ferrocx bench --config configs/nccl.toml -n "$n" --direct --repeats 5 --op all_gather --algo window-copies --streams "$s" -b 1M -e 256M -f 4
           done
           for kn in 32 48 64 128; do
-            step env FERROCX_P2P_COPIES=0 ./ferrocx bench --config configs/nccl.toml -n "$n" --op all_gather --overlap -b 64M -e 64M --matmul-k "$kn" --matmul-n "$kn"
+            step ./ferrocx bench --config configs/nccl.toml -n "$n" --op all_gather --overlap -b 64M -e 64M --matmul-k "$kn" --matmul-n "$kn"
             for s in 2 "$n"; do
-              step ./ferrocx bench --config configs/nccl.toml -n "$n" --op all_gather --overlap --streams "$s" -b 64M -e 64M --matmul-k "$kn" --matmul-n "$kn"
+              step env FERROCX_P2P_COPIES=1 ./ferrocx bench --config configs/nccl.toml -n "$n" --op all_gather --overlap --streams "$s" -b 64M -e 64M --matmul-k "$kn" --matmul-n "$kn"
             done
           done
           for route in ccl window-copies; do

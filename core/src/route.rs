@@ -11,7 +11,8 @@
 //! The point-to-point all-gather ([`crate::comm::p2p`]) has its own decision,
 //! [`Router::all_gather_p2p`]: across clusters the cross-cluster plan; copies out of the
 //! peers' windows by the copy engines ([`Route::WindowCopies`]) where the device has stream
-//! memory operations and exportable memory and is not host-addressable (a GPU); else the CCL's
+//! memory operations and exportable memory and is not host-addressable (a GPU) and
+//! `FERROCX_P2P_COPIES=1` asks for it; else the CCL's
 //! `send`/`recv`; else reads of the peers' windows by host functions
 //! ([`Route::WindowReads`]) on a host-addressable device.
 //!
@@ -228,9 +229,10 @@ impl Router {
 
     /// Where a point-to-point all-gather ([`crate::comm::p2p`]) goes: the cross-cluster plan
     /// for a job across clusters; copies out of the peers' windows by the copy engines where
-    /// `copies_run` (the device has the memops group and memory it exports to peers, and is
-    /// not host-addressable: a GPU, where the CCL's send/recv kernels would take SMs from the
-    /// consumer the gather is pipelined with); else the CCL's grouped `send`/`recv` where it
+    /// `copies_run` (the device has the memops group and memory it exports to peers, is not
+    /// host-addressable — a GPU, where the CCL's send/recv kernels would take SMs from the
+    /// consumer the gather is pipelined with — and the route is asked for: it is opt-in); else
+    /// the CCL's grouped `send`/`recv` where it
     /// has both; else reads of the peers' windows where `reads_run` (the device's memory is
     /// host-addressable and it runs host functions); else the CCL, whose missing entry fails
     /// naming it.
