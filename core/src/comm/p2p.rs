@@ -1107,6 +1107,8 @@ impl<'a> Call<'a> {
             let stream = pool[peer % n];
             handle.slices[peer].stream = stream;
             let slice = handle.slices[peer];
+            // Bytes of the slice that went as earlier pieces (`Call::pieces`).
+            let mut at = 0usize;
             if let Some((round, layout, peers)) = &staged {
                 let (round, layout) = (*round, *layout);
                 // SAFETY: `ready[peer]` of this rank's staging (as above).
@@ -1121,7 +1123,6 @@ impl<'a> Call<'a> {
                 let from = DevicePtr(peers[peer] + layout.data(round) as u64);
                 // Every piece but the last: its copy, its event, the hook on it. The last
                 // piece is the rest of the slice, below.
-                let mut at = 0usize;
                 if let Some(pe) = self.piece {
                     let es = bytes / slice.count.max(1);
                     let step = pe.saturating_mul(es);
@@ -1160,28 +1161,6 @@ impl<'a> Call<'a> {
                         stream,
                     )
                 }?;
-                if at > 0 {
-                    // The slice's own event follows; the hook sees the last piece.
-                    dev.event_record(slice.event, slice.stream)?;
-                    handle.order.push(peer);
-                    let es = bytes / slice.count.max(1);
-                    let last = Slice {
-                        ptr: DevicePtr(slice.ptr.0 + at as u64),
-                        count: (bytes - at) / es.max(1),
-                        ..slice
-                    };
-                    // SAFETY: `ack[me]` in rank `peer`'s staging, mapped here; only this rank
-                    // writes it.
-                    unsafe {
-                        dev.stream_write_value32(
-                            stream,
-                            word(peers[peer], layout.ack(me, round)),
-                            round,
-                        )
-                    }?;
-                    each(&last)?;
-                    continue;
-                }
                 // SAFETY: `ack[me]` in rank `peer`'s staging, mapped here; only this rank
                 // writes it.
                 unsafe {
@@ -1194,7 +1173,13 @@ impl<'a> Call<'a> {
             }
             dev.event_record(slice.event, slice.stream)?;
             handle.order.push(peer);
-            each(&slice)?;
+            // The hook sees the whole slice, or its last piece (with the slice's own event).
+            let es = bytes / slice.count.max(1);
+            each(&Slice {
+                ptr: DevicePtr(slice.ptr.0 + at as u64),
+                count: slice.count - at / es.max(1),
+                ..slice
+            })?;
         }
         Ok(())
     }
