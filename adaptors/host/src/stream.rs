@@ -564,32 +564,39 @@ thread_local! {
 /// The stream behind a handle; the null handle is this process's default stream.
 pub fn get(handle: Stream) -> Result<Arc<StreamInner>> {
     let id = handle.0 as usize as u64;
-    let cached = LAST.with(|l| match &*l.borrow() {
-        Some((h, s)) if *h == id && s.alive.load(Ordering::Acquire) => Some(s.clone()),
+    let cached = LAST.with(|l| match l.try_borrow().as_deref() {
+        Ok(Some((h, s))) if *h == id && s.alive.load(Ordering::Acquire) => Some(s.clone()),
         _ => None,
     });
     if let Some(s) = cached {
         return Ok(s);
     }
     let s = lookup(handle)?;
-    LAST.with(|l| *l.borrow_mut() = Some((id, s.clone())));
+    // Not cached when the cache is borrowed (a lookup inside `with`'s closure).
+    LAST.with(|l| {
+        if let Ok(mut cache) = l.try_borrow_mut() {
+            *cache = Some((id, s.clone()));
+        }
+    });
     Ok(s)
 }
 
 /// Runs `f` with the stream behind a handle, without taking a reference to it when it is this
-/// thread's last one (the calling thread's fast path, see `claim_inline`).
+/// thread's last one (the calling thread's fast path, see `claim_inline`). Inlined, with `f`
+/// called inside the one access to the thread's cache.
+#[inline(always)]
 pub fn with<R>(handle: Stream, f: impl FnOnce(&Arc<StreamInner>) -> R) -> Result<R> {
     let id = handle.0 as usize as u64;
-    let mut f = Some(f);
-    let hit = LAST.with(|l| match &*l.borrow() {
-        Some((h, s)) if *h == id && s.alive.load(Ordering::Acquire) => f.take().map(|f| f(s)),
-        _ => None,
-    });
-    match (hit, f) {
-        (Some(r), _) => Ok(r),
-        (None, Some(f)) => Ok(f(&get(handle)?)),
-        (None, None) => unreachable!("f runs at most once"),
-    }
+    LAST.with(|l| {
+        if let Ok(cache) = l.try_borrow() {
+            if let Some((h, s)) = &*cache {
+                if *h == id && s.alive.load(Ordering::Acquire) {
+                    return Ok(f(s));
+                }
+            }
+        }
+        Ok(f(&get(handle)?))
+    })
 }
 
 fn lookup(handle: Stream) -> Result<Arc<StreamInner>> {

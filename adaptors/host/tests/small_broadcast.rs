@@ -414,3 +414,62 @@ fn small_broadcasts_on_3_ranks_with_helpers() {
 fn small_broadcasts_on_4_ranks_with_the_inline_path() {
     on(4, &[("FERROCX_HOST_INLINE_US", "1000")]);
 }
+
+/// Every rooted call checks its root against the communicator (in the same lookup that
+/// enqueues it): a root out of range is an invalid argument naming it, nothing runs, and the
+/// communicator and the stream still work.
+#[test]
+fn rooted_calls_reject_a_root_out_of_range() {
+    let (dev, ccl) = host();
+    let uid = ccl.unique_id().unwrap();
+    let c = ccl.comm_init_rank(0, 1, 0, &uid, 10_000, &[]).unwrap();
+    let s = dev.stream_create().unwrap();
+    let send = [1.5f32, -2.0];
+    let mut recv = [0f32; 2];
+    let (sp, rp) = (
+        DevicePtr(send.as_ptr() as u64),
+        DevicePtr(recv.as_mut_ptr() as u64),
+    );
+    for root in [1, -1, i32::MAX] {
+        let calls: [(
+            &str,
+            Box<dyn Fn() -> Result<(), ferrocx::adaptor::AdaptorError>>,
+        ); 4] = [
+            // SAFETY (each): both buffers hold 2 f32 and outlive the synchronize below.
+            (
+                "broadcast",
+                Box::new(|| unsafe { ccl.broadcast(sp, rp, 2, DataType::F32, root, c, s) }),
+            ),
+            (
+                "reduce",
+                Box::new(|| unsafe {
+                    ccl.reduce(sp, rp, 2, DataType::F32, ReduceOp::SUM, root, c, s)
+                }),
+            ),
+            (
+                "gather",
+                Box::new(|| unsafe { ccl.gather(sp, rp, 2, DataType::F32, root, c, s) }),
+            ),
+            (
+                "scatter",
+                Box::new(|| unsafe { ccl.scatter(sp, rp, 2, DataType::F32, root, c, s) }),
+            ),
+        ];
+        for (what, call) in calls {
+            let e = call().expect_err(what).to_string();
+            assert!(
+                e.contains(&format!("root {root} is not a rank of 1 ranks")),
+                "{what}: {e}"
+            );
+        }
+    }
+    dev.stream_synchronize(s).unwrap();
+    assert_eq!(recv, [0.0; 2], "a rejected call wrote its output");
+    // SAFETY: as above.
+    unsafe { ccl.broadcast(sp, rp, 2, DataType::F32, 0, c, s) }.unwrap();
+    dev.stream_synchronize(s).unwrap();
+    assert_eq!(recv, send);
+    ccl.comm_finalize(c).unwrap();
+    ccl.comm_destroy(c).unwrap();
+    dev.stream_destroy(s).unwrap();
+}

@@ -116,7 +116,7 @@ impl<'a> Call<'a> {
         ccl: impl FnOnce() -> Result<(), crate::adaptor::AdaptorError>,
     ) -> Result<(), CommError> {
         let route = self.route(op, bytes, dtype, redop);
-        let _span = span(op, bytes, dtype, route).entered();
+        let _span = span(op, bytes, dtype, route);
         if route == Route::Clusters {
             return Ok(across(self.hetero(op)?)?);
         }
@@ -156,7 +156,7 @@ impl<'a> Call<'a> {
     ) -> Result<(), CommError> {
         let bytes = bytes_of(count, dtype);
         let route = self.route(Collective::AllReduce, bytes, dtype, Some(op));
-        let _span = span(Collective::AllReduce, bytes, dtype, route).entered();
+        let _span = span(Collective::AllReduce, bytes, dtype, route);
         let c = self.comm;
         if route == Route::Clusters {
             let h = self.hetero(Collective::AllReduce)?;
@@ -575,7 +575,7 @@ impl<'a> Call<'a> {
     ) -> Result<(), CommError> {
         let bytes = bytes_of(count, dtype);
         let route = self.route(op, bytes, dtype, None);
-        let _span = span(op, bytes, dtype, route).entered();
+        let _span = span(op, bytes, dtype, route);
         let c = self.comm;
         let global = peer;
         let mut peer = c.peer(peer)?;
@@ -618,7 +618,7 @@ impl<'a> Call<'a> {
     pub fn barrier(&self) -> Result<(), CommError> {
         let dtype = DataType::F32;
         let route = self.route(Collective::Barrier, 4, dtype, Some(ReduceOp::SUM));
-        let _span = span(Collective::Barrier, 4, dtype, route).entered();
+        let _span = span(Collective::Barrier, 4, dtype, route);
         let c = self.comm;
         if route == Route::Clusters {
             return Ok(self.hetero(Collective::Barrier)?.barrier(self.stream)?);
@@ -646,15 +646,28 @@ impl<'a> Call<'a> {
     }
 }
 
-/// The span of one collective: op, bytes per rank, dtype and route (recorded only where
-/// `debug` is enabled for `ferrocx::route`).
-fn span(op: Collective, bytes: usize, dtype: DataType, route: Route) -> tracing::Span {
-    tracing::debug_span!(
-        target: "ferrocx::route",
-        "collective",
-        op = op.name(),
-        bytes,
-        dtype = dtype.name().unwrap_or("unknown"),
-        route = %route
+/// The span of one collective, entered: op, bytes per rank, dtype and route (recorded only
+/// where `debug` is enabled for `ferrocx::route`). `None` where it is not: a small call's path
+/// then builds and moves no span at all.
+#[inline]
+fn span(
+    op: Collective,
+    bytes: usize,
+    dtype: DataType,
+    route: Route,
+) -> Option<tracing::span::EnteredSpan> {
+    if !tracing::enabled!(target: "ferrocx::route", tracing::Level::DEBUG) {
+        return None;
+    }
+    Some(
+        tracing::debug_span!(
+            target: "ferrocx::route",
+            "collective",
+            op = op.name(),
+            bytes,
+            dtype = dtype.name().unwrap_or("unknown"),
+            route = %route
+        )
+        .entered(),
     )
 }

@@ -20,8 +20,8 @@ thread_local! {
 
 pub(super) fn get(c: Comm) -> Result<Arc<HostComm>> {
     let id = c.0 as usize as u64;
-    let cached = LAST.with(|l| match &*l.borrow() {
-        Some((h, comm)) if *h == id && !comm.destroyed.load(Ordering::Acquire) => {
+    let cached = LAST.with(|l| match l.try_borrow().as_deref() {
+        Ok(Some((h, comm))) if *h == id && !comm.destroyed.load(Ordering::Acquire) => {
             Some(comm.clone())
         }
         _ => None,
@@ -30,27 +30,34 @@ pub(super) fn get(c: Comm) -> Result<Arc<HostComm>> {
         return Ok(comm);
     }
     let comm = lookup(c)?;
-    LAST.with(|l| *l.borrow_mut() = Some((id, comm.clone())));
+    // Not cached when the cache is borrowed (a lookup inside `with`'s closure).
+    LAST.with(|l| {
+        if let Ok(mut cache) = l.try_borrow_mut() {
+            *cache = Some((id, comm.clone()));
+        }
+    });
     Ok(comm)
 }
 
 /// Runs `f` with communicator `c`, without taking a reference to it when it is this thread's
 /// last one (a check of an argument before the call is enqueued, the calling thread's fast
 /// path). `f` must not look up another communicator (the cache is borrowed meanwhile).
+///
+/// Inlined, with `f` called inside the one access to the thread's cache: the fast path of a
+/// small collective passes nothing larger than a pointer through a call here.
+#[inline(always)]
 pub(super) fn with<R>(c: Comm, f: impl FnOnce(&Arc<HostComm>) -> R) -> Result<R> {
     let id = c.0 as usize as u64;
-    let mut f = Some(f);
-    let hit = LAST.with(|l| match &*l.borrow() {
-        Some((h, comm)) if *h == id && !comm.destroyed.load(Ordering::Acquire) => {
-            f.take().map(|f| f(comm))
+    LAST.with(|l| {
+        if let Ok(cache) = l.try_borrow() {
+            if let Some((h, comm)) = &*cache {
+                if *h == id && !comm.destroyed.load(Ordering::Acquire) {
+                    return Ok(f(comm));
+                }
+            }
         }
-        _ => None,
-    });
-    match (hit, f) {
-        (Some(r), _) => Ok(r),
-        (None, Some(f)) => Ok(f(&get(c)?)),
-        (None, None) => unreachable!("f runs at most once"),
-    }
+        Ok(f(&get(c)?))
+    })
 }
 
 fn lookup(c: Comm) -> Result<Arc<HostComm>> {

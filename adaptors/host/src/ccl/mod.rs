@@ -48,7 +48,7 @@ use group::p2p;
 use handles::{get, take, with, COMMS};
 use p2p::Transfer;
 use segment::{Layout, Segment};
-use task::{enqueue, Coll};
+use task::{enqueue, enqueue_rooted, Coll};
 
 pub(crate) use task::CollTask;
 
@@ -299,19 +299,14 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let root = with(c, |comm| root_of(comm, root))??;
         let (send, recv) = (ptr(s), ptr(r));
-        enqueue(
-            c,
-            st,
-            Coll::Broadcast {
-                send,
-                recv,
-                count: n,
-                dtype: t,
-                root,
-            },
-        )
+        enqueue_rooted(c, st, root, |root| Coll::Broadcast {
+            send,
+            recv,
+            count: n,
+            dtype: t,
+            root,
+        })
     }
     fn reduce(
         &self,
@@ -325,20 +320,15 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let root = with(c, |comm| root_of(comm, root))??;
         let (send, recv) = (ptr(s), ptr(r));
-        enqueue(
-            c,
-            st,
-            Coll::Reduce {
-                send,
-                recv,
-                count: n,
-                dtype: t,
-                op: o,
-                root: Some(root),
-            },
-        )
+        enqueue_rooted(c, st, root, |root| Coll::Reduce {
+            send,
+            recv,
+            count: n,
+            dtype: t,
+            op: o,
+            root: Some(root),
+        })
     }
     fn gather(
         &self,
@@ -351,19 +341,14 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let root = with(c, |comm| root_of(comm, root))??;
         let (send, recv) = (ptr(s), ptr(r));
-        enqueue(
-            c,
-            st,
-            Coll::Gather {
-                send,
-                recv,
-                count: n,
-                dtype: t,
-                root: Some(root),
-            },
-        )
+        enqueue_rooted(c, st, root, |root| Coll::Gather {
+            send,
+            recv,
+            count: n,
+            dtype: t,
+            root: Some(root),
+        })
     }
     fn scatter(
         &self,
@@ -376,21 +361,16 @@ impl CclAdaptor for HostCcl {
         st: Stream,
     ) -> Result<()> {
         elem_size(t)?;
-        let root = with(c, |comm| root_of(comm, root))??;
         let (send, recv) = (ptr(s), ptr(r));
-        enqueue(
-            c,
-            st,
-            Coll::Exchange {
-                kind: Kind::Scatter,
-                send,
-                recv,
-                count: n,
-                dtype: t,
-                op: ReduceOp::SUM,
-                root: Some(root),
-            },
-        )
+        enqueue_rooted(c, st, root, |root| Coll::Exchange {
+            kind: Kind::Scatter,
+            send,
+            recv,
+            count: n,
+            dtype: t,
+            op: ReduceOp::SUM,
+            root: Some(root),
+        })
     }
     fn all_to_all(
         &self,

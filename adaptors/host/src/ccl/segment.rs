@@ -48,10 +48,14 @@ pub struct Line {
     pub gen: AtomicU64,
     /// The operation: kind, count, dtype, op, root, generation.
     pub desc: [AtomicU64; 6],
-    _pad: u64,
-    /// Small-message payload.
+    /// Small-message payload, right after the descriptor: its first 8 bytes share the first
+    /// cache line with the generation, so a peer reading an 8-byte broadcast or a barrier's
+    /// word moves one cache line.
     pub data: std::cell::UnsafeCell<[u64; LINE_BYTES / 8]>,
 }
+
+// The first 8 bytes of a line's payload share the cache line of its generation.
+const _: () = assert!(std::mem::offset_of!(Line, data) == 56);
 
 /// Lines per rank: generation `g` publishes in line `g % LINES`. A small broadcast's root
 /// runs up to `LINES - 1` operations ahead of its receivers (see `Ctx::post_broadcast`).
