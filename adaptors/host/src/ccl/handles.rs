@@ -41,7 +41,8 @@ pub(super) fn get(c: Comm) -> Result<Arc<HostComm>> {
 
 /// Runs `f` with communicator `c`, without taking a reference to it when it is this thread's
 /// last one (a check of an argument before the call is enqueued, the calling thread's fast
-/// path). `f` must not look up another communicator (the cache is borrowed meanwhile).
+/// path). A lookup of another communicator inside `f` works but is not cached (the cache is
+/// borrowed meanwhile).
 ///
 /// Inlined, with `f` called inside the one access to the thread's cache: the fast path of a
 /// small collective passes nothing larger than a pointer through a call here.
