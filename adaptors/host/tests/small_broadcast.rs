@@ -430,33 +430,20 @@ fn rooted_calls_reject_a_root_out_of_range() {
         DevicePtr(send.as_ptr() as u64),
         DevicePtr(recv.as_mut_ptr() as u64),
     );
+    let call = |what: &str, root: i32| {
+        // SAFETY: both buffers hold 2 f32 and outlive the synchronize below.
+        unsafe {
+            match what {
+                "broadcast" => ccl.broadcast(sp, rp, 2, DataType::F32, root, c, s),
+                "reduce" => ccl.reduce(sp, rp, 2, DataType::F32, ReduceOp::SUM, root, c, s),
+                "gather" => ccl.gather(sp, rp, 2, DataType::F32, root, c, s),
+                _ => ccl.scatter(sp, rp, 2, DataType::F32, root, c, s),
+            }
+        }
+    };
     for root in [1, -1, i32::MAX] {
-        let calls: [(
-            &str,
-            Box<dyn Fn() -> Result<(), ferrocx::adaptor::AdaptorError>>,
-        ); 4] = [
-            // SAFETY (each): both buffers hold 2 f32 and outlive the synchronize below.
-            (
-                "broadcast",
-                Box::new(|| unsafe { ccl.broadcast(sp, rp, 2, DataType::F32, root, c, s) }),
-            ),
-            (
-                "reduce",
-                Box::new(|| unsafe {
-                    ccl.reduce(sp, rp, 2, DataType::F32, ReduceOp::SUM, root, c, s)
-                }),
-            ),
-            (
-                "gather",
-                Box::new(|| unsafe { ccl.gather(sp, rp, 2, DataType::F32, root, c, s) }),
-            ),
-            (
-                "scatter",
-                Box::new(|| unsafe { ccl.scatter(sp, rp, 2, DataType::F32, root, c, s) }),
-            ),
-        ];
-        for (what, call) in calls {
-            let e = call().expect_err(what).to_string();
+        for what in ["broadcast", "reduce", "gather", "scatter"] {
+            let e = call(what, root).expect_err(what).to_string();
             assert!(
                 e.contains(&format!("root {root} is not a rank of 1 ranks")),
                 "{what}: {e}"
