@@ -3,7 +3,7 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::Result;
 
-use super::{elem_size, par_copy, par_step, Move};
+use super::{elem_size, par_copy, pipeline, slot_parity, Move};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
 
 /// All-gather (or gather to `root`).
@@ -85,22 +85,17 @@ unsafe fn pipelined(
     let (n, me) = (ctx.n(), ctx.me());
     let chunks = bytes.div_ceil(chunk);
     let g0 = ctx.gen + 1;
-    let slot_of = |k: usize| ((g0 + k as u64) % 2) as usize;
     let len = |k: usize| chunk.min(bytes - k * chunk);
     let writes = root.is_none_or(|r| r == me);
     let copy_in = |ctx: &Ctx<'_>, k: usize| Move {
-        dst: ctx.slot(slot_of(k), me) as usize,
+        dst: ctx.slot(slot_parity(g0, k), me) as usize,
         // SAFETY: within `send`, which holds `bytes`.
         src: unsafe { send.add(k * chunk) } as usize,
         n: len(k),
         stream: false,
     };
-    // SAFETY: the first chunk fits this rank's slot of the parity the agreement publishes.
-    unsafe { par_step(ctx, None, &[copy_in(ctx, 0)]) }?;
-    ctx.agree(desc, None)?;
-    let mut moves = Vec::with_capacity(n + 1);
-    for k in 1..=chunks {
-        moves.clear();
+    let first = [copy_in(ctx, 0)];
+    let step = |ctx: &Ctx<'_>, k: usize, moves: &mut Vec<Move>| {
         if k < chunks {
             moves.push(copy_in(ctx, k));
         }
@@ -113,20 +108,18 @@ unsafe fn pipelined(
                 }
                 moves.push(Move {
                     dst: dst as usize,
-                    src: ctx.slot(slot_of(k - 1), r) as usize,
+                    src: ctx.slot(slot_parity(g0, k - 1), r) as usize,
                     n: len(k - 1),
                     stream: false,
                 });
             }
         }
-        // SAFETY: every rank's slot of chunk k - 1 holds it (published by the barrier or
-        // agreement before); the slot chunk k goes to is read by nobody in this step; the
-        // parts of `recv` written are disjoint from each other and from the part of `send`
-        // read (in place, the own block is skipped).
-        unsafe { par_step(ctx, None, &moves) }?;
-        if k < chunks {
-            ctx.barrier(desc.kind.name())?;
-        }
-    }
-    Ok(())
+        None
+    };
+    // SAFETY: the first chunk fits this rank's slot of the parity the agreement publishes.
+    // In step k every rank's slot of chunk k - 1 holds it (published by the barrier or
+    // agreement before); the slot chunk k goes to is read by nobody in this step; the parts of
+    // `recv` written are disjoint from each other and from the part of `send` read (in place,
+    // the own block is skipped).
+    unsafe { pipeline(ctx, desc, chunks, &first, false, step) }
 }

@@ -4,7 +4,9 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::{Error, Result};
 
-use super::{copy, elem_size, par_step, reduce_into, share, Move, SlotReduce};
+use super::{
+    copy, elem_size, par_step, pipeline, reduce_into, share, slot_parity, Move, SlotReduce,
+};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
 use crate::ccl::segment::LINE_BYTES;
 
@@ -115,7 +117,6 @@ pub unsafe fn all_reduce(
     let chunk = Ctx::fit(ctx.slot_bytes(), es) / es;
     let chunks = count.div_ceil(chunk).max(1);
     let g0 = ctx.gen + 1;
-    let slot_of = |k: usize| ((g0 + k as u64) % 2) as usize;
     let elems = |k: usize| (k * chunk, ((k + 1) * chunk).min(count));
     let me = ctx.me();
     let n = ctx.n();
@@ -141,7 +142,7 @@ pub unsafe fn all_reduce(
         let lo = elems(k).0;
         ins(k).map(|(at, len)| Move {
             // SAFETY: within this rank's slot, which holds a chunk.
-            dst: unsafe { ctx.slot(slot_of(k), me).add(at * es) } as usize,
+            dst: unsafe { ctx.slot(slot_parity(g0, k), me).add(at * es) } as usize,
             // SAFETY: within `send`, which holds `count` elements.
             src: unsafe { send.add((lo + at) * es) } as usize,
             n: len * es,
@@ -159,14 +160,17 @@ pub unsafe fn all_reduce(
             stream,
         })
     };
-    // SAFETY: the first chunk fits this rank's slot of the parity the agreement publishes.
-    unsafe { par_step(ctx, None, &copy_in(ctx, 0)) }?;
-    ctx.agree(&desc, None)?;
-    for k in 1..=chunks {
+    let step = |ctx: &Ctx<'_>, k: usize, moves: &mut Vec<Move>| {
         let (lo, hi) = elems(k - 1);
         let (a, b) = share(hi - lo, n, me);
-        let red = SlotReduce {
-            p: slot_of(k - 1),
+        if k < chunks {
+            moves.extend(copy_in(ctx, k));
+        }
+        if k >= 2 && writes(ctx) {
+            moves.extend(copy_out(ctx, k - 2));
+        }
+        Some(SlotReduce {
+            p: slot_parity(g0, k - 1),
             lo: a,
             hi: b,
             es,
@@ -187,29 +191,15 @@ pub unsafe fn all_reduce(
                 0
             },
             stream,
-        };
-        let mut moves = [Move {
-            dst: 0,
-            src: 0,
-            n: 0,
-            stream: false,
-        }; 4];
-        let mut m = 0;
-        if k < chunks {
-            moves[m..m + 2].copy_from_slice(&copy_in(ctx, k));
-            m += 2;
-        }
-        if k >= 2 && writes(ctx) {
-            moves[m..m + 2].copy_from_slice(&copy_out(ctx, k - 2));
-            m += 2;
-        }
-        // SAFETY: every rank's slot of chunk k - 1 holds it (published by the barrier
-        // before); the slot chunk k goes to, the result buffer chunk k - 1 goes to and the
-        // parts of `recv` chunks k - 1 and k - 2 go to are read by nobody in this step (see
-        // above).
-        unsafe { par_step(ctx, Some(red), &moves[..m]) }?;
-        ctx.barrier(kind.name())?;
-    }
+        })
+    };
+    let first = copy_in(ctx, 0);
+    // SAFETY: the first chunk fits this rank's slot of the parity the agreement publishes. In
+    // step k every rank's slot of chunk k - 1 holds it (published by the barrier before); the
+    // slot chunk k goes to, the result buffer chunk k - 1 goes to and the parts of `recv`
+    // chunks k - 1 and k - 2 go to are read by nobody in this step (see above). Every step
+    // ends with a barrier: the last one publishes the last chunk's result.
+    unsafe { pipeline(ctx, &desc, chunks, &first, true, step) }?;
     if writes(ctx) {
         // SAFETY: the last chunk's result, reduced before the last barrier.
         unsafe { par_step(ctx, None, &copy_out(ctx, chunks - 1)) }?;

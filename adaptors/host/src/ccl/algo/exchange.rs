@@ -3,7 +3,7 @@
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::{Error, Result};
 
-use super::{copy, elem_size, par_step, with_scratch, Move, SlotReduce};
+use super::{copy, elem_size, pipeline, slot_parity, with_scratch, Move, SlotReduce};
 use crate::ccl::ctx::{Ctx, Desc, Kind};
 use crate::ccl::reduce::reduce;
 
@@ -144,28 +144,26 @@ unsafe fn reduce_scatter_pipelined(
     let me = ctx.me();
     let chunks = block.div_ceil(sub);
     let g0 = ctx.gen + 1;
-    let slot_of = |k: usize| ((g0 + k as u64) % 2) as usize;
     let bytes = |k: usize| sub.min(block - k * sub);
-    let copies_in = |ctx: &Ctx<'_>, k: usize| -> Vec<Move> {
-        let base = ctx.slot(slot_of(k), me) as usize;
-        (0..n)
-            .map(|d| Move {
-                dst: base + d * sub,
-                // SAFETY: within `send`, which holds `block * n` bytes.
-                src: unsafe { send.add(d * block + k * sub) } as usize,
-                n: bytes(k),
-                stream: false,
-            })
-            .collect()
+    let copies_in = |ctx: &Ctx<'_>, k: usize, moves: &mut Vec<Move>| {
+        let base = ctx.slot(slot_parity(g0, k), me) as usize;
+        moves.extend((0..n).map(|d| Move {
+            dst: base + d * sub,
+            // SAFETY: within `send`, which holds `block * n` bytes.
+            src: unsafe { send.add(d * block + k * sub) } as usize,
+            n: bytes(k),
+            stream: false,
+        }));
     };
-    // SAFETY: chunk 0 of every block fits its sub-slot of this rank's slot of the parity the
-    // agreement publishes.
-    unsafe { par_step(ctx, None, &copies_in(ctx, 0)) }?;
-    ctx.agree(desc, None)?;
-    for k in 1..=chunks {
+    let mut first = Vec::with_capacity(n);
+    copies_in(ctx, 0, &mut first);
+    let step = |ctx: &Ctx<'_>, k: usize, moves: &mut Vec<Move>| {
+        if k < chunks {
+            copies_in(ctx, k, moves);
+        }
         let lo = me * sub / es;
-        let red = SlotReduce {
-            p: slot_of(k - 1),
+        Some(SlotReduce {
+            p: slot_parity(g0, k - 1),
             lo,
             hi: lo + bytes(k - 1) / es,
             es,
@@ -176,20 +174,12 @@ unsafe fn reduce_scatter_pipelined(
             own: 0,
             also: 0,
             stream: false,
-        };
-        let moves = if k < chunks {
-            copies_in(ctx, k)
-        } else {
-            Vec::new()
-        };
-        // SAFETY: every rank's slot of chunk k - 1 holds it (published by the barrier or
-        // agreement before); the slot chunk k goes to is read by nobody in this step (see
-        // above); `recv` is none of the slots, and in place only chunk k - 1 of this rank's
-        // block is written while chunk k is read.
-        unsafe { par_step(ctx, Some(red), &moves) }?;
-        if k < chunks {
-            ctx.barrier(desc.kind.name())?;
-        }
-    }
-    Ok(())
+        })
+    };
+    // SAFETY: chunk 0 of every block fits its sub-slot of this rank's slot of the parity the
+    // agreement publishes. In step k every rank's slot of chunk k - 1 holds it (published by
+    // the barrier or agreement before); the slot chunk k goes to is read by nobody in this
+    // step (see above); `recv` is none of the slots, and in place only chunk k - 1 of this
+    // rank's block is written while chunk k is read.
+    unsafe { pipeline(ctx, desc, chunks, &first, false, step) }
 }

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use ferrocx_plugin_sdk::abi::{DataType, ReduceOp};
 use ferrocx_plugin_sdk::{Error, Result};
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, Desc};
 use super::reduce::reduce;
 
 pub use all_gather::all_gather;
@@ -288,6 +288,47 @@ pub(super) struct SlotReduce {
     pub own: usize,
     pub also: usize,
     pub stream: bool,
+}
+
+/// The software-pipelined chunk loop of the large collectives (all-reduce, reduce-scatter,
+/// all-gather): `first` (chunk 0 into this rank's slot) and the agreement, then for `k` in
+/// `1..=chunks` one step (`step(ctx, k, moves)` fills `moves` and returns the reduction, run
+/// together as one [`par_step`]) and one barrier; the last step's barrier only with
+/// `last_barrier` (a collective whose last step leaves work that peers read). Chunk `k` lives
+/// in slot parity `(g0 + k) % 2`, `g0` the agreement's generation (see [`slot_parity`]):
+/// written in step `k`, read in step `k + 1`, rewritten in step `k + 2`, a barrier between
+/// each.
+///
+/// # Safety
+/// `first` and every step's moves and reduction as [`par_step`] requires, given the parities
+/// above: a step writes nothing that a peer may still read in it.
+pub(super) unsafe fn pipeline(
+    ctx: &mut Ctx<'_>,
+    desc: &Desc,
+    chunks: usize,
+    first: &[Move],
+    last_barrier: bool,
+    mut step: impl FnMut(&Ctx<'_>, usize, &mut Vec<Move>) -> Option<SlotReduce>,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { par_step(ctx, None, first) }?;
+    ctx.agree(desc, None)?;
+    let mut moves = Vec::with_capacity(ctx.n() + 2);
+    for k in 1..=chunks {
+        moves.clear();
+        let red = step(ctx, k, &mut moves);
+        // SAFETY: the caller's contract.
+        unsafe { par_step(ctx, red, &moves) }?;
+        if k < chunks || last_barrier {
+            ctx.barrier(desc.kind.name())?;
+        }
+    }
+    Ok(())
+}
+
+/// The slot parity of chunk `k` of a [`pipeline`] that agrees at generation `g0`.
+pub(super) fn slot_parity(g0: u64, k: usize) -> usize {
+    ((g0 + k as u64) % 2) as usize
 }
 
 /// Runs a reduction and some copies that touch disjoint memory, as one fork-join over the
