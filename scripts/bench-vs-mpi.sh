@@ -13,7 +13,9 @@
 #   MPI=mpich:             MPICH from its PyPI wheel (`pip install mpich`): mpicc and mpiexec
 #                          from $FERROCX_VENV/bin, else .venv/bin.
 # Ranks are bound to cores, for MPI as for ferrocx (the host CCL binds its threads by default,
-# see FERROCX_HOST_BIND), when there are at least as many cores as ranks.
+# see FERROCX_HOST_BIND), when there are at least as many cores as ranks. With more ranks than
+# cores MPI runs unbound and the host CCL binds rank r's small-collective thread to core
+# r mod cores (its default).
 #
 # ferrocx: built here (cargo build --release), or the binary named by FERROCX (a machine
 # without a Rust toolchain: the GPU bundle's ./ferrocx).

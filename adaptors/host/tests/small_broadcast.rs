@@ -107,7 +107,8 @@ fn run_worker(rank: usize, world: usize) {
         for (dt, n) in SMALL {
             let bytes = n * dt.size().unwrap();
             let mut calls = Vec::new();
-            for i in 0..64 {
+            // More calls than the lines a root may run ahead by (64).
+            for i in 0..160 {
                 k += 1;
                 let want = payload(k, root, bytes);
                 let send = if rank == root {
@@ -272,7 +273,7 @@ fn run_worker(rank: usize, world: usize) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut calls = Vec::new();
-    for _ in 0..100 {
+    for _ in 0..200 {
         k += 1;
         let want = payload(k, 0, 13);
         let send = if rank == 0 {
