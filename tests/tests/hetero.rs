@@ -838,3 +838,47 @@ fn failure_at_each_stage(test: &str, async_chunks: &str, plan: &str) {
         assert_eq!(e, &errors[0], "every rank fails alike: {errors:?}");
     }
 }
+
+/// The first all-reduce of each type and reduction long enough for the enqueuer thread is
+/// enqueued by the caller's thread (a first use of a kind of call may wait for the whole
+/// device, which must not find the caller's stream waiting on the enqueuer); the later ones
+/// go to the enqueuer. Every result checked.
+#[test]
+fn the_first_long_all_reduce_of_a_kind_is_enqueued_by_the_caller() {
+    const TEST: &str = "the_first_long_all_reduce_of_a_kind_is_enqueued_by_the_caller";
+    if let Some(rank) = rank_of(TEST) {
+        let comm = communicator();
+        let h = comm.hetero().expect("a job across clusters");
+        // 3001 f32: three 4 KiB chunks, past the one-step size.
+        let n = 3001;
+        let dtype = DataType::F32;
+        let calls = [
+            (ReduceOp::SUM, 0),
+            (ReduceOp::SUM, 1),
+            (ReduceOp::MAX, 1),
+            (ReduceOp::MAX, 2),
+            (ReduceOp::SUM, 3),
+        ];
+        for (k, (op, handed)) in calls.into_iter().enumerate() {
+            let send = Buf::new(&comm, input(dtype, 40 + k as u64, rank, n));
+            let recv = Buf::zeros(&comm, n * 4);
+            // SAFETY: n f32 each, kept until the synchronize.
+            unsafe { comm.all_reduce(send.ptr(), recv.ptr(), n, dtype, op) }.expect("all_reduce");
+            comm.synchronize().expect("synchronize");
+            assert!(
+                recv.get() == reduced(dtype, op, 40 + k as u64, comm.world(), n),
+                "rank {rank}, call {k}: wrong values"
+            );
+            assert_eq!(h.handed_to_enqueuer(), handed, "rank {rank}, call {k}");
+        }
+        println!("RANK OK");
+        return;
+    }
+    with_offhost(Job::new(TEST, 3))
+        .clusters(&[("gpu", "0"), ("cpu", "1-2")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .bridge_key("chunk_bytes", "4096")
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "2")
+        .env("FERROCX_BRIDGE_PLAN", "clusters")
+        .run();
+}

@@ -11,7 +11,8 @@
 //! It needs the device's stream memory operations (`ferrocx_device_memops_v1`) and pinned
 //! memory for the two words; without them, or for a plan of fewer chunks than
 //! `FERROCX_BRIDGE_ASYNC_CHUNKS` (4 by default; 0 turns the enqueuer off), the caller's thread
-//! enqueues the stages itself, ordered by events. A stage that fails to enqueue fails the
+//! enqueues the stages itself, ordered by events; so it does for the first long plan of each
+//! type and reduction (see `HeteroCore::enqueued_here_once`). A stage that fails to enqueue fails the
 //! communicator (the next call or synchronize reports it) and the enqueuer stores `end` from
 //! the host, so the caller's stream never waits for a signal that will not come.
 

@@ -97,7 +97,7 @@ pub mod topo;
 mod words;
 pub mod workers;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -360,6 +360,9 @@ struct State {
     sent: Vec<u64>,
     received: Vec<u64>,
     plans: HashMap<(usize, DataType), Arc<AllReducePlan>>,
+    /// Type and reduction of every all-reduce plan the caller's thread has enqueued in full
+    /// where it would have gone to the enqueuer thread (see [`HeteroCore::enqueued_here_once`]).
+    warm: HashSet<(DataType, ReduceOp)>,
     /// The caller's stream of the latest collective: it waits for everything that call
     /// enqueued, so the next call, if on another stream, starts after it.
     last: Option<Stream>,
@@ -796,6 +799,7 @@ impl HeteroCore {
                 sent: vec![0; world],
                 received: vec![0; world],
                 plans: HashMap::new(),
+                warm: HashSet::new(),
                 last: None,
             }),
             depth,
@@ -1260,6 +1264,28 @@ impl HeteroCore {
         p
     }
 
+    /// Whether an all-reduce of `dtype` and `op` long enough for the enqueuer thread may go
+    /// there: from the second such call on. The first is enqueued by the caller's thread, as
+    /// short plans are. A plan handed to the enqueuer leaves the caller's stream waiting on a
+    /// word that only its last stage writes; anything the enqueuer's device and CCL calls then
+    /// wait for that waits for the whole device (a first use that loads code or allocates,
+    /// done once per kind of call) would wait for that stream, which waits for the enqueuer. A
+    /// job across a GPU cluster on NCCL and a CPU cluster stopped so when its first call was a
+    /// 64 MiB all-reduce (eight chunks) and ran when a one-chunk call came first.
+    fn enqueued_here_once(&self, dtype: DataType, op: ReduceOp) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        !st.warm.insert((dtype, op))
+    }
+
+    /// All-reduces this communicator has handed to the enqueuer thread so far.
+    pub fn handed_to_enqueuer(&self) -> u64 {
+        self.backlog
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+    }
+
     /// Enqueues the all-reduce plan on `stream` (see the module docs).
     ///
     /// # Safety
@@ -1331,7 +1357,8 @@ impl HeteroCore {
             };
         }
         let plan = self.all_reduce_plan(count, dtype, es);
-        let queued = enqueuer.filter(|q| plan.chunks >= q.chunks);
+        let queued =
+            enqueuer.filter(|q| plan.chunks >= q.chunks && self.enqueued_here_once(dtype, op));
         if queued.is_some() {
             self.begin_after(stream)?;
         } else {
@@ -2617,6 +2644,11 @@ impl Hetero {
     /// Events the bridge has made so far.
     pub fn events_made(&self) -> usize {
         both!(self, events_made())
+    }
+
+    /// All-reduces handed to the enqueuer thread so far (0 over MPI, which has none).
+    pub fn handed_to_enqueuer(&self) -> u64 {
+        self.shm().map_or(0, |c| c.handed_to_enqueuer())
     }
 
     /// Makes this rank's next all_reduce fail at `stage` (the shared-memory bridge's tests).
