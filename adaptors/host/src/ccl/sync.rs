@@ -145,9 +145,13 @@ fn spin_budget(nranks: usize) -> u32 {
 /// spins where every rank of the `nranks` can have a core, yields otherwise (a spinning rank
 /// would hold the core a peer needs); a zero budget looks once. Returns whether it held.
 pub fn poll(budget: Duration, nranks: usize, mut ready: impl FnMut() -> bool) -> bool {
+    // The common case first: what is waited for is there already.
+    if ready() {
+        return true;
+    }
     if budget.is_zero() {
         // One look: the caller goes on without waiting at all.
-        return ready();
+        return false;
     }
     let oversubscribed = spin_budget(nranks) == SPIN_OVERSUBSCRIBED;
     let mut start = None;

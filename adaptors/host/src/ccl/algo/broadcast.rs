@@ -45,7 +45,6 @@ pub unsafe fn broadcast(
         op: ReduceOp::SUM,
         root: root as i64,
     };
-    let chunk = Ctx::fit(ctx.slot_bytes(), es);
     let bytes = count * es;
     if bytes <= LINE_BYTES {
         // The root's data rides in its line; the root does not wait for the receivers.
@@ -55,6 +54,7 @@ pub unsafe fn broadcast(
         // SAFETY: recv holds `bytes` bytes on every rank.
         return unsafe { ctx.post_broadcast(&desc, root, mine, recv, bytes) };
     }
+    let chunk = Ctx::fit(ctx.slot_bytes(), es);
     let mut done = 0;
     let mut first = true;
     while done < bytes || first {
