@@ -35,6 +35,8 @@ const PAGE: usize = 4096;
 const HEADER: usize = PAGE;
 /// Bytes of the failure text kept in the header.
 const TEXT: usize = 1024;
+/// How long a reader of a claimed failure record waits for its text (see `Bridge::failure`).
+const TEXT_WAIT: Duration = Duration::from_millis(200);
 /// Header fields (byte offsets).
 const H_MAGIC: usize = 0;
 const H_WORLD: usize = 8;
@@ -309,20 +311,50 @@ impl Bridge {
     }
 
     /// The failure another rank recorded, if one.
+    ///
+    /// The recording rank claims the record before it writes the text: a reader that finds it
+    /// claimed waits (briefly: the text is a copy of at most [`TEXT`] bytes) until the text is
+    /// published, so that it never reports an empty message. If the recorder died in between,
+    /// the failure is reported without its text after [`TEXT_WAIT`].
     pub fn failure(&self) -> Option<HeteroError> {
         let failed = self.u64_at(H_FAILED).load(Ordering::Acquire);
         if failed == 0 {
             return None;
         }
-        let len = (self.u64_at(H_TEXT_LEN).load(Ordering::Acquire) as usize).min(TEXT);
-        let mut text = vec![0u8; len];
-        // SAFETY: the text area lies in the header; written once, before `H_TEXT_LEN`.
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(H_TEXT), text.as_mut_ptr(), len) };
         let rank = (failed - 1) as usize;
+        let published = || match self.u64_at(H_TEXT_LEN).load(Ordering::Acquire) {
+            0 => None,
+            n => Some((n as usize - 1).min(TEXT)),
+        };
+        let start = Instant::now();
+        let len = loop {
+            if let Some(len) = published() {
+                break Some(len);
+            }
+            if start.elapsed() >= TEXT_WAIT {
+                break None;
+            }
+            std::thread::yield_now();
+        };
+        let message = match len {
+            Some(len) => {
+                let mut text = vec![0u8; len];
+                // SAFETY: the text area lies in the header; written once, before its length
+                // was published (Release), which the load above acquired.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.base.add(H_TEXT), text.as_mut_ptr(), len)
+                };
+                String::from_utf8_lossy(&text).into_owned()
+            }
+            None => format!(
+                "{} recorded a failure of the job but not its message",
+                self.who(rank)
+            ),
+        };
         Some(HeteroError::PeerFailed {
             rank,
             cluster: self.topo.cluster_name_of(rank).to_string(),
-            message: String::from_utf8_lossy(&text).into_owned(),
+            message,
         })
     }
 
@@ -340,8 +372,9 @@ impl Bridge {
             unsafe {
                 std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(H_TEXT), bytes.len())
             };
+            // The length plus one: 0 means "not yet written" to a reader (see `failure`).
             self.u64_at(H_TEXT_LEN)
-                .store(bytes.len() as u64, Ordering::Release);
+                .store(bytes.len() as u64 + 1, Ordering::Release);
         }
     }
 
@@ -572,5 +605,63 @@ fn open(
             )));
         }
         std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::Config;
+
+    /// A bridge of one rank (rank 0 of a one-cluster job), its segment named for this test.
+    fn one_rank_bridge(tag: &str) -> Bridge {
+        let text = "[[cluster]]\nname = \"a\"\nranks = \"0\"\ndevice = \"host\"\nccl = \"host\"\n";
+        let config = Config::parse(text, Path::new("t.toml")).expect("config");
+        let topo = Topology::new(&config, 1, 0).expect("topology");
+        let name = Bridge::name_of(&format!("unit-{}-{tag}", std::process::id()), 0);
+        Bridge::attach(&name, topo, 1, 4096, Duration::from_secs(5)).expect("attach")
+    }
+
+    #[test]
+    fn a_recorded_failure_reads_back_with_its_text() {
+        let b = one_rank_bridge("recorded");
+        assert!(b.failure().is_none());
+        b.record_failure(0, &HeteroError::Bridge("the first one".into()));
+        b.record_failure(0, &HeteroError::Bridge("a later one".into()));
+        let e = b.failure().expect("a failure").to_string();
+        assert!(e.contains("the first one"), "{e}");
+    }
+
+    /// The record is claimed before its text is written: a reader in between waits for the
+    /// text instead of reporting an empty message, and names the rank if the text never comes.
+    #[test]
+    fn a_failure_read_while_it_is_being_recorded_is_never_empty() {
+        let b = one_rank_bridge("racing");
+        b.u64_at(H_FAILED).store(1, Ordering::Release);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                let text = b"rank 0 (cluster \"a\") died before a collective";
+                // SAFETY: the header's text area, written by this thread only.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(text.as_ptr(), b.base.add(H_TEXT), text.len())
+                };
+                b.u64_at(H_TEXT_LEN)
+                    .store(text.len() as u64 + 1, Ordering::Release);
+            });
+            let e = b.failure().expect("a failure").to_string();
+            assert_eq!(e, "rank 0 (cluster \"a\") died before a collective");
+        });
+        let silent = one_rank_bridge("silent");
+        silent.u64_at(H_FAILED).store(1, Ordering::Release);
+        let start = Instant::now();
+        let e = silent.failure().expect("a failure").to_string();
+        assert!(start.elapsed() >= TEXT_WAIT, "it waited for the text");
+        assert!(
+            e.contains("rank 0 (cluster \"a\") recorded a failure of the job but not its message"),
+            "{e}"
+        );
     }
 }
