@@ -26,6 +26,14 @@ const BRIDGE: &str = "FERROCX_MPI_TEST_BRIDGE";
 
 /// `mpiexec` from `PATH` (the test script puts the virtual environment's `bin` first) or
 /// `$FERROCX_VENV/bin`; a clear failure when neither has it.
+/// Each report in `t` that starts with `prefix`, to the end of its line, wherever it starts:
+/// the ranks' output shares one pipe, so a report may follow another rank's unfinished line.
+fn reports<'a>(t: &'a str, prefix: &str) -> Vec<&'a str> {
+    t.match_indices(prefix)
+        .map(|(at, _)| t[at..].lines().next().unwrap_or(""))
+        .collect()
+}
+
 fn mpiexec() -> PathBuf {
     let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect())
@@ -479,11 +487,7 @@ fn a_dead_rank_fails_the_mpi_bridge_naming_it_and_its_cluster() {
         Duration::from_secs(40),
     );
     let t = text(&out);
-    // Wherever each report starts (the ranks share one pipe).
-    let lines: Vec<&str> = t
-        .match_indices("survivor:")
-        .map(|(at, _)| t[at..].lines().next().unwrap_or(""))
-        .collect();
+    let lines = reports(&t, "survivor:");
     assert_eq!(lines.len(), 2, "ranks 0 and 2 must both report:\n{t}");
     for line in lines {
         assert!(line.contains("rank 1 (cluster \"b\") died"), "{line}\n{t}");
@@ -721,12 +725,7 @@ fn mpiexec_without_a_store_port_is_told_how_to_pass_one() {
         .output()
         .unwrap();
     let t = text(&out);
-    // Each rank's message, wherever it starts: the two ranks' output shares one pipe, so a
-    // message may follow the other rank's unfinished line.
-    let messages: Vec<&str> = t
-        .match_indices("init: ")
-        .map(|(at, _)| t[at..].lines().next().unwrap_or(""))
-        .collect();
+    let messages = reports(&t, "init: ");
     assert_eq!(messages.len(), 2, "{t}");
     for m in messages {
         assert!(

@@ -1038,7 +1038,7 @@ impl Heartbeat {
     }
 
     /// The first rank whose counter does not move over [`LOOK_INTERVALS`] intervals, with
-    /// why; `None` when all move.
+    /// why; `None` when all move (or the store could not tell: a read that fails is no move).
     fn dead(&self) -> Option<(usize, &'static str)> {
         let store_host = || {
             // The launcher's store outlives the ranks; otherwise rank 0 hosts it.
@@ -1051,29 +1051,52 @@ impl Heartbeat {
         let Ok(store) = Store::connect(self.addr, &self.token, self.interval * 4) else {
             return store_host();
         };
-        let read = |r: usize| -> Option<Vec<u8>> {
+        // A counter's value (`None`: not set yet); `Err` when the store did not answer, which
+        // says nothing about the rank (a first read that failed and a later one that answered
+        // must not count as a move).
+        let read = |r: usize| -> Result<Option<Vec<u8>>, ()> {
             let k = Heartbeat::key(self.seq, r);
             match store.check(&[&k]) {
-                Ok(true) => store.get(&k).ok(),
-                _ => None,
+                Ok(true) => store.get(&k).map(Some).map_err(|_| ()),
+                Ok(false) => Ok(None),
+                Err(_) => Err(()),
             }
         };
         let others: Vec<usize> = (0..self.world).filter(|&r| r != self.me).collect();
-        let first: Vec<Option<Vec<u8>>> = others.iter().map(|&r| read(r)).collect();
-        let until = Instant::now() + self.interval * LOOK_INTERVALS;
+        // Per rank: its first value read and when, and whether it moved since.
+        let mut first: Vec<Option<(Option<Vec<u8>>, Instant)>> = vec![None; others.len()];
         let mut moved = vec![false; others.len()];
-        while Instant::now() < until && moved.iter().any(|m| !m) {
-            std::thread::sleep(self.interval / 2);
+        let watch = self.interval * LOOK_INTERVALS;
+        // A rank is dead when its counter stood still for `watch` since it was first read; the
+        // look lasts `watch`, one interval more for a rank whose first read came late (the
+        // operations' deadline leaves `LOOK_INTERVALS + 1` intervals of the timeout for it).
+        let start = Instant::now();
+        let watched = |f: &Option<(Option<Vec<u8>>, Instant)>| {
+            f.as_ref().is_some_and(|(_, at)| at.elapsed() >= watch)
+        };
+        loop {
             for (i, &r) in others.iter().enumerate() {
-                if !moved[i] && read(r) != first[i] {
-                    moved[i] = true;
+                if moved[i] {
+                    continue;
+                }
+                if let Ok(v) = read(r) {
+                    match &first[i] {
+                        None => first[i] = Some((v, Instant::now())),
+                        Some((was, _)) if *was != v => moved[i] = true,
+                        Some(_) => {}
+                    }
                 }
             }
+            let settled = (0..others.len()).all(|i| moved[i] || watched(&first[i]));
+            if settled || start.elapsed() >= watch + self.interval {
+                break;
+            }
+            std::thread::sleep(self.interval / 2);
         }
         others
             .iter()
-            .zip(&moved)
-            .find(|(_, m)| !**m)
-            .map(|(&r, _)| (r, "its heartbeat in the job's store stopped"))
+            .enumerate()
+            .find(|&(i, _)| !moved[i] && watched(&first[i]))
+            .map(|(_, &r)| (r, "its heartbeat in the job's store stopped"))
     }
 }
