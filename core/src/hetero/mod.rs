@@ -105,7 +105,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::abi::{
-    Capabilities, Comm, DataType, DevicePtr, MemKind, ReduceOp, Stream, WAIT_VALUE_GEQ,
+    Capabilities, Comm, DataType, DevicePtr, Event, MemKind, ReduceOp, Stream, WAIT_VALUE_GEQ,
 };
 use crate::adaptor::{AdaptorError, Ccl, Device};
 use crate::config::{BridgeCcl, BridgeConfig};
@@ -117,6 +117,13 @@ use plan::AllReducePlan;
 use pool::EventPool;
 use proxy::Proxy;
 use topo::Topology;
+
+/// A bridge step on the bridge stream: its staged results' copies back to the device, and the
+/// mark of its end ([`HeteroCore::issue_step`]).
+struct Issued {
+    back: Vec<Move>,
+    done: Event,
+}
 
 /// Why a cross-cluster call failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -950,6 +957,34 @@ impl HeteroCore {
         Ok(self.device.stream_wait_event(to, e)?)
     }
 
+    /// An event recorded on `from` now, for a wait enqueued later ([`HeteroCore::wait_mark`]):
+    /// kept out of the pool until then, so that no later record can take its place.
+    fn mark(&self, from: Stream) -> Result<Event, HeteroError> {
+        let mut pool = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let e = pool.take(&self.device)?;
+        if let Err(err) = self.device.event_record(e, from) {
+            pool.unused(e);
+            return Err(err.into());
+        }
+        Ok(e)
+    }
+
+    /// Orders `to` after the point `e` (a [`HeteroCore::mark`]) was recorded at; gives `e`
+    /// back to the pool.
+    fn wait_mark(&self, to: Stream, e: Event) -> Result<(), HeteroError> {
+        let r = self.device.stream_wait_event(to, e);
+        self.drop_mark(e);
+        Ok(r?)
+    }
+
+    /// Gives a [`HeteroCore::mark`] back to the pool without a wait.
+    fn drop_mark(&self, e: Event) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .recorded(e);
+    }
+
     /// `e` as this rank's failure at `stage` (an error about a peer, or already named, is
     /// kept as it is).
     fn at_stage(&self, stage: &str, e: HeteroError) -> HeteroError {
@@ -995,8 +1030,9 @@ impl HeteroCore {
 
     /// Enqueues `step` on the bridge stream after the work enqueued on `after` so far. With
     /// staging, its sources are first copied from the device into its staging slot on the
-    /// copy stream; returns the copies back to the device that [`HeteroCore::finish_step`]
-    /// enqueues once the step ran.
+    /// copy stream; returns the copies back to the device and the mark of the step's end,
+    /// which [`HeteroCore::finish_step`] takes once the caller has issued what may overlap the
+    /// step (the next chunk's stages).
     ///
     /// # Safety
     /// The step's sources and destinations are ranges of the call's buffers (the buffer
@@ -1005,14 +1041,17 @@ impl HeteroCore {
         &self,
         after: Option<Stream>,
         mut step: Step,
-    ) -> Result<Vec<Move>, HeteroError> {
+    ) -> Result<Issued, HeteroError> {
         let bs = self.streams.bridge;
         let (Some(st), Some(cp)) = (&self.staging, self.streams.copy) else {
             if let Some(a) = after {
                 self.order(a, bs)?;
             }
             self.step(bs, Box::new(move |b: &Bridge| step.run(b)))?;
-            return Ok(Vec::new());
+            return Ok(Issued {
+                back: Vec::new(),
+                done: self.mark(bs)?,
+            });
         };
         let (before, back) = step.stage(st.slot(step.slot), st.slot_bytes)?;
         if let Some(a) = after {
@@ -1020,33 +1059,47 @@ impl HeteroCore {
         }
         // SAFETY: the call's ranges (this function's contract) and the step's staging slot,
         // which the copy stream reaches only after the previous step of that slot ran
-        // (`finish_step` ordered it after the bridge stream).
+        // (`finish_step` ordered it after that step).
         unsafe { self.moves(&before, cp) }?;
         self.order(cp, bs)?;
         self.step(bs, Box::new(move |b: &Bridge| step.run(b)))?;
-        Ok(back)
+        Ok(Issued {
+            back,
+            done: self.mark(bs)?,
+        })
     }
 
-    /// Orders `to` (the copy stream when `None`) after the steps issued so far, with a
-    /// staged step's copies back to the device between.
+    /// Orders `to` (the copy stream when `None`) after the step `issued` (not after the steps
+    /// issued since: those overlap what `to` does next), with a staged step's copies back to
+    /// the device between.
     ///
     /// # Safety
-    /// `back` came from [`HeteroCore::issue_step`] of this call.
-    unsafe fn finish_step(&self, back: &[Move], to: Option<Stream>) -> Result<(), HeteroError> {
-        let bs = self.streams.bridge;
+    /// `issued` came from [`HeteroCore::issue_step`] of this call.
+    unsafe fn finish_step(&self, issued: Issued, to: Option<Stream>) -> Result<(), HeteroError> {
+        let Issued { back, done } = issued;
         let Some(cp) = self.streams.copy.filter(|_| self.staging.is_some()) else {
             return match to {
-                Some(t) => self.order(bs, t),
-                None => Ok(()),
+                Some(t) => self.wait_mark(t, done),
+                None => {
+                    self.drop_mark(done);
+                    Ok(())
+                }
             };
         };
-        self.order(bs, cp)?;
+        self.wait_mark(cp, done)?;
         // SAFETY: the call's ranges and the staging slot the step wrote (the copy stream
         // waits for the step above).
-        unsafe { self.moves(back, cp) }?;
+        unsafe { self.moves(&back, cp) }?;
         match to {
             Some(t) => self.order(cp, t),
             None => Ok(()),
+        }
+    }
+
+    /// Gives back the marks of steps issued and not finished (a call that failed midway).
+    fn drop_issued(&self, pending: impl IntoIterator<Item = Issued>) {
+        for i in pending {
+            self.drop_mark(i.done);
         }
     }
 
@@ -1234,9 +1287,9 @@ impl HeteroCore {
                 self.enter(link, cp)?;
                 for step in steps {
                     // SAFETY: this function's contract.
-                    let back = unsafe { self.issue_step(None, step) }?;
+                    let issued = unsafe { self.issue_step(None, step) }?;
                     // SAFETY: the step just issued.
-                    unsafe { self.finish_step(&back, None) }?;
+                    unsafe { self.finish_step(issued, None) }?;
                 }
                 self.leave(link, cp)
             }
@@ -1548,12 +1601,27 @@ impl HeteroCore {
             return leave(self.streams.bridge);
         }
         enter(cs)?;
+        // With `FERROCX_BRIDGE_TRACE=1`, a line from the cluster stream as each of its stages
+        // starts and ends (a host function between them: for finding where a pipeline waits).
+        let mark = |what: &'static str, k: usize| -> Result<(), HeteroError> {
+            if !step_trace() {
+                return Ok(());
+            }
+            self.host(
+                cs,
+                Box::new(move |_| {
+                    eprintln!("cluster stage {what} chunk={k} t_us={}", now_us());
+                    Ok(())
+                }),
+            )
+        };
         let cell = std::cell::Cell::new(Stage::Cluster);
-        let issue = |k: usize| -> Result<Vec<Move>, HeteroError> {
+        let issue = |k: usize| -> Result<Issued, HeteroError> {
             let (off, sh) = plan.chunk(k);
             let (q, tail) = (sh.q, sh.tail);
             cell.set(Stage::Cluster);
             injected(Stage::Cluster, k)?;
+            mark("rs", k)?;
             if p == 1 {
                 if send != recv && sh.elems > 0 {
                     // SAFETY: ranges of the caller's `send`/`recv` (the plan keeps every chunk
@@ -1594,6 +1662,7 @@ impl HeteroCore {
                     }?;
                 }
             }
+            mark("rs-done", k)?;
             cell.set(Stage::Staging);
             injected(Stage::Staging, k)?;
             let epoch = first + k as u64;
@@ -1640,12 +1709,13 @@ impl HeteroCore {
             // SAFETY: the step's ranges are the chunk's share and pieces in `recv`.
             unsafe { self.issue_step(Some(cs), step) }
         };
-        let finish = |k: usize, back: Vec<Move>| -> Result<(), HeteroError> {
+        let finish = |k: usize, issued: Issued| -> Result<(), HeteroError> {
             cell.set(Stage::Bridge);
-            // SAFETY: `back` is chunk k's, of `issue`.
-            unsafe { self.finish_step(&back, Some(cs)) }?;
+            // SAFETY: `issued` is chunk k's, of `issue`.
+            unsafe { self.finish_step(issued, Some(cs)) }?;
             cell.set(Stage::Gather);
             injected(Stage::Gather, k)?;
+            mark("ag", k)?;
             let (off, sh) = plan.chunk(k);
             let (q, tail) = (sh.q, sh.tail);
             if p > 1 {
@@ -1678,7 +1748,7 @@ impl HeteroCore {
                     }?;
                 }
             }
-            Ok(())
+            mark("ag-done", k)
         };
         let depth = self.depth.max(1);
         let mut pending = std::collections::VecDeque::with_capacity(depth);
@@ -1686,15 +1756,16 @@ impl HeteroCore {
             for k in 0..plan.chunks {
                 pending.push_back((k, issue(k)?));
                 if pending.len() >= depth {
-                    let (j, back) = pending.pop_front().expect("a chunk in flight");
-                    finish(j, back)?;
+                    let (j, issued) = pending.pop_front().expect("a chunk in flight");
+                    finish(j, issued)?;
                 }
             }
-            while let Some((j, back)) = pending.pop_front() {
-                finish(j, back)?;
+            while let Some((j, issued)) = pending.pop_front() {
+                finish(j, issued)?;
             }
             leave(cs)
         })();
+        self.drop_issued(pending.into_iter().map(|(_, i)| i));
         *stage = cell.get();
         r
     }
@@ -1754,21 +1825,25 @@ impl HeteroCore {
             }
             let depth = self.depth.max(1);
             let mut pending = std::collections::VecDeque::with_capacity(depth);
-            for (k, s) in steps.enumerate() {
-                let after = (k == 0).then_some(stream);
-                // SAFETY: the steps' ranges are the call's buffers (the callers' contract).
-                pending.push_back(unsafe { self.issue_step(after, s) }?);
-                if pending.len() >= depth {
-                    let back = pending.pop_front().expect("a round in flight");
-                    // SAFETY: a step of this call.
-                    unsafe { self.finish_step(&back, None) }?;
+            let r = (|| {
+                for (k, s) in steps.enumerate() {
+                    let after = (k == 0).then_some(stream);
+                    // SAFETY: the steps' ranges are the call's buffers (the callers' contract).
+                    pending.push_back(unsafe { self.issue_step(after, s) }?);
+                    if pending.len() >= depth {
+                        let issued = pending.pop_front().expect("a round in flight");
+                        // SAFETY: a step of this call.
+                        unsafe { self.finish_step(issued, None) }?;
+                    }
                 }
-            }
-            while let Some(back) = pending.pop_front() {
-                // SAFETY: as above.
-                unsafe { self.finish_step(&back, None) }?;
-            }
-            self.order(cp, stream)
+                while let Some(issued) = pending.pop_front() {
+                    // SAFETY: as above.
+                    unsafe { self.finish_step(issued, None) }?;
+                }
+                self.order(cp, stream)
+            })();
+            self.drop_issued(pending);
+            r
         })();
         r.map_err(|e| self.fail_call(op.name(), e))
     }
