@@ -23,7 +23,9 @@ pub const IPC_HANDLE_BYTES: usize = 64;
 ///   `VENDOR_ERROR` ("libcuda.so.1 not found: …"), and every other entry returns
 ///   `NOT_INITIALIZED` until an `init` succeeds.
 /// - Each device's primary context is retained on first use and made current on the calling
-///   thread by `set_device` (device 0 for a thread that never called it).
+///   thread by `set_device`. A thread that never called it works on the device of the context
+///   current on it (PyTorch's autograd threads set theirs), as the CUDA runtime does, else on
+///   device 0.
 /// - A [`Stream`] *is* the `CUstream` pointer and an [`Event`] the `CUevent`, so a CCL adaptor
 ///   of the same vendor (NCCL) passes them on unchanged; `stream_wrap` is the identity, and
 ///   `stream_destroy` destroys only the streams `stream_create` made. Null is the legacy default
@@ -70,8 +72,8 @@ struct Context(CUcontext);
 unsafe impl Send for Context {}
 
 thread_local! {
-    /// The device `set_device` selected on this thread.
-    static THREAD_DEVICE: Cell<i32> = const { Cell::new(0) };
+    /// The device `set_device` selected on this thread (-1: none yet).
+    static THREAD_DEVICE: Cell<i32> = const { Cell::new(-1) };
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -149,7 +151,33 @@ impl State {
 
     /// The ordinal of the calling thread's device (checked against the device count).
     pub(crate) fn thread_ordinal(&self) -> Result<usize> {
-        self.ordinal(THREAD_DEVICE.with(Cell::get))
+        self.ordinal(self.thread_device())
+    }
+
+    /// The calling thread's device: the one `set_device` chose on it, else the device of the
+    /// context current on it (another library's choice, which the CUDA runtime follows too:
+    /// a PyTorch thread that set its device), else device 0.
+    pub(crate) fn thread_device(&self) -> i32 {
+        let chosen = THREAD_DEVICE.with(Cell::get);
+        if chosen >= 0 {
+            return chosen;
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        if unsafe { (self.lib.cuCtxGetCurrent)(&mut ctx) } != CUresult::CUDA_SUCCESS
+            || ctx.is_null()
+        {
+            return 0;
+        }
+        let mut dev: CUdevice = 0;
+        // SAFETY: a valid out-pointer; the thread has a current context (checked above).
+        if unsafe { (self.lib.cuCtxGetDevice)(&mut dev) } != CUresult::CUDA_SUCCESS {
+            return 0;
+        }
+        self.devices
+            .iter()
+            .position(|&d| d == dev)
+            .map_or(0, |i| i as i32)
     }
 }
 
@@ -215,7 +243,7 @@ impl CudaDevice {
     /// streams or events needs.
     pub(crate) fn ready(&self) -> Result<Arc<State>> {
         let st = self.state()?;
-        st.make_current(THREAD_DEVICE.with(Cell::get))?;
+        st.make_current(st.thread_device())?;
         Ok(st)
     }
 
@@ -280,7 +308,7 @@ impl DeviceAdaptor for CudaDevice {
         // reservations, then VMM handles (none of which a context release frees).
         if !(st.mc.is_empty() && st.flat.is_empty() && st.vmm.is_empty()) {
             // Best effort: a context current on this thread for the releases below.
-            let _ = st.make_current(THREAD_DEVICE.with(Cell::get));
+            let _ = st.make_current(st.thread_device());
         }
         let mut first_error = crate::multicast::release_all(&st);
         let flat = crate::flatmap::release_all(&st);
@@ -321,8 +349,7 @@ impl DeviceAdaptor for CudaDevice {
     }
 
     fn get_device(&self) -> Result<i32> {
-        self.state()?;
-        Ok(THREAD_DEVICE.with(Cell::get))
+        Ok(self.state()?.thread_device())
     }
 
     fn properties(&self, device: i32) -> Result<Properties> {

@@ -817,3 +817,55 @@ fn ferrocx_info_reports_multicast_disabled_by_the_kill_switch() {
         );
     }
 }
+
+#[test]
+fn a_thread_that_never_chose_a_device_works_on_its_current_context() {
+    let Some(dev) = gpu() else { return };
+    let n = dev.device_count().expect("count");
+    // The last device: on a machine of several GPUs not device 0, the default.
+    let last = n - 1;
+    std::thread::spawn(move || {
+        // Another library (PyTorch's autograd thread, say) makes its device's primary context
+        // current on a thread of its own; the adaptor is never told.
+        // SAFETY: opening the system's CUDA driver, which this process already loaded.
+        let lib = unsafe { Lib::new("libcuda.so.1") }.expect("libcuda.so.1");
+        let ok = CUresult::CUDA_SUCCESS;
+        let (mut cu, mut ctx) = (0, std::ptr::null_mut());
+        // SAFETY: valid out-pointers; an ordinal below the device count.
+        unsafe {
+            assert_eq!((lib.cuDeviceGet)(&mut cu, last), ok);
+            assert_eq!((lib.cuDevicePrimaryCtxRetain)(&mut ctx, cu), ok);
+            assert_eq!((lib.cuCtxSetCurrent)(ctx), ok);
+        }
+        let mut raw: CUstream = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the context is current.
+        let r = unsafe {
+            (lib.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        };
+        assert_eq!(r, ok, "cuStreamCreate");
+        assert_eq!(dev.get_device().expect("get_device"), last);
+        // An event made by the adaptor on this thread belongs to that device: recorded on the
+        // library's stream, and on the legacy stream of the thread's context.
+        let s = dev.stream_wrap(raw.cast()).expect("stream_wrap");
+        let e = dev.event_create(1).expect("event_create");
+        dev.event_record(e, s)
+            .expect("record on the library's stream");
+        dev.stream_wait_event(Stream(std::ptr::null_mut()), e)
+            .expect("the legacy stream waits for it");
+        dev.event_record(e, Stream(std::ptr::null_mut()))
+            .expect("record on the legacy stream");
+        dev.event_synchronize(e).expect("event_synchronize");
+        let mut still: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { (lib.cuCtxGetCurrent)(&mut still) }, ok);
+        assert_eq!(
+            still, ctx,
+            "the thread's context is left as the library set it"
+        );
+        dev.event_destroy(e).expect("event_destroy");
+        // SAFETY: the stream made above, idle.
+        assert_eq!(unsafe { (lib.cuStreamDestroy_v2)(raw) }, ok);
+    })
+    .join()
+    .expect("the thread's checks");
+}

@@ -338,6 +338,21 @@ impl Device {
         call!(self, self.tables.root.get(), event_record(event, stream))
     }
 
+    /// `true` when the event's most recent record has completed (or it was never recorded).
+    pub fn event_query(&self, event: Event) -> Result<bool, AdaptorError> {
+        let f = self
+            .tables
+            .root
+            .get()
+            .event_query
+            .ok_or_else(|| self.unsupported("event_query"))?;
+        // SAFETY: a handle from this adaptor.
+        match unsafe { f(event) } {
+            Status::NOT_READY => Ok(false),
+            s => self.check("event_query", s).map(|()| true),
+        }
+    }
+
     /// Waits for the event's most recent record.
     pub fn event_synchronize(&self, event: Event) -> Result<(), AdaptorError> {
         call!(self, self.tables.root.get(), event_synchronize(event))
