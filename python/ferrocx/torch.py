@@ -119,8 +119,10 @@ _GENERAL = object()
 # Whether an all_reduce of CUDA tensors whose caller does not wait at once (DDP's gradient
 # buckets, ``async_op=True``) runs on a communication stream of the group, ordered after the
 # current stream, as torch's NCCL backend runs it (``FERROCX_TORCH_COMM_STREAM=1``). Off by
-# default: on 4 H100 a DDP step took as long either way (1.14-1.17x torch's nccl with it,
-# 1.16x without), and the stream hand-off costs about 9 us per call.
+# default: the hand-off (an event recorded and waited for, the tensor marked in use on that
+# stream) and a CUDA future cost more per call than the caller's stream, and on H100s neither
+# way is faster on every machine size (DDP step on 4 GPUs 1.04-1.05x torch's nccl with it
+# against 1.11x without; on 2 GPUs 1.14x against 1.12x).
 _COMM_STREAM = os.environ.get("FERROCX_TORCH_COMM_STREAM", "0").strip() == "1"
 
 _ASYNC_OPT = all(
@@ -337,14 +339,21 @@ class _StreamWork(_Work):
     group's communication stream ``_stream``): done as far as the host is concerned; ``wait()``
     orders the then current stream after it."""
 
-    # The torch stream object of a call on the group's communication stream (else None).
+    # The torch stream object of a call on the group's communication stream (else None), and
+    # its (stream id, device index, device type) for torch's current-stream functions.
     _stream = None
+    _sid = None
 
     def wait(self, timeout: timedelta = _NO_TIMEOUT) -> bool:
         idx = self._idx
-        if _raw_stream(idx) != self._raw:
+        cur = _raw_stream(idx)
+        if cur != self._raw:
             # The current stream changed since the call: order it after the call's stream.
-            torch.cuda.current_stream(idx).wait_stream(self._call_stream())
+            pg = self._pg
+            if pg is not None:
+                pg._comm.order(pg._handle(self._raw), pg._handle(cur))
+            else:
+                torch.cuda.current_stream(idx).wait_stream(self._call_stream())
         return True
 
     def _call_stream(self) -> "torch.cuda.Stream":
@@ -376,10 +385,20 @@ class _StreamWork(_Work):
         if _raw_stream(idx) == self._raw:
             fut = _CFuture(_NO_DEVICES)
             fut.set_result(self._outputs)
+        elif self._sid is not None:
+            # A CUDA future marks its value ready on the current stream: make that the call's
+            # (the communication stream) for the moment, so that a consumer of the value waits
+            # for the call. torch's C functions, not its Python stream context and future
+            # class (about 100 us a bucket from DDP's autograd thread, on H100s).
+            fut = _CFuture(_cuda_devices(idx))
+            prev = _get_stream(idx)
+            _set_stream(*self._sid)
+            try:
+                fut.set_result(self._outputs)
+            finally:
+                _set_stream(*prev)
         else:
             fut = torch.futures.Future(devices=[torch.device("cuda", idx)])
-            # A CUDA future marks its value ready on the current stream: make that the call's,
-            # so that a consumer of the value waits for the call.
             with torch.cuda.stream(self._call_stream()):
                 fut.set_result(self._outputs)
         self._future = fut
@@ -388,6 +407,19 @@ class _StreamWork(_Work):
 
 _CFuture = torch._C.Future
 _NO_DEVICES: list = []
+# torch's current CUDA stream of a device as (stream id, device index, device type), and the
+# setter taking the same: the C functions behind `torch.cuda.current_stream`/`set_stream`.
+_get_stream = getattr(torch._C, "_cuda_getCurrentStream", _no_cuda)
+_set_stream = getattr(torch._C, "_cuda_setStream", _no_cuda)
+_DEVICE_LISTS: dict = {}
+
+
+def _cuda_devices(idx: int) -> list:
+    """``[torch.device("cuda", idx)]``, made once per device (a CUDA future's devices)."""
+    d = _DEVICE_LISTS.get(idx)
+    if d is None:
+        d = _DEVICE_LISTS[idx] = [torch.device("cuda", idx)]
+    return d
 
 
 def _completed(value, error: Optional[BaseException]) -> "torch.futures.Future":
@@ -765,17 +797,34 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         cs = self._comm_streams.get(dev)
         if cs is None:
             st = torch.cuda.Stream(device=dev)
-            cs = self._comm_streams[dev] = (st, st.cuda_stream, self._comm.wrap_stream(st.cuda_stream))
-        st, raw, h = cs
-        st.wait_stream(torch.cuda.current_stream(dev))
+            cs = self._comm_streams[dev] = (
+                st,
+                st.cuda_stream,
+                self._comm.wrap_stream(st.cuda_stream),
+                (st.stream_id, st.device_index, st.device_type),
+            )
+        st, raw, h, sid = cs
+        # The communication stream after the current one: one event of the communicator's,
+        # recorded and waited for in Rust (torch's `wait_stream` makes Python event and
+        # stream objects: about 10 us more a call from DDP's autograd thread).
+        self._comm.order(self._handle(_raw_stream(dev)), h)
         self._comm.all_reduce(p, p, t.numel(), d, o, h)
         t.record_stream(st)
         w = _StreamWork()
+        w._pg = self
         w._idx = dev
         w._raw = raw
         w._stream = st
+        w._sid = sid
         w._outputs = tensors
         return w
+
+    def _handle(self, raw: int) -> int:
+        """The device adaptor's handle of the raw CUDA stream ``raw`` (wrapped once)."""
+        h = self._streams.get(raw)
+        if h is None:
+            h = self._streams[raw] = self._comm.wrap_stream(raw)
+        return h
 
     def _allreduce(self, t: torch.Tensor, op):
         d, o = _dtype(t), _redop(op, t.dtype)

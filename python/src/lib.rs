@@ -82,6 +82,20 @@ fn handle_of(stream: Stream) -> u64 {
 #[pyclass(name = "Communicator", module = "ferrocx._ferrocx", frozen)]
 pub struct PyCommunicator {
     comm: Communicator,
+    /// Events of [`PyCommunicator::order`], oldest record first; one is taken again once its
+    /// record has completed (so no wait can see a later record than its own).
+    events: std::sync::Mutex<std::collections::VecDeque<Event>>,
+}
+
+impl Drop for PyCommunicator {
+    fn drop(&mut self) {
+        let events = self.events.get_mut().unwrap_or_else(|p| p.into_inner());
+        for e in events.drain(..) {
+            // Teardown: the streams they were recorded on are the caller's (CUDA keeps an
+            // event's pending record valid after its destruction).
+            let _ = self.comm.device().event_destroy(e);
+        }
+    }
 }
 
 impl PyCommunicator {
@@ -113,7 +127,10 @@ impl PyCommunicator {
     #[staticmethod]
     fn from_env(py: Python<'_>) -> PyResult<Self> {
         let comm = py.detach(Communicator::from_env).map_err(err)?;
-        Ok(PyCommunicator { comm })
+        Ok(PyCommunicator {
+            comm,
+            events: Default::default(),
+        })
     }
 
     /// This rank.
@@ -194,6 +211,31 @@ impl PyCommunicator {
                 return Err(x);
             }
             Ok(e.0 as usize as u64)
+        })
+        .map_err(err)
+    }
+
+    /// Orders the work enqueued on stream `to` from now on after the work enqueued on stream
+    /// `from` so far (handles of this communicator's device, as from `wrap_stream`), with no
+    /// host wait: an event recorded on `from` and waited for on `to` (CUDA's
+    /// `cudaStreamWaitEvent`), from a pool of the communicator's. What torch's
+    /// `Stream.wait_stream` does, without a Python event or stream object.
+    fn order(&self, py: Python<'_>, from: u64, to: u64) -> PyResult<()> {
+        py.detach(|| {
+            let d = self.comm.device();
+            let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+            let e = match events.front() {
+                Some(&e) if d.event_query(e)? => {
+                    events.pop_front();
+                    e
+                }
+                _ => d.event_create(1)?,
+            };
+            let r = d
+                .event_record(e, stream_of(from))
+                .and_then(|()| d.stream_wait_event(stream_of(to), e));
+            events.push_back(e);
+            r
         })
         .map_err(err)
     }

@@ -49,6 +49,23 @@ for n in (1, 7, 1000):
     c.broadcast(ctypes.addressof(src), ctypes.addressof(out), n, ferrocx.F64, 0)
     c.synchronize()
     assert list(out) == vals, n
+# One stream ordered after another (here the communicator's own, the one host stream there
+# is) through the communicator's events, many times: events are taken again once recorded.
+vals = [random.uniform(-9, 9) for _ in range(33)]
+src = (ctypes.c_double * 33)(*vals)
+dst = (ctypes.c_double * 33)()
+for _ in range(50):
+    c.order(c.stream, c.stream)
+c.all_reduce(ctypes.addressof(src), ctypes.addressof(dst), 33, ferrocx.F64, ferrocx.MAX)
+c.order(c.stream, c.stream)
+c.synchronize()
+assert list(dst) == vals
+try:
+    c.order(12345, c.stream)
+except ferrocx.Error as e:
+    print("order error:", e)
+else:
+    raise AssertionError("no error for a stream that is not one")
 try:
     c.all_reduce(0, 0, 4, 999, ferrocx.SUM)
 except ferrocx.Error as e:
@@ -71,6 +88,7 @@ def test_a_communicator_of_one_rank_from_the_environment():
     p = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "world one ok" in p.stdout, p.stdout + p.stderr
     assert "root error:" in p.stdout and "5" in p.stdout, p.stdout
+    assert "order error:" in p.stdout, p.stdout
 
 
 def test_a_bad_environment_is_an_error_not_a_crash():
