@@ -366,6 +366,75 @@ fn two_plus_three_ranks_every_collective() {
         .run();
 }
 
+/// A chunk's in-cluster all-gather waits for its own bridge step only: with the second
+/// chunk's step held on one rank until that rank's cluster stream has gathered the first chunk,
+/// the call completes (a gather that waited for later steps too would never open the hold,
+/// and the call would fail at the timeout). Rank by rank in `holders`, one call each.
+fn a_held_step_is_released(test: &str, holders: &[usize]) {
+    let Some(rank) = rank_of(test) else {
+        return;
+    };
+    let comm = communicator();
+    let h = comm.hetero().expect("a job across clusters");
+    // 4096-byte chunks per rank and slot: 5000 f32 are several chunks.
+    let n = 5000;
+    let dtype = DataType::F32;
+    for (i, &holder) in holders.iter().enumerate() {
+        let seed = 21 + i as u64;
+        let send = Buf::new(&comm, input(dtype, seed, rank, n));
+        let recv = Buf::zeros(&comm, n * 4);
+        if rank == holder {
+            h.inject_hold();
+        }
+        // SAFETY: n f32 each, kept until the synchronize.
+        unsafe { comm.all_reduce(send.ptr(), recv.ptr(), n, dtype, ReduceOp::SUM) }
+            .and_then(|()| comm.synchronize())
+            .unwrap_or_else(|e| panic!("rank {rank}, hold on rank {holder}: {e}"));
+        assert!(
+            recv.get() == reduced(dtype, ReduceOp::SUM, seed, comm.world(), n),
+            "rank {rank}, hold on rank {holder}"
+        );
+    }
+    println!("RANK OK");
+}
+
+#[test]
+fn a_chunks_gather_does_not_wait_for_the_next_chunks_bridge_step() {
+    const TEST: &str = "a_chunks_gather_does_not_wait_for_the_next_chunks_bridge_step";
+    if rank_of(TEST).is_some() {
+        return a_held_step_is_released(TEST, &[0, 3]);
+    }
+    // Two host clusters of two ranks, the plan through the clusters (in-cluster reduce-scatter
+    // and all-gather around each bridge step), pipelined two deep.
+    Job::new(TEST, 4)
+        .clusters(&[("a", "0,1"), ("b", "2,3")])
+        .env("FERROCX_BRIDGE_PLAN", "clusters")
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "0")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "2")
+        .timeout_ms(3000)
+        .run();
+}
+
+#[test]
+fn a_staged_chunks_copies_back_do_not_wait_for_the_next_chunks_bridge_step() {
+    const TEST: &str = "a_staged_chunks_copies_back_do_not_wait_for_the_next_chunks_bridge_step";
+    if rank_of(TEST).is_some() {
+        return a_held_step_is_released(TEST, &[0, 2]);
+    }
+    // One rank on a device the host cannot address (its results come back on the copy stream
+    // after each step) beside three host ranks.
+    with_offhost(Job::new(TEST, 4))
+        .clusters(&[("gpu", "0"), ("cpu", "1-3")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .env("FERROCX_BRIDGE_PLAN", "clusters")
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "0")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "2")
+        .timeout_ms(3000)
+        .run();
+}
+
 #[test]
 fn three_clusters_of_one_one_and_two_ranks() {
     if rank_of("three_clusters_of_one_one_and_two_ranks").is_some() {

@@ -421,6 +421,9 @@ pub struct HeteroCore {
     staging: Option<Staging>,
     /// A failure the next all_reduce injects (tests).
     inject: Mutex<Option<Stage>>,
+    /// Whether the next all_reduce through the clusters holds its second chunk's bridge step
+    /// (tests: [`HeteroCore::inject_hold`]).
+    hold: AtomicBool,
     /// The thread that runs the bridge steps of a staged device with stream memory
     /// operations (`None`: steps are host functions on the streams).
     proxy: Option<Proxy>,
@@ -478,6 +481,9 @@ struct Step {
     /// The call's descriptor check, run first (the first step of a call carries it: no
     /// separate hop on the stream).
     check: Option<(u64, Descriptor)>,
+    /// A gate the step waits for before it starts, at most the bridge's timeout (a test's
+    /// hold: [`HeteroCore::inject_hold`]).
+    gate: Option<Arc<AtomicBool>>,
 }
 
 impl Step {
@@ -518,6 +524,20 @@ impl Step {
     fn run(self, b: &Bridge) -> Result<(), HeteroError> {
         if let Some(e) = self.fault {
             return Err(e);
+        }
+        if let Some(gate) = &self.gate {
+            let start = std::time::Instant::now();
+            while !gate.load(Ordering::Acquire) {
+                if start.elapsed() >= b.timeout() {
+                    return Err(HeteroError::Bridge(format!(
+                        "the held bridge step of epoch {} was not released within {} ms (its \
+                         cluster stream never got past the chunk before)",
+                        self.epoch,
+                        b.timeout().as_millis()
+                    )));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
         }
         let trace = |phase: &str| {
             if step_trace() {
@@ -813,6 +833,7 @@ impl HeteroCore {
             slot_bytes,
             staging,
             inject: Mutex::new(None),
+            hold: AtomicBool::new(false),
             proxy,
             backlog: Backlog::default(),
             flat_plan: match std::env::var("FERROCX_BRIDGE_PLAN").as_deref() {
@@ -877,6 +898,14 @@ impl HeteroCore {
     /// rank must fail alike, and the call must release what it took).
     pub fn inject_failure(&self, stage: Stage) {
         *self.inject.lock().unwrap_or_else(|p| p.into_inner()) = Some(stage);
+    }
+
+    /// Makes this rank's next all_reduce through the clusters (two chunks or more) hold the
+    /// bridge step of its second chunk until its cluster stream has gathered the first chunk
+    /// (at most the timeout, then the call fails): a test that a chunk's gather waits for its
+    /// own bridge step only, never for a later chunk's.
+    pub fn inject_hold(&self) {
+        self.hold.store(true, Ordering::Release);
     }
 
     /// Waits for every stream of the plans (teardown and `synchronize`).
@@ -1233,6 +1262,7 @@ impl HeteroCore {
                 what: "the bridge step of an all_reduce",
                 fault: None,
                 check: (k == 0).then_some(check),
+                gate: None,
             });
             steps.push(Step {
                 epoch: epoch + 1,
@@ -1254,6 +1284,7 @@ impl HeteroCore {
                 what: "the bridge step of an all_reduce",
                 fault: None,
                 check: None,
+                gate: None,
             });
         }
         steps
@@ -1398,6 +1429,7 @@ impl HeteroCore {
                     what: "the bridge step of an all_reduce",
                     fault: fault.map(injected),
                     check: None,
+                    gate: None,
                 },
                 stream,
             );
@@ -1601,6 +1633,10 @@ impl HeteroCore {
             return leave(self.streams.bridge);
         }
         enter(cs)?;
+        // A test's hold (`inject_hold`): chunk 1's step waits for a gate that the cluster
+        // stream opens once it has gathered chunk 0.
+        let gate = (plan.chunks >= 2 && self.hold.swap(false, Ordering::AcqRel))
+            .then(|| Arc::new(AtomicBool::new(false)));
         // With `FERROCX_BRIDGE_TRACE=1`, a line from the cluster stream as each of its stages
         // starts and ends (a host function between them: for finding where a pipeline waits).
         let mark = |what: &'static str, k: usize| -> Result<(), HeteroError> {
@@ -1700,6 +1736,7 @@ impl HeteroCore {
                         kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
                     },
                 )),
+                gate: if k == 1 { gate.clone() } else { None },
             };
             // My own source is my slot (published from `recv` before it is overwritten).
             debug_assert!(sh
@@ -1747,6 +1784,16 @@ impl HeteroCore {
                         )
                     }?;
                 }
+            }
+            if let (0, Some(g)) = (k, &gate) {
+                let g = g.clone();
+                self.host(
+                    cs,
+                    Box::new(move |_| {
+                        g.store(true, Ordering::Release);
+                        Ok(())
+                    }),
+                )?;
             }
             mark("ag-done", k)
         };
@@ -1919,6 +1966,7 @@ impl HeteroCore {
                     what: "a broadcast",
                     fault: None,
                     check: None,
+                    gate: None,
                 }
             },
             stream,
@@ -1978,6 +2026,7 @@ impl HeteroCore {
                     what: "a reduce",
                     fault: None,
                     check: None,
+                    gate: None,
                 }
             },
             stream,
@@ -2047,6 +2096,7 @@ impl HeteroCore {
                     what: op.name(),
                     fault: None,
                     check: None,
+                    gate: None,
                 }
             },
             stream,
@@ -2140,6 +2190,7 @@ impl HeteroCore {
                     what: kind.name(),
                     fault: None,
                     check: None,
+                    gate: None,
                 }
             },
             stream,
@@ -2730,6 +2781,15 @@ impl Hetero {
     pub fn inject_failure(&self, stage: Stage) {
         if let Some(c) = self.shm() {
             c.inject_failure(stage);
+        }
+    }
+
+    /// Makes this rank's next all_reduce through the clusters hold its second chunk's bridge
+    /// step until its cluster stream has gathered the first chunk (the shared-memory bridge's
+    /// tests; see [`HeteroCore::inject_hold`]).
+    pub fn inject_hold(&self) {
+        if let Some(c) = self.shm() {
+            c.inject_hold();
         }
     }
 
