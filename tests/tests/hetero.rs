@@ -838,10 +838,18 @@ fn failure_at_each_stage(test: &str, async_chunks: &str, plan: &str) {
             if rank == at {
                 h.inject_failure(stage);
             }
-            // A rank whose share was done before the failure may finish this call; its next
-            // one fails.
+            // A rank whose share was done before the failure may finish this call, with the
+            // right values (one that gathered a failed peer's share must fail); its next one
+            // fails.
             let e = call()
-                .and_then(|()| call())
+                .and_then(|()| {
+                    assert!(
+                        recv.get() == reduced(dtype, ReduceOp::SUM, 5, comm.world(), n),
+                        "rank {rank}: a call that finished beside the failure at {}",
+                        stage.name()
+                    );
+                    call()
+                })
                 .expect_err("the injected failure");
             let text = e.to_string();
             println!("ERROR {text}");

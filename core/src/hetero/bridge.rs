@@ -44,6 +44,8 @@ const H_DEPTH: usize = 16;
 const H_SLOT: usize = 24;
 const H_ATTACHED: usize = LINE;
 const H_FAILED: usize = 2 * LINE;
+/// The earliest bridge step that failed on any rank, as `(epoch << 16 | rank) + 1` (0: none).
+const H_FAILED_STEP: usize = 2 * LINE + 8;
 const H_TEXT_LEN: usize = 3 * LINE;
 const H_TEXT: usize = 4 * LINE;
 /// Ranks asleep in a wait (on any word): a signal wakes sleepers only when there are some.
@@ -356,6 +358,28 @@ impl Bridge {
             cluster: self.topo.cluster_name_of(rank).to_string(),
             message,
         })
+    }
+
+    /// Notes that this rank's bridge step of `epoch` failed (or did not run for an earlier
+    /// failure): the rank's later in-cluster stages gather its share unreduced, so every rank
+    /// that took part in that epoch must not report its call done ([`Bridge::failed_step`]).
+    /// The earliest such step is kept.
+    pub fn mark_failed_step(&self, epoch: u64) {
+        let me = (self.topo.me as u64).min(0xffff);
+        let word = ((epoch << 16) | me) + 1;
+        let _ =
+            self.u64_at(H_FAILED_STEP)
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                    (cur == 0 || word < cur).then_some(word)
+                });
+    }
+
+    /// The earliest failed bridge step of the job, as (epoch, rank), if one.
+    pub fn failed_step(&self) -> Option<(u64, usize)> {
+        match self.u64_at(H_FAILED_STEP).load(Ordering::Acquire) {
+            0 => None,
+            w => Some(((w - 1) >> 16, ((w - 1) & 0xffff) as usize)),
+        }
     }
 
     /// Records `e` (about rank `r`) as the job's failure, unless one is recorded already.

@@ -84,7 +84,11 @@
 //! clusters fails on every rank with the same error naming both ranks. A wait on a peer that
 //! does not arrive within `timeout_ms` (or whose process is gone) fails naming the rank and its
 //! cluster, and records the failure in the bridge so every other rank fails with it too. A
-//! failed step breaks the communicator's bridge: later steps do nothing and report it.
+//! failed step breaks the communicator's bridge: later steps do nothing and report it. The
+//! earliest failed step's epoch is kept in the bridge too: the failing rank's in-cluster
+//! stages go on with its share unreduced, so a rank of its cluster whose own steps all ran
+//! fails at its next `synchronize` if it took part in that epoch, instead of reporting wrong
+//! values as done (a failure in an epoch it has not reached is left to that call).
 
 pub mod bridge;
 mod enqueue;
@@ -522,6 +526,15 @@ impl Step {
     }
 
     fn run(self, b: &Bridge) -> Result<(), HeteroError> {
+        let epoch = self.epoch;
+        let r = self.execute(b);
+        if r.is_err() {
+            b.mark_failed_step(epoch);
+        }
+        r
+    }
+
+    fn execute(self, b: &Bridge) -> Result<(), HeteroError> {
         if let Some(e) = self.fault {
             return Err(e);
         }
@@ -864,9 +877,31 @@ impl HeteroCore {
             .len()
     }
 
-    /// The first failure of a bridge step already run, or one another rank recorded.
+    /// The first failure of a bridge step already run on this rank, or a failed step of
+    /// another rank in an epoch this rank has taken part in: that rank's in-cluster stages
+    /// went on with its share unreduced, so a peer of its cluster whose own steps all ran
+    /// would otherwise report wrong values as done. (A failure in a later epoch, of a call
+    /// this rank has not made yet, is left to that call.)
     pub fn check(&self) -> Result<(), HeteroError> {
-        self.shared.check()
+        self.shared.check()?;
+        let b = &self.shared.bridge;
+        let Some((epoch, rank)) = b.failed_step() else {
+            return Ok(());
+        };
+        let reserved = self.state.lock().unwrap_or_else(|p| p.into_inner()).epoch;
+        if epoch >= reserved {
+            return Ok(());
+        }
+        let e = b.failure().unwrap_or_else(|| HeteroError::PeerFailed {
+            rank,
+            cluster: self.topo.cluster_name_of(rank).to_string(),
+            message: format!(
+                "{} failed a bridge step of a collective this rank took part in",
+                self.topo.who(rank)
+            ),
+        });
+        self.shared.fail(e.clone());
+        Err(e)
     }
 
     /// Why a call failed, as precisely as the bridge knows: a failure another rank recorded,
