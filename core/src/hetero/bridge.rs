@@ -360,10 +360,10 @@ impl Bridge {
         })
     }
 
-    /// Notes that this rank's bridge step of `epoch` failed (or did not run for an earlier
-    /// failure): the rank's later in-cluster stages gather its share unreduced, so every rank
-    /// that took part in that epoch must not report its call done ([`Bridge::failed_step`]).
-    /// The earliest such step is kept.
+    /// Notes that this rank's bridge step of `epoch` failed (its later steps do not run): the
+    /// rank's later in-cluster stages gather its share unreduced, so every rank that took part
+    /// in that epoch must not report its call done ([`Bridge::failed_step`]). The earliest such
+    /// step is kept.
     pub fn mark_failed_step(&self, epoch: u64) {
         let me = (self.topo.me as u64).min(0xffff);
         let word = ((epoch << 16) | me) + 1;
