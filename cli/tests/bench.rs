@@ -491,8 +491,72 @@ fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
 }
 
 #[test]
+fn overlap_timeline_marks_every_slice_and_piece_and_own_rows_from_the_input_stay_right() {
+    // Own rows multiplied from the input; a timeline of each size's extra run: one line per
+    // slice (or piece) with its arrival and the end of its matmul, then the end.
+    for (algo, pieces, marks) in [("p2p", "1", 2), ("window-copies", "3", 4)] {
+        let out = bench(
+            &[
+                "-n",
+                "2",
+                "--op",
+                "all_gather",
+                "--overlap",
+                "--algo",
+                algo,
+                "-b",
+                "4K",
+                "-e",
+                "16K",
+                "-f",
+                "4",
+                "--iters",
+                "2",
+                "--warmup",
+                "1",
+                "--matmul-k",
+                "24",
+                "--matmul-n",
+                "9",
+                "--pieces",
+                pieces,
+                "--own-rows",
+                "input",
+                "--timeline",
+            ],
+            &[],
+        );
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+        let rows: Vec<Vec<&str>> = stdout
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 2, "{stdout}");
+        assert!(rows.iter().all(|r| r[6] == "0"), "{stdout}");
+        let from: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.starts_with("#   from rank"))
+            .collect();
+        assert_eq!(from.len(), 2 * marks, "{stdout}");
+        assert_eq!(
+            stdout.lines().filter(|l| l.starts_with("#   end")).count(),
+            2,
+            "{stdout}"
+        );
+        for line in from {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            // "#   from rank R rows A..B arrived T us matmul done T us"
+            let (arrived, done) = (num(w[7]), num(w[11]));
+            assert!(arrived >= 0.0 && done >= 0.0, "{line}");
+        }
+    }
+}
+
+#[test]
 fn p2p_and_overlap_arguments_are_checked_before_anything_is_launched() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["-n", "2", "--op", "all_reduce", "--algo", "p2p"],
             "--algo p2p runs all_gather only, not --op all_reduce",
@@ -520,6 +584,10 @@ fn p2p_and_overlap_arguments_are_checked_before_anything_is_launched() {
         (
             &["-n", "2", "--op", "all_gather", "--streams", "0"],
             "--streams",
+        ),
+        (
+            &["-n", "2", "--op", "all_gather", "--timeline"],
+            "--timeline and --own-rows belong to --overlap",
         ),
     ];
     for (args, needle) in cases {

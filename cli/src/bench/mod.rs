@@ -125,6 +125,16 @@ pub struct BenchArgs {
     /// soon as it lands (the window-copies route; 1: whole slices).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub pieces: u32,
+    /// `--overlap`: where the pipelined matmul reads this rank's own rows: `gathered` (its
+    /// slice of the output, after the gather's local copy, on the slice's stream) or `input`
+    /// (its input, at once, on the communicator's stream, as a tensor-parallel layer may).
+    #[arg(long, value_enum, default_value = "gathered")]
+    pub own_rows: OwnRows,
+    /// `--overlap`: after the table, one more pipelined run of each size with an event at
+    /// each slice's (or piece's) arrival and after each matmul, printed as microseconds from
+    /// the start on rank 0.
+    #[arg(long)]
+    pub timeline: bool,
     /// Timed runs per size and placement; the median is reported (default: 1, or 5 with
     /// --direct).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -190,6 +200,15 @@ impl OpArg {
             one => one.ops()[0].name(),
         }
     }
+}
+
+/// `--own-rows`: where `--overlap`'s pipelined matmul reads this rank's own rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OwnRows {
+    /// Its slice of the gathered output, on the slice's stream after the slice's event.
+    Gathered,
+    /// Its input, at once, on the communicator's stream.
+    Input,
 }
 
 /// `--algo`.
@@ -507,6 +526,8 @@ impl BenchArgs {
             if self.graph || self.direct {
                 return Err("--overlap runs without --graph and --direct".into());
             }
+        } else if self.timeline || self.own_rows != OwnRows::Gathered {
+            return Err("--timeline and --own-rows belong to --overlap: add --overlap".into());
         }
         Ok(())
     }
@@ -539,6 +560,12 @@ impl BenchArgs {
         push("--matmul-k", self.matmul_k.to_string());
         push("--matmul-n", self.matmul_n.to_string());
         push("--pieces", self.pieces.to_string());
+        if self.own_rows == OwnRows::Input {
+            push("--own-rows", "input".into());
+        }
+        if self.timeline {
+            a.push("--timeline".into());
+        }
         if self.overlap {
             a.push("--overlap".into());
         }

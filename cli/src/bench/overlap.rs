@@ -9,7 +9,12 @@
 //! - `t_matmul`: the matmul of the gathered rows by a `k x n` matrix
 //!   ([`ferrocx_kernels::matmul`]), on the communicator's stream;
 //! - `t_pipelined`: `all_gather_p2p_each` with slice `j`'s matmul on slice `j`'s stream right
-//!   after its event (on the route `--algo` forces, else the router's).
+//!   after its event (on the route `--algo` forces, else the router's); with `--own-rows
+//!   input` this rank's own rows are multiplied from its input at once, on the communicator's
+//!   stream (they need no transfer).
+//!
+//! `--timeline` runs each size once more with an event at every slice's (or piece's) arrival
+//! and after every matmul, and rank 0 prints them as microseconds from the start.
 //!
 //! The overlap is `(t_all_gather + t_matmul) / t_pipelined`: 1 when nothing overlaps, up to 2
 //! when the two take equal time and hide each other completely. The pipelined output is checked
@@ -19,19 +24,21 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp};
-use ferrocx::adaptor::DeviceBuffer;
+use ferrocx::abi::{DataType, DevicePtr, Event, MemKind, ReduceOp, Stream};
+use ferrocx::adaptor::{Device, DeviceBuffer};
 use ferrocx::comm::{CommError, Communicator, Slice};
 use ferrocx::route::Route;
 use ferrocx_kernels::matmul::Matmul;
 
-use super::{show_size, sizes, AlgoArg, BenchArgs};
+use super::{show_size, sizes, AlgoArg, BenchArgs, OwnRows};
 
 /// The three times of one size, in microseconds per operation.
 struct Times {
     gather: f64,
     matmul: f64,
     pipelined: f64,
+    /// `--timeline`'s lines (this rank's).
+    timeline: Vec<String>,
 }
 
 /// Buffers of one size.
@@ -41,6 +48,86 @@ struct Buffers {
     w: DeviceBuffer,
     y: DeviceBuffer,
     y_plain: DeviceBuffer,
+}
+
+/// One slice's (or piece's) marks: source rank, first row, rows, arrival, matmul done.
+type Mark = (usize, usize, usize, Event, Option<Event>);
+
+/// `--timeline`: an event at each slice's (or piece's) arrival and after its matmul, and one
+/// at the start, all on this rank's device.
+struct Marks {
+    start: Event,
+    each: std::cell::RefCell<Vec<Mark>>,
+}
+
+impl Marks {
+    fn new(dev: &Device, stream: Stream) -> Result<Self, Box<dyn Error>> {
+        let start = dev.event_create(0)?;
+        dev.event_record(start, stream)?;
+        Ok(Marks {
+            start,
+            each: Default::default(),
+        })
+    }
+
+    /// Records the arrival of `rows` rows from `rank` (first row `row`) on `stream`.
+    fn arrived(
+        &self,
+        dev: &Device,
+        rank: usize,
+        row: usize,
+        rows: usize,
+        stream: Stream,
+    ) -> Result<(), CommError> {
+        let e = dev
+            .event_create(0)
+            .map_err(|e| CommError::PointToPoint(e.to_string()))?;
+        self.each.borrow_mut().push((rank, row, rows, e, None));
+        dev.event_record(e, stream)
+            .map_err(|e| CommError::PointToPoint(e.to_string()))
+    }
+
+    /// Records the end of the last arrival's matmul, enqueued on `stream`.
+    fn done(&self, dev: &Device, stream: Stream) -> Result<(), CommError> {
+        let e = dev
+            .event_create(0)
+            .map_err(|e| CommError::PointToPoint(e.to_string()))?;
+        if let Some(last) = self.each.borrow_mut().last_mut() {
+            last.4 = Some(e);
+        }
+        dev.event_record(e, stream)
+            .map_err(|e| CommError::PointToPoint(e.to_string()))
+    }
+
+    /// The marks as lines of text (after a synchronize), `end` recorded at the run's end; the
+    /// events are destroyed.
+    fn report(self, dev: &Device, end: Event) -> Result<Vec<String>, Box<dyn Error>> {
+        let us = |e: Event| -> Result<f64, Box<dyn Error>> {
+            Ok(f64::from(dev.event_elapsed_ms(self.start, e)?) * 1e3)
+        };
+        let mut out = Vec::new();
+        for &(rank, row, rows, arrived, done) in self.each.borrow().iter() {
+            let done_at = match done {
+                Some(d) => format!("{:>9.1}", us(d)?),
+                None => "        -".into(),
+            };
+            out.push(format!(
+                "#   from rank {rank:>3}  rows {row:>9}..{:<9}  arrived {:>9.1} us  matmul done {done_at} us",
+                row + rows,
+                us(arrived)?
+            ));
+        }
+        out.push(format!("#   end {:>9.1} us", us(end)?));
+        for &(_, _, _, a, d) in self.each.borrow().iter() {
+            dev.event_destroy(a)?;
+            if let Some(d) = d {
+                dev.event_destroy(d)?;
+            }
+        }
+        dev.event_destroy(self.start)?;
+        dev.event_destroy(end)?;
+        Ok(out)
+    }
 }
 
 struct Overlap<'a> {
@@ -112,7 +199,12 @@ impl Overlap<'_> {
 
     /// Enqueues the pipelined gather and per-slice matmuls, the communicator's stream after
     /// them.
-    fn pipelined(&self, b: &Buffers, m: usize) -> Result<(), Box<dyn Error>> {
+    fn pipelined(
+        &self,
+        b: &Buffers,
+        m: usize,
+        marks: Option<&Marks>,
+    ) -> Result<(), Box<dyn Error>> {
         let (k, n) = (self.k, self.n);
         let dev = self.comm.device();
         // A slice, or a piece of one (`--pieces`): its rows of the gathered activations, and
@@ -120,24 +212,39 @@ impl Overlap<'_> {
         // them; pieces on the communicator's stream after each piece's event, so the copies of
         // a slice's later pieces (on the slice's stream) run under the matmul of its first.
         let pieces = self.args.pieces > 1;
+        let me = self.comm.rank();
         let hook = |s: &Slice| {
             let row = (s.ptr.0 - b.x_full.ptr().0) as usize / (k * 4);
             let y = DevicePtr(b.y.ptr().0 + (row * n * 4) as u64);
-            let on = if pieces {
+            // This rank's own rows with `--own-rows input`: its input, at once, on the
+            // communicator's stream, while the gather copies them and the peers' slices.
+            let own_input = s.rank == me && self.args.own_rows == OwnRows::Input;
+            let (on, rows) = if own_input {
+                (self.comm.stream(), b.x.ptr())
+            } else if pieces {
                 dev.stream_wait_event(self.comm.stream(), s.event)
                     .map_err(|e| CommError::PointToPoint(e.to_string()))?;
-                self.comm.stream()
+                (self.comm.stream(), s.ptr)
             } else {
-                s.stream
+                (s.stream, s.ptr)
             };
-            // SAFETY: the rows `row..row + s.count / k` (whole rows: pieces are cut at rows)
-            // are in place when `on` reaches this point; the rows of `y` it writes are its
-            // own; the buffers live until the synchronize.
+            if let Some(m) = marks {
+                m.arrived(dev, s.rank, row, s.count / k, s.stream)?;
+            }
+            // SAFETY: the rows `row..row + s.count / k` of the gathered output (whole rows:
+            // pieces are cut at rows) are in place when `on` reaches this point, and `x` (this
+            // rank's whole own slice: pieces cut only the peers' slices) holds them from the
+            // start and is only read by the gather; the rows of `y` it writes are its own; the
+            // buffers live until the synchronize.
             unsafe {
                 self.matmul
-                    .enqueue(dev, on, [s.ptr, b.w.ptr(), y], (s.count / k, n, k))
+                    .enqueue(dev, on, [rows, b.w.ptr(), y], (s.count / k, n, k))
             }
-            .map_err(CommError::PointToPoint)
+            .map_err(CommError::PointToPoint)?;
+            match marks {
+                Some(m) => m.done(dev, on),
+                None => Ok(()),
+            }
         };
         let piece_rows = m.div_ceil(self.args.pieces as usize);
         // SAFETY: as in `gather`.
@@ -211,14 +318,14 @@ impl Overlap<'_> {
         let rows = world * m;
         let gather = self.time(&|| self.gather(&b, m * k))?;
         let matmul = self.time(&|| self.matmul(&b, &b.y_plain, rows))?;
-        let pipelined = self.time(&|| self.pipelined(&b, m))?;
+        let pipelined = self.time(&|| self.pipelined(&b, m, None))?;
         // The check: the plain way's output against the pipelined one's.
         self.gather(&b, m * k)?;
         self.matmul(&b, &b.y_plain, rows)?;
         self.comm.synchronize()?;
         let plain = b.y_plain.to_vec()?;
         b.y.fill(0xff)?;
-        self.pipelined(&b, m)?;
+        self.pipelined(&b, m, None)?;
         self.comm.synchronize()?;
         let piped = b.y.to_vec()?;
         let wrong = plain
@@ -226,6 +333,16 @@ impl Overlap<'_> {
             .zip(piped.chunks_exact(4))
             .filter(|(a, b)| a != b)
             .count();
+        let mut timeline = Vec::new();
+        if self.args.timeline {
+            self.comm.barrier()?;
+            let marks = Marks::new(dev, self.comm.stream())?;
+            self.pipelined(&b, m, Some(&marks))?;
+            let end = dev.event_create(0)?;
+            dev.event_record(end, self.comm.stream())?;
+            self.comm.synchronize()?;
+            timeline = marks.report(dev, end)?;
+        }
         // The most wrong elements on any rank: 0 only when every rank's output is right.
         let all = self.slowest(&[gather, matmul, pipelined, wrong as f64])?;
         let wrong = all[3] as u64;
@@ -234,6 +351,7 @@ impl Overlap<'_> {
                 gather: all[0],
                 matmul: all[1],
                 pipelined: all[2],
+                timeline,
             },
             wrong,
         ))
@@ -313,6 +431,9 @@ pub fn run(args: &BenchArgs, comm: &Communicator) -> Result<ExitCode, Box<dyn Er
                 (t.gather + t.matmul) / t.pipelined,
                 wrong
             );
+            for line in &t.timeline {
+                println!("{line}");
+            }
         }
     }
     if rank == 0 {
