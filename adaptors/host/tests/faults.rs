@@ -172,6 +172,81 @@ fn a_rank_with_a_different_count_gets_a_clear_error_on_every_rank() {
 }
 
 #[test]
+fn tiny_broadcast_mismatch_worker() {
+    let Some((rank, world)) = worker("tiny_broadcast_mismatch_worker") else {
+        return;
+    };
+    let case = std::env::var("FERROCX_TEST_CASE").unwrap();
+    let (dev, ccl) = host();
+    let c = comm(&ccl, rank, world, 5_000);
+    let s = dev.stream_create().unwrap();
+    let send = [3.0f32, 4.0];
+    let mut recv = [0.0f32; 2];
+    // Rank 0 is the root of a tiny broadcast (2 f32, which rides in its tiny record); rank 1
+    // calls an all-reduce ("all_reduce"), or a broadcast of one element ("count"). Or the
+    // other way round ("reverse"): rank 0 calls the all-reduce, rank 1 the tiny broadcast.
+    let reverse = case == "reverse";
+    // SAFETY: `send` and `recv` hold 2 f32s (the host device addresses this process's memory)
+    // and are read after the stream is synchronized.
+    unsafe {
+        match (rank, case.as_str()) {
+            (0, "reverse") | (1, "all_reduce") => ccl.all_reduce(
+                p(&send),
+                pm(&mut recv),
+                2,
+                DataType::F32,
+                ReduceOp::SUM,
+                c,
+                s,
+            ),
+            (0, _) | (1, "reverse") => {
+                ccl.broadcast(p(&send), pm(&mut recv), 2, DataType::F32, 0, c, s)
+            }
+            _ => ccl.broadcast(p(&send), pm(&mut recv), 1, DataType::F32, 0, c, s),
+        }
+    }
+    .unwrap();
+    let done = dev.stream_synchronize(s);
+    if rank == 0 && !reverse {
+        // The root publishes and goes on, as an eager send does: its call is complete.
+        done.unwrap();
+        assert_eq!(recv, send);
+        return;
+    }
+    let err = done.expect_err("the calls differ");
+    let msg = err.to_string();
+    assert_eq!(err.status(), Status::INVALID_ARGUMENT, "{msg}");
+    assert!(msg.contains("ranks disagree"), "{msg}");
+    let (bcast, other) = match case.as_str() {
+        "all_reduce" => ("rank 0: broadcast count 2", "rank 1: all_reduce count 2"),
+        "count" => ("rank 0: broadcast count 2", "rank 1: broadcast count 1"),
+        _ => ("rank 1: broadcast count 2", "rank 0: all_reduce count 2"),
+    };
+    assert!(
+        msg.contains(&format!("{bcast} dtype f32 op sum root 0")),
+        "{msg}"
+    );
+    assert!(msg.contains(other), "{msg}");
+    assert_eq!(recv, [0.0; 2], "no partial result is written");
+    println!("rank {rank}: {msg}");
+}
+
+#[test]
+fn a_call_beside_a_tiny_broadcast_gets_a_clear_error_naming_both() {
+    for case in ["all_reduce", "count", "reverse"] {
+        let outcomes = wait(
+            spawn(
+                "tiny_broadcast_mismatch_worker",
+                2,
+                &[("FERROCX_TEST_CASE", case.to_string())],
+            ),
+            Duration::from_secs(60),
+        );
+        assert_all_ok(&outcomes);
+    }
+}
+
+#[test]
 fn abort_worker() {
     let Some((rank, world)) = worker("abort_worker") else {
         return;

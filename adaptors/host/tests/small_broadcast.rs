@@ -76,10 +76,12 @@ struct Call {
     want: Option<Vec<u8>>,
 }
 
-/// (type, elements): every size fits one line (192 bytes), several are odd.
-const SMALL: [(DataType, usize); 6] = [
+/// (type, elements): every size fits one line (192 bytes), several are odd; the first three
+/// ride in the root's tiny record (up to 8 bytes).
+const SMALL: [(DataType, usize); 7] = [
     (DataType::U8, 1),
     (DataType::U8, 7),
+    (DataType::F32, 2),
     (DataType::F32, 3),
     (DataType::I64, 5),
     (DataType::F16, 33),
@@ -107,8 +109,9 @@ fn run_worker(rank: usize, world: usize) {
         for (dt, n) in SMALL {
             let bytes = n * dt.size().unwrap();
             let mut calls = Vec::new();
-            // More calls than the lines a root may run ahead by (64).
-            for i in 0..160 {
+            // More calls than a root may run ahead by (63 through its lines, 255 through its
+            // tiny records).
+            for i in 0..300 {
                 k += 1;
                 let want = payload(k, root, bytes);
                 let send = if rank == root {
@@ -267,28 +270,34 @@ fn run_worker(rank: usize, world: usize) {
     }
 
     // 3. A late receiver: the last rank starts its calls 100 ms after the others, so the root
-    //    runs ahead until its lines run out and must wait; the values stay right.
-    let late = world - 1;
-    if rank == late && world > 1 {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let mut calls = Vec::new();
-    for _ in 0..200 {
-        k += 1;
-        let want = payload(k, 0, 13);
-        let send = if rank == 0 {
-            want.clone()
-        } else {
-            vec![0u8; 13]
-        };
-        calls.push((want, send, vec![0u8; 13]));
-    }
-    for (_, send, recv) in calls.iter_mut() {
-        bcast(send, recv, 13, DataType::U8, 0);
-    }
-    sync("broadcasts to a late receiver");
-    for (i, (want, _, recv)) in calls.iter().enumerate() {
-        assert_eq!(recv, want, "rank {rank}: broadcast {i} to a late receiver");
+    //    runs ahead until its lines (13 bytes) or its tiny records (5 bytes) run out and must
+    //    wait; the values stay right.
+    for (bytes, n) in [(13, 200), (5, 600)] {
+        let late = world - 1;
+        if rank == late && world > 1 {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut calls = Vec::new();
+        for _ in 0..n {
+            k += 1;
+            let want = payload(k, 0, bytes);
+            let send = if rank == 0 {
+                want.clone()
+            } else {
+                vec![0u8; bytes]
+            };
+            calls.push((want, send, vec![0u8; bytes]));
+        }
+        for (_, send, recv) in calls.iter_mut() {
+            bcast(send, recv, bytes, DataType::U8, 0);
+        }
+        sync("broadcasts to a late receiver");
+        for (i, (want, _, recv)) in calls.iter().enumerate() {
+            assert_eq!(
+                recv, want,
+                "rank {rank}: broadcast {i} of {bytes} B to a late receiver"
+            );
+        }
     }
 
     // 4. Stream semantics. The root's call completes on its stream before any receiver has

@@ -10,7 +10,7 @@ use ferrocx_plugin_sdk::{Error, Result};
 
 use super::algo::copy;
 use super::comm::HostComm;
-use super::segment::{Line, Segment, LINE, LINES, LINE_BYTES};
+use super::segment::{Line, Segment, Tiny, LINE, LINES, LINE_BYTES, TINY, TINY_BYTES};
 use super::sync::{barrier, notify, poll, wait_until};
 
 /// Operation kinds, as written in descriptors.
@@ -98,6 +98,39 @@ fn line_of(seg: &Segment, r: usize, g: u64) -> &Line {
     &seg.rank(r).line[(g % LINES as u64) as usize]
 }
 
+/// Rank `r`'s tiny-broadcast record of generation `g`.
+fn tiny_of(seg: &Segment, r: usize, g: u64) -> &Tiny {
+    &seg.rank(r).tiny[(g % TINY as u64) as usize]
+}
+
+/// The tag of a tiny broadcast `d` of generation `g`: the generation's low 32 bits (a record
+/// is rewritten `TINY` generations later, so equality tells this generation's from an older
+/// one), then the call exactly: count (4 bits), data type (8), root (20). `None` where the
+/// call does not fit (it then takes the root's line).
+fn tiny_tag(g: u64, d: &Desc, bytes: usize) -> Option<u64> {
+    let fits =
+        bytes <= TINY_BYTES && d.count < 16 && d.dtype.0 < 256 && (0..1 << 20).contains(&d.root);
+    fits.then_some(
+        (g as u32 as u64) << 32 | d.count | (d.dtype.0 as u64) << 4 | (d.root as u64) << 12,
+    )
+}
+
+/// Whether tag `tag` is of generation `g`.
+fn tiny_is(tag: u64, g: u64) -> bool {
+    tag >> 32 == g as u32 as u64
+}
+
+/// The call a tiny tag names, as a mismatch message shows it.
+fn show_tiny(r: usize, tag: u64) -> String {
+    format!(
+        "rank {r}: broadcast count {} dtype {:?} op {:?} root {}",
+        tag & 0xf,
+        DataType(((tag >> 4) & 0xff) as u32),
+        ReduceOp::SUM,
+        (tag >> 12) & 0xf_ffff
+    )
+}
+
 /// The state an algorithm runs with.
 pub struct Ctx<'a> {
     pub comm: &'a HostComm,
@@ -165,10 +198,11 @@ impl Ctx<'_> {
         Ok((self.gen % 2) as usize)
     }
 
-    /// Makes sure every rank has reached generation `need` (published it, in a line or at a
-    /// barrier, so it has finished reading everything published before it), waiting if it is
-    /// not known yet. Writing generation `g`'s slots needs `g - 1` (they are reused every
-    /// other generation), its line `g + 1 - LINES`. Costs nothing after an agreement or a
+    /// Makes sure every rank has reached generation `need` (published it, in a line, at a
+    /// barrier or in its barrier word, so it has finished reading everything published before
+    /// it), waiting if it is not known yet. Writing generation `g`'s slots needs `g - 1` (they
+    /// are reused every other generation), its line `g + 1 - LINES`, its tiny record
+    /// `g + 1 - TINY`. Costs nothing after an agreement or a
     /// barrier, which establish the current generation; only a small broadcast (whose root
     /// does not wait for its receivers) leaves something to wait for.
     pub(super) fn settle(&mut self, need: u64, what: &str) -> Result<()> {
@@ -260,12 +294,16 @@ impl Ctx<'_> {
     }
 
     /// A small broadcast from `root`, its payload `data` (the root's, at most [`LINE_BYTES`])
-    /// in the root's line: the root publishes and returns without waiting for its receivers,
-    /// as an eager send does; a receiver waits for the root's line, checks its descriptor,
-    /// copies the payload to `recv` and then publishes its own line (its acknowledgement, and
-    /// its descriptor for a root that called something else). A line is rewritten `LINES`
-    /// generations later, so the root runs up to `LINES - 1` operations ahead of its slowest
-    /// receiver before it waits ([`settle`](Self::settle)); any other operation settles first.
+    /// in the root's line, or for a tiny one (at most [`TINY_BYTES`], see [`tiny_tag`]) in the
+    /// root's tiny record, four to a cache line: the root publishes and returns without
+    /// waiting for its receivers, as an eager send does; a receiver waits for the root's
+    /// record (or line), checks the call, copies the payload to `recv` and then publishes its
+    /// own line (its acknowledgement, and its descriptor for a root that called something
+    /// else). The root of a tiny one marks its progress in its barrier word, as a receiver
+    /// does, since it publishes no line (a later root settles on it). A line is rewritten
+    /// `LINES` generations later, so the root runs up to `LINES - 1` operations ahead of its
+    /// slowest receiver before it waits ([`settle`](Self::settle)); any other operation
+    /// settles first.
     ///
     /// # Safety
     /// `recv` holds `bytes` bytes (at most `LINE_BYTES`), on every rank.
@@ -280,25 +318,95 @@ impl Ctx<'_> {
         // Nothing is published before a wait here: a resumed inline attempt starts over.
         self.resume = false;
         let g = self.gen + 1;
-        if self.me() == root {
-            self.settle((g + 1).saturating_sub(LINES as u64), d.kind.name())?;
-            self.publish(g, d, data);
+        let tag = tiny_tag(g, d, bytes);
+        let me = self.me();
+        if me == root {
+            // A tiny record is rewritten `TINY` generations later, a line `LINES` later.
+            let ahead = if tag.is_some() { TINY } else { LINES } as u64;
+            self.settle((g + 1).saturating_sub(ahead), d.kind.name())?;
+            match tag {
+                Some(tag) => {
+                    let mut word = [0u8; 8];
+                    let data = data.unwrap_or_default();
+                    word[..data.len().min(TINY_BYTES)]
+                        .copy_from_slice(&data[..data.len().min(TINY_BYTES)]);
+                    let seg = &self.comm.seg;
+                    let rec = tiny_of(seg, me, g);
+                    rec.data.store(u64::from_ne_bytes(word), Ordering::Relaxed);
+                    // Release: a receiver that sees the tag sees the payload.
+                    rec.tag.store(tag, Ordering::Release);
+                    seg.rank(me).arrived.store(g, Ordering::Release);
+                    self.started = true;
+                    notify(seg);
+                }
+                None => self.publish(g, d, data),
+            }
+            self.gen = g;
+            if tag.is_some() {
+                // An in-place root's recv is its send: nothing to copy.
+                if let Some(data) = data.filter(|d| !std::ptr::eq(d.as_ptr(), recv)) {
+                    // SAFETY: recv and data hold `bytes` (at most TINY_BYTES) on the root.
+                    unsafe { copy(recv, data.as_ptr(), bytes) };
+                }
+                return Ok(());
+            }
         } else {
             let comm = self.comm;
-            let theirs = line_of(&comm.seg, root, g);
-            self.wait_peers(
-                d.kind.name(),
-                || theirs.gen.load(Ordering::Acquire) >= g,
-                || vec![root],
-            )?;
-            let same = (0..5).all(|i| theirs.desc[i].load(Ordering::Relaxed) == d.words(g)[i]);
-            // Its progress for a root that settles (see `settle`), then its line: published
-            // even on a mismatch, so that the root's next agreement sees it too.
-            comm.seg.rank(self.me()).arrived.store(g, Ordering::Release);
-            self.publish(g, d, None);
+            let seg = &comm.seg;
+            let theirs = line_of(seg, root, g);
+            let rec = tiny_of(seg, root, g);
+            // The root's record or its line (the call, or the root's call if it differs, takes
+            // one or the other; the checks below tell).
+            let there = || {
+                tiny_is(rec.tag.load(Ordering::Acquire), g)
+                    || theirs.gen.load(Ordering::Acquire) >= g
+            };
+            self.wait_peers(d.kind.name(), there, || vec![root])?;
+            let got = rec.tag.load(Ordering::Acquire);
+            let (same, word) = if tiny_is(got, g) {
+                (Some(got) == tag, rec.data.load(Ordering::Relaxed))
+            } else {
+                let mine = d.words(g);
+                let desc = (0..5).all(|i| theirs.desc[i].load(Ordering::Relaxed) == mine[i]);
+                (tag.is_none() && desc, 0)
+            };
+            // Its progress for a root that settles (see `settle`), then its call: published
+            // even on a mismatch, so that a root that called something else sees it in its
+            // agreement. A tiny one goes in this rank's own tiny record, not its line: a root
+            // of tiny broadcasts runs up to `TINY - 1` generations ahead of the slowest rank,
+            // and so may a receiver, whose line of this generation a slower rank may still
+            // read as it was `LINES` generations before.
+            seg.rank(me).arrived.store(g, Ordering::Release);
+            match tag {
+                Some(tag) => {
+                    tiny_of(seg, me, g).tag.store(tag, Ordering::Release);
+                    self.started = true;
+                    notify(seg);
+                }
+                None => self.publish(g, d, None),
+            }
             self.gen = g;
             if !same {
+                if tiny_is(got, g) {
+                    let mine = d.words(g);
+                    return Err(Error::invalid_argument(format!(
+                        "ranks disagree on the operation (rank {me}: {} count {} dtype {:?} op \
+                         {:?} root {}; {})",
+                        d.kind.name(),
+                        mine[1],
+                        d.dtype,
+                        d.op,
+                        d.root,
+                        show_tiny(root, got)
+                    )));
+                }
                 return Err(self.mismatch(d, g, &[root]));
+            }
+            if tag.is_some() {
+                let word = word.to_ne_bytes();
+                // SAFETY: recv holds `bytes` (<= TINY_BYTES).
+                unsafe { copy(recv, word.as_ptr(), bytes) };
+                return Ok(());
             }
         }
         self.gen = g;
@@ -329,13 +437,20 @@ impl Ctx<'_> {
             self.settle((g + 1).saturating_sub(LINES as u64), d.kind.name())?;
             self.publish(g, d, small);
         }
-        let all_there = || (0..n).all(|r| gen_of(r) >= g);
+        // A rank that called a tiny broadcast as its root publishes no line: it is there with
+        // the wrong call.
+        let tiny_root = |r: usize| tiny_is(tiny_of(seg, r, g).tag.load(Ordering::Acquire), g);
+        let there = |r: usize| gen_of(r) >= g || tiny_root(r);
+        let all_there = || (0..n).all(there);
         self.wait_peers(d.kind.name(), all_there, || {
-            (0..n).filter(|&r| gen_of(r) < g).collect()
+            (0..n).filter(|&r| !there(r)).collect()
         })?;
         self.gen = g;
         self.settled = g;
         let same = |r: usize| {
+            if gen_of(r) < g {
+                return false;
+            }
             let theirs = &line_of(seg, r, g).desc;
             let at = |i: usize| theirs[i].load(Ordering::Relaxed);
             if d.kind == Kind::AllToAllV {
@@ -371,6 +486,10 @@ impl Ctx<'_> {
         msg += &differ
             .iter()
             .map(|&r| {
+                let tag = tiny_of(self.seg(), r, g).tag.load(Ordering::Acquire);
+                if line_of(self.seg(), r, g).gen.load(Ordering::Acquire) < g && tiny_is(tag, g) {
+                    return show_tiny(r, tag);
+                }
                 let theirs: Vec<u64> = line_of(self.seg(), r, g)
                     .desc
                     .iter()

@@ -6,10 +6,12 @@
 //! Every collective is enqueued on the device stream and returns at once, except that a small
 //! one on an idle stream runs on the calling thread when its peers are there within a few
 //! microseconds (see `task::enqueue`); waits on peers spin briefly, then yield (for up to
-//! 2 ms), then sleep on a futex, and fail by the deadline naming the rank. A broadcast of at most one line of payload (192 bytes) does not synchronize the
-//! ranks: its root writes the data into its line and completes, as an eager send does; it waits
-//! only for a receiver 15 such broadcasts behind (its lines are used up), and the next other
-//! operation waits until every receiver has caught up (see `Ctx::post_broadcast`). The thread
+//! 2 ms), then sleep on a futex, and fail by the deadline naming the rank. A broadcast of at
+//! most one line of payload (192 bytes) does not synchronize the ranks: its root writes the
+//! data into its line (up to 8 bytes: into a 16-byte tiny record, four to a cache line) and
+//! completes, as an eager send does; it waits only for a receiver 63 such broadcasts behind
+//! (255 for tiny ones: its lines or records are used up), and the next other operation waits
+//! until every receiver has caught up (see `Ctx::post_broadcast`). The thread
 //! that runs a small collective is bound to the rank's share of the cores when each rank gets
 //! one (`bind`), and large copies and reductions are split over `threads` threads per rank (see
 //! `cores`).

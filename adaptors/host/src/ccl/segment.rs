@@ -14,8 +14,8 @@ use ferrocx_plugin_sdk::{Error, Result};
 
 /// Cache line size the layout pads to.
 pub const LINE: usize = 128;
-/// `"FXCOMM01"`: the header's magic once rank 0 has initialised it.
-const READY: u64 = u64::from_le_bytes(*b"FXCOMM01");
+/// `"FXCOMM02"`: the header's magic once rank 0 has initialised it (the layout's version).
+const READY: u64 = u64::from_le_bytes(*b"FXCOMM02");
 
 /// The segment header.
 #[repr(C, align(128))]
@@ -58,11 +58,30 @@ pub struct Line {
 const _: () = assert!(std::mem::offset_of!(Line, data) == 56);
 
 /// Lines per rank: generation `g` publishes in line `g % LINES`. A small broadcast's root
-/// runs up to `LINES - 1` operations ahead of its receivers (see `Ctx::post_broadcast`). 64
+/// runs up to `LINES - 1` operations ahead of its receivers (`TINY - 1` for a tiny one, see
+/// `Ctx::post_broadcast`). 64
 /// (16 KiB a rank): on the 2-core development VM, 8-byte broadcasts on 4 ranks took 0.35 µs a
 /// call against 0.58 with 16 lines (a receiver that gets the core catches up on more calls
 /// before it yields it), 0.110 against 0.117 µs on 2 ranks; 256 lines were erratic.
 pub const LINES: usize = 64;
+
+/// Records per rank of the tiny-broadcast ring: a tiny broadcast of generation `g` (at most
+/// [`TINY_BYTES`]) travels in record `g % TINY` of its root (see `Ctx::post_broadcast`).
+pub const TINY: usize = 4 * LINES;
+/// Payload bytes of a [`Tiny`] record.
+pub const TINY_BYTES: usize = 8;
+
+/// A tiny broadcast's record: 16 bytes, four to a 64-byte cache line, so a root that runs
+/// ahead of its receivers writes, and a receiver reads, one cache line per four calls (a
+/// [`Line`] is one per call).
+#[repr(C)]
+pub struct Tiny {
+    /// The generation's low 32 bits, then the call (count, data type, root), stored last
+    /// (`Release`).
+    pub tag: AtomicU64,
+    /// The payload, in its first bytes.
+    pub data: AtomicU64,
+}
 
 /// Per-rank state.
 #[repr(C, align(128))]
@@ -75,6 +94,8 @@ pub struct RankState {
     pub arrived: AtomicU64,
     /// Operation starts, by their generation modulo [`LINES`].
     pub line: [Line; LINES],
+    /// Tiny broadcasts this rank was the root of, by their generation modulo [`TINY`].
+    pub tiny: [Tiny; TINY],
 }
 
 /// A ring for point-to-point traffic from one rank to another.
