@@ -71,16 +71,30 @@ pub struct Desc {
 }
 
 impl Desc {
-    /// The descriptor as published for generation `g`.
-    fn words(&self, g: u64) -> [u64; 6] {
+    /// The descriptor as published, in two words so that a small payload shares the
+    /// generation's cache line: kind (8 bits), data type (16), reduction (8) and root (32, -1
+    /// for none) in the first, the count in the second.
+    fn words(&self) -> [u64; 2] {
         [
-            self.kind as u64,
+            self.kind as u64
+                | (u64::from(self.dtype.0) & 0xffff) << 8
+                | (u64::from(self.op.0) & 0xff) << 24
+                | u64::from(self.root as i32 as u32) << 32,
             self.count,
-            self.dtype.0 as u64,
-            self.op.0 as u64,
-            self.root as u64,
-            g,
         ]
+    }
+
+    /// The call that published `words`, as a mismatch message shows it (rank `r`).
+    fn show(r: usize, words: [u64; 2]) -> String {
+        let w = words[0];
+        let kind = Kind::from(w & 0xff).map(Kind::name).unwrap_or("?");
+        format!(
+            "rank {r}: {kind} count {} dtype {:?} op {:?} root {}",
+            words[1],
+            DataType(((w >> 8) & 0xffff) as u32),
+            ReduceOp(((w >> 24) & 0xff) as u32),
+            (w >> 32) as u32 as i32
+        )
     }
 }
 
@@ -272,7 +286,7 @@ impl Ctx<'_> {
     fn publish(&mut self, g: u64, d: &Desc, small: Option<&[u8]>) {
         self.started = true;
         let line = line_of(self.seg(), self.me(), g);
-        for (slot, v) in line.desc.iter().zip(d.words(g)) {
+        for (slot, v) in line.desc.iter().zip(d.words()) {
             slot.store(v, Ordering::Relaxed);
         }
         if let Some(bytes) = small {
@@ -366,8 +380,8 @@ impl Ctx<'_> {
             let (same, word) = if tiny_is(got, g) {
                 (Some(got) == tag, rec.data.load(Ordering::Relaxed))
             } else {
-                let mine = d.words(g);
-                let desc = (0..5).all(|i| theirs.desc[i].load(Ordering::Relaxed) == mine[i]);
+                let mine = d.words();
+                let desc = (0..2).all(|i| theirs.desc[i].load(Ordering::Relaxed) == mine[i]);
                 (tag.is_none() && desc, 0)
             };
             // Its progress for a root that settles (see `settle`), then its call: published
@@ -388,15 +402,9 @@ impl Ctx<'_> {
             self.gen = g;
             if !same {
                 if tiny_is(got, g) {
-                    let mine = d.words(g);
                     return Err(Error::invalid_argument(format!(
-                        "ranks disagree on the operation (rank {me}: {} count {} dtype {:?} op \
-                         {:?} root {}; {})",
-                        d.kind.name(),
-                        mine[1],
-                        d.dtype,
-                        d.op,
-                        d.root,
+                        "ranks disagree on the operation ({}; {})",
+                        Desc::show(me, d.words()),
                         show_tiny(root, got)
                     )));
                 }
@@ -428,7 +436,7 @@ impl Ctx<'_> {
         let seg = &comm.seg;
         let n = comm.nranks;
         let me = comm.rank;
-        let mine = d.words(g);
+        let mine = d.words();
         let gen_of = |r: usize| line_of(seg, r, g).gen.load(Ordering::Acquire);
         if std::mem::take(&mut self.resume) {
             // An inline attempt published this generation already (same descriptor, same data).
@@ -453,11 +461,8 @@ impl Ctx<'_> {
             }
             let theirs = &line_of(seg, r, g).desc;
             let at = |i: usize| theirs[i].load(Ordering::Relaxed);
-            if d.kind == Kind::AllToAllV {
-                at(0) == mine[0] && at(2) == mine[2]
-            } else {
-                (0..5).all(|i| at(i) == mine[i])
-            }
+            // An all_to_allv's count is each rank's largest block: it may differ.
+            at(0) == mine[0] && (d.kind == Kind::AllToAllV || at(1) == mine[1])
         };
         // The common case allocates nothing: every rank called the same operation.
         if (0..n).all(same) {
@@ -469,33 +474,20 @@ impl Ctx<'_> {
 
     /// The error for ranks `differ` whose descriptor of generation `g` is not `d`.
     fn mismatch(&self, d: &Desc, g: u64, differ: &[usize]) -> Error {
-        let show = |r: usize, v: &[u64]| {
-            let kind = Kind::from(v[0]).map(Kind::name).unwrap_or("?");
-            format!(
-                "rank {r}: {kind} count {} dtype {:?} op {:?} root {}",
-                v[1],
-                DataType(v[2] as u32),
-                ReduceOp(v[3] as u32),
-                v[4] as i64
-            )
-        };
         let mut msg = format!(
             "ranks disagree on the operation ({}; ",
-            show(self.me(), &d.words(g))
+            Desc::show(self.me(), d.words())
         );
         msg += &differ
             .iter()
             .map(|&r| {
                 let tag = tiny_of(self.seg(), r, g).tag.load(Ordering::Acquire);
-                if line_of(self.seg(), r, g).gen.load(Ordering::Acquire) < g && tiny_is(tag, g) {
+                let line = line_of(self.seg(), r, g);
+                if line.gen.load(Ordering::Acquire) < g && tiny_is(tag, g) {
                     return show_tiny(r, tag);
                 }
-                let theirs: Vec<u64> = line_of(self.seg(), r, g)
-                    .desc
-                    .iter()
-                    .map(|x| x.load(Ordering::Relaxed))
-                    .collect();
-                show(r, &theirs)
+                let at = |i: usize| line.desc[i].load(Ordering::Relaxed);
+                Desc::show(r, [at(0), at(1)])
             })
             .collect::<Vec<_>>()
             .join("; ");
@@ -516,5 +508,52 @@ impl Ctx<'_> {
     /// Largest whole number of elements of `es` bytes, aligned to a cache line, within `bytes`.
     pub(super) fn fit(bytes: usize, es: usize) -> usize {
         (bytes / LINE * LINE) / es * es
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(kind: Kind, count: u64, dtype: DataType, op: ReduceOp, root: i64) -> Desc {
+        Desc {
+            kind,
+            count,
+            dtype,
+            op,
+            root,
+        }
+    }
+
+    #[test]
+    fn packed_descriptors_differ_wherever_the_calls_do_and_show_what_they_hold() {
+        let base = desc(Kind::Reduce, 37, DataType::F16, ReduceOp::MAX, 3);
+        let others = [
+            desc(Kind::AllReduce, 37, DataType::F16, ReduceOp::MAX, 3),
+            desc(Kind::Reduce, 38, DataType::F16, ReduceOp::MAX, 3),
+            desc(Kind::Reduce, 37, DataType::BF16, ReduceOp::MAX, 3),
+            desc(Kind::Reduce, 37, DataType::F16, ReduceOp::MIN, 3),
+            desc(Kind::Reduce, 37, DataType::F16, ReduceOp::MAX, 2),
+            desc(Kind::Reduce, 37, DataType::F16, ReduceOp::MAX, -1),
+            desc(
+                Kind::Reduce,
+                37 + (1 << 40),
+                DataType::F16,
+                ReduceOp::MAX,
+                3,
+            ),
+        ];
+        for o in others {
+            assert_ne!(base.words(), o.words(), "{o:?}");
+        }
+        assert_eq!(
+            Desc::show(2, base.words()),
+            "rank 2: reduce count 37 dtype f16 op max root 3"
+        );
+        let none = desc(Kind::AllToAllV, 5, DataType::U64, ReduceOp::SUM, -1);
+        assert_eq!(
+            Desc::show(0, none.words()),
+            "rank 0: all_to_allv count 5 dtype u64 op sum root -1"
+        );
     }
 }

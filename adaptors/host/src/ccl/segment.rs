@@ -14,8 +14,8 @@ use ferrocx_plugin_sdk::{Error, Result};
 
 /// Cache line size the layout pads to.
 pub const LINE: usize = 128;
-/// `"FXCOMM02"`: the header's magic once rank 0 has initialised it (the layout's version).
-const READY: u64 = u64::from_le_bytes(*b"FXCOMM02");
+/// `"FXCOMM03"`: the header's magic once rank 0 has initialised it (the layout's version).
+const READY: u64 = u64::from_le_bytes(*b"FXCOMM03");
 
 /// The segment header.
 #[repr(C, align(128))]
@@ -46,16 +46,19 @@ pub const LINE_BYTES: usize = 192;
 pub struct Line {
     /// Generation of the publication (stored last, `Release`; monotonic, never reset).
     pub gen: AtomicU64,
-    /// The operation: kind, count, dtype, op, root, generation.
-    pub desc: [AtomicU64; 6],
-    /// Small-message payload, right after the descriptor: its first 8 bytes share the first
-    /// cache line with the generation, so a peer reading an 8-byte broadcast or a barrier's
-    /// word moves one cache line.
+    /// The operation, packed (see `Desc::words`): kind, data type, reduction and root in the
+    /// first word, the count in the second.
+    pub desc: [AtomicU64; 2],
+    /// Small-message payload, right after the descriptor: its first [`FIRST_LINE_BYTES`]
+    /// share the first cache line with the generation, so a peer reading a small all-reduce's
+    /// data (up to ten f32) or a barrier's word moves one cache line.
     pub data: std::cell::UnsafeCell<[u64; LINE_BYTES / 8]>,
 }
 
-// The first 8 bytes of a line's payload share the cache line of its generation.
-const _: () = assert!(std::mem::offset_of!(Line, data) == 56);
+/// Payload bytes that share a [`Line`]'s first 64-byte cache line with its generation.
+pub const FIRST_LINE_BYTES: usize = 64 - std::mem::offset_of!(Line, data);
+
+const _: () = assert!(FIRST_LINE_BYTES == 40);
 
 /// Lines per rank: generation `g` publishes in line `g % LINES`. A small broadcast's root
 /// runs up to `LINES - 1` operations ahead of its receivers (`TINY - 1` for a tiny one, see
