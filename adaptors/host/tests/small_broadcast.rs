@@ -300,62 +300,65 @@ fn run_worker(rank: usize, world: usize) {
         }
     }
 
-    // 4. Stream semantics. The root's call completes on its stream before any receiver has
-    //    made its call (the root does not wait for them): the root synchronizes, then tells
-    //    the receivers to start through a file. A receiver's call still waits for its stream:
-    //    a host function holding the stream runs first, and the result is there after it.
+    // 4. Stream semantics, through the root's line (100 bytes) and its tiny record (8 bytes).
+    //    The root's call completes on its stream before any receiver has made its call (the
+    //    root does not wait for them): the root synchronizes, then tells the receivers to
+    //    start through a file. A receiver's call still waits for its stream: a host function
+    //    holding the stream runs first, and the result is there after it.
     let dir = PathBuf::from(std::env::var("BCAST_TEST_DIR").expect("BCAST_TEST_DIR"));
-    let flag = dir.join("root-done");
-    k += 1;
-    let want = payload(k, 0, 100);
-    if rank == 0 {
-        let send = want.clone();
-        let mut recv = vec![0u8; 100];
-        bcast(&send, &mut recv, 100, DataType::U8, 0);
-        sync("the root's broadcast, no receiver there yet");
-        assert_eq!(recv, want, "the root's own output");
-        std::fs::write(&flag, b"done").unwrap();
-    } else {
-        let t0 = std::time::Instant::now();
-        while !flag.exists() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "rank {rank}: the root's broadcast did not complete without its receivers"
+    for size in [100usize, 8] {
+        let flag = dir.join(format!("root-done-{size}"));
+        k += 1;
+        let want = payload(k, 0, size);
+        if rank == 0 {
+            let send = want.clone();
+            let mut recv = vec![0u8; size];
+            bcast(&send, &mut recv, size, DataType::U8, 0);
+            sync("the root's broadcast, no receiver there yet");
+            assert_eq!(recv, want, "the root's own output");
+            std::fs::write(&flag, b"done").unwrap();
+        } else {
+            let t0 = std::time::Instant::now();
+            while !flag.exists() {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "rank {rank}: the root's broadcast did not complete without its receivers"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let held = Arc::new(AtomicBool::new(false));
+            let open = Arc::new(AtomicBool::new(false));
+            let (h, o) = (held.clone(), open.clone());
+            host_fn(
+                &dev,
+                s,
+                Box::new(move || {
+                    h.store(true, Ordering::Release);
+                    while !o.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }),
             );
-            std::thread::sleep(Duration::from_millis(1));
+            let send = vec![0u8; size];
+            let mut recv = vec![0u8; size];
+            bcast(&send, &mut recv, size, DataType::U8, 0);
+            while !held.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            // SAFETY: a volatile read of memory the stream has not written yet (it is held).
+            let early: Vec<u8> = (0..size)
+                .map(|i| unsafe { std::ptr::read_volatile(recv.as_ptr().add(i)) })
+                .collect();
+            assert_eq!(
+                early,
+                vec![0u8; size],
+                "rank {rank}: the broadcast ran before the stream's earlier work"
+            );
+            open.store(true, Ordering::Release);
+            sync("a receiver's broadcast behind a host function");
+            assert_eq!(recv, want, "rank {rank}: broadcast after the host function");
         }
-        let held = Arc::new(AtomicBool::new(false));
-        let open = Arc::new(AtomicBool::new(false));
-        let (h, o) = (held.clone(), open.clone());
-        host_fn(
-            &dev,
-            s,
-            Box::new(move || {
-                h.store(true, Ordering::Release);
-                while !o.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }),
-        );
-        let send = vec![0u8; 100];
-        let mut recv = vec![0u8; 100];
-        bcast(&send, &mut recv, 100, DataType::U8, 0);
-        while !held.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        // SAFETY: a volatile read of memory the stream has not written yet (it is held).
-        let early: Vec<u8> = (0..100)
-            .map(|i| unsafe { std::ptr::read_volatile(recv.as_ptr().add(i)) })
-            .collect();
-        assert_eq!(
-            early,
-            vec![0u8; 100],
-            "rank {rank}: the broadcast ran before the stream's earlier work"
-        );
-        open.store(true, Ordering::Release);
-        sync("a receiver's broadcast behind a host function");
-        assert_eq!(recv, want, "rank {rank}: broadcast after the host function");
     }
 
     // 5. A communicator used afterwards by everything else still agrees (a final all-reduce).
