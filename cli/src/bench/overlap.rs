@@ -54,20 +54,37 @@ struct Buffers {
 type Mark = (usize, usize, usize, Event, Option<Event>);
 
 /// `--timeline`: an event at each slice's (or piece's) arrival and after its matmul, and one
-/// at the start, all on this rank's device.
+/// at the start, all on this rank's device. The events are made beforehand, so that marking
+/// costs the enqueuing thread no more than a record.
 struct Marks {
     start: Event,
     each: std::cell::RefCell<Vec<Mark>>,
+    spare: std::cell::RefCell<Vec<Event>>,
 }
 
 impl Marks {
-    fn new(dev: &Device, stream: Stream) -> Result<Self, Box<dyn Error>> {
+    /// Marks for up to `n` slices or pieces, the start recorded on `stream`.
+    fn new(dev: &Device, stream: Stream, n: usize) -> Result<Self, Box<dyn Error>> {
         let start = dev.event_create(0)?;
+        let spare = (0..2 * n)
+            .map(|_| dev.event_create(0))
+            .collect::<Result<Vec<_>, _>>()?;
         dev.event_record(start, stream)?;
         Ok(Marks {
             start,
             each: Default::default(),
+            spare: std::cell::RefCell::new(spare),
         })
+    }
+
+    /// An event made beforehand, or a new one if they ran out.
+    fn event(&self, dev: &Device) -> Result<Event, CommError> {
+        match self.spare.borrow_mut().pop() {
+            Some(e) => Ok(e),
+            None => dev
+                .event_create(0)
+                .map_err(|e| CommError::PointToPoint(e.to_string())),
+        }
     }
 
     /// Records the arrival of `rows` rows from `rank` (first row `row`) on `stream`.
@@ -79,9 +96,7 @@ impl Marks {
         rows: usize,
         stream: Stream,
     ) -> Result<(), CommError> {
-        let e = dev
-            .event_create(0)
-            .map_err(|e| CommError::PointToPoint(e.to_string()))?;
+        let e = self.event(dev)?;
         self.each.borrow_mut().push((rank, row, rows, e, None));
         dev.event_record(e, stream)
             .map_err(|e| CommError::PointToPoint(e.to_string()))
@@ -89,9 +104,7 @@ impl Marks {
 
     /// Records the end of the last arrival's matmul, enqueued on `stream`.
     fn done(&self, dev: &Device, stream: Stream) -> Result<(), CommError> {
-        let e = dev
-            .event_create(0)
-            .map_err(|e| CommError::PointToPoint(e.to_string()))?;
+        let e = self.event(dev)?;
         if let Some(last) = self.each.borrow_mut().last_mut() {
             last.4 = Some(e);
         }
@@ -123,6 +136,9 @@ impl Marks {
             if let Some(d) = d {
                 dev.event_destroy(d)?;
             }
+        }
+        for &e in self.spare.borrow().iter() {
+            dev.event_destroy(e)?;
         }
         dev.event_destroy(self.start)?;
         dev.event_destroy(end)?;
@@ -335,11 +351,28 @@ impl Overlap<'_> {
             .count();
         let mut timeline = Vec::new();
         if self.args.timeline {
-            self.comm.barrier()?;
-            let marks = Marks::new(dev, self.comm.stream())?;
-            self.pipelined(&b, m, Some(&marks))?;
+            // The run is held at a gate on the communicator's stream (everything the gather
+            // enqueues waits for its start there) until all of it is enqueued, so the marks
+            // time the device's work, not the enqueuing.
+            let gate = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let held = gate.clone();
             let end = dev.event_create(0)?;
-            dev.event_record(end, self.comm.stream())?;
+            self.comm.barrier()?;
+            ferrocx::comm::p2p::launch_host(dev, self.comm.stream(), move || {
+                let t0 = Instant::now();
+                while !held.load(std::sync::atomic::Ordering::Acquire)
+                    && t0.elapsed().as_secs() < 10
+                {
+                    std::thread::yield_now();
+                }
+            })?;
+            let pieces = self.args.pieces.max(1) as usize;
+            let marks = Marks::new(dev, self.comm.stream(), world * pieces + 1)?;
+            let run = self.pipelined(&b, m, Some(&marks));
+            let recorded = dev.event_record(end, self.comm.stream());
+            gate.store(true, std::sync::atomic::Ordering::Release);
+            run?;
+            recorded?;
             self.comm.synchronize()?;
             timeline = marks.report(dev, end)?;
         }
