@@ -411,6 +411,47 @@ fn all_gather_p2p_on_three_ranks_checks_every_size_in_both_placements() {
     }
 }
 
+/// The table's rows (not comments, not blank), split into fields.
+fn data_rows(stdout: &str) -> Vec<Vec<&str>> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
+/// `bench --op all_gather --overlap` on 2 ranks by `--algo algo` with `pieces` pieces, sizes
+/// `-b lo -e hi -f 4`, 2 timed iterations after 1 warm-up, a 24 x 9 matmul, and `extra`.
+fn overlap(algo: &str, pieces: &str, (lo, hi): (&str, &str), extra: &[&str]) -> Output {
+    let mut args = vec![
+        "-n",
+        "2",
+        "--op",
+        "all_gather",
+        "--overlap",
+        "--algo",
+        algo,
+        "-b",
+        lo,
+        "-e",
+        hi,
+        "-f",
+        "4",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--matmul-k",
+        "24",
+        "--matmul-n",
+        "9",
+        "--pieces",
+        pieces,
+    ];
+    args.extend_from_slice(extra);
+    bench(&args, &[])
+}
+
 #[test]
 fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
     // Pieces: each peer's slice in 3 (uneven) pieces, each with its own matmul.
@@ -420,36 +461,7 @@ fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
         ("window-copies", "1"),
         ("window-copies", "3"),
     ] {
-        let out = bench(
-            &[
-                "-n",
-                "2",
-                "--op",
-                "all_gather",
-                "--overlap",
-                "--algo",
-                algo,
-                "-b",
-                "1K",
-                "-e",
-                "40K",
-                "-f",
-                "4",
-                "--iters",
-                "2",
-                "--warmup",
-                "1",
-                "--matmul-k",
-                "24",
-                "--matmul-n",
-                "9",
-                "--streams",
-                "3",
-                "--pieces",
-                pieces,
-            ],
-            &[],
-        );
+        let out = overlap(algo, pieces, ("1K", "40K"), &["--streams", "3"]);
         let stdout = text(&out.stdout);
         assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
         assert!(
@@ -468,11 +480,7 @@ fn overlap_prints_the_ratio_per_size_with_the_pipelined_output_checked() {
             "{stdout}"
         );
         // 1K, 4K, 16K: rows of 24 f32 per rank on 2 ranks (192 bytes each).
-        let rows: Vec<Vec<&str>> = stdout
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .map(|l| l.split_whitespace().collect())
-            .collect();
+        let rows = data_rows(&stdout);
         assert_eq!(rows.len(), 3, "{stdout}");
         for (r, size) in rows.iter().zip([1024usize, 4096, 16384]) {
             assert_eq!(r.len(), 7, "{r:?}");
@@ -495,44 +503,15 @@ fn overlap_timeline_marks_every_slice_and_piece_and_own_rows_from_the_input_stay
     // Own rows multiplied from the input; a timeline of each size's extra run: one line per
     // slice (or piece) with its arrival and the end of its matmul, then the end.
     for (algo, pieces, marks) in [("p2p", "1", 2), ("window-copies", "3", 4)] {
-        let out = bench(
-            &[
-                "-n",
-                "2",
-                "--op",
-                "all_gather",
-                "--overlap",
-                "--algo",
-                algo,
-                "-b",
-                "4K",
-                "-e",
-                "16K",
-                "-f",
-                "4",
-                "--iters",
-                "2",
-                "--warmup",
-                "1",
-                "--matmul-k",
-                "24",
-                "--matmul-n",
-                "9",
-                "--pieces",
-                pieces,
-                "--own-rows",
-                "input",
-                "--timeline",
-            ],
-            &[],
+        let out = overlap(
+            algo,
+            pieces,
+            ("4K", "16K"),
+            &["--own-rows", "input", "--timeline"],
         );
         let stdout = text(&out.stdout);
         assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-        let rows: Vec<Vec<&str>> = stdout
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .map(|l| l.split_whitespace().collect())
-            .collect();
+        let rows = data_rows(&stdout);
         assert_eq!(rows.len(), 2, "{stdout}");
         assert!(rows.iter().all(|r| r[6] == "0"), "{stdout}");
         let from: Vec<&str> = stdout
