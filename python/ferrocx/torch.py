@@ -8,16 +8,22 @@ cluster, or several, e.g. GPU ranks on CUDA + NCCL beside CPU ranks on the host 
 
 - CUDA tensors (a rank whose cluster runs the ``cuda`` device): every call is enqueued on
   torch's current stream, with no host synchronization; ``Work.wait()`` orders the then current
-  stream after it. With ``FERROCX_TORCH_COMM_STREAM=1`` an ``all_reduce`` whose caller waits
-  later (``async_op=True``, DDP's gradient buckets) runs as with torch's NCCL backend: on a
-  communication stream of the group, after what the current stream holds, so that the
-  caller's stream goes on with its own work. ``Work.get_future()`` of a call on the current
+  stream after it. An ``all_reduce`` whose caller waits later (``async_op=True``, DDP's
+  gradient buckets) runs as with torch's NCCL backend where the native backend is in use (the
+  default; ``FERROCX_TORCH_COMM_STREAM=0`` turns it off, ``=1`` turns it on for the Python
+  process group too): on a communication stream of the group, after what the current stream
+  holds, so that the caller's stream goes on with its own work (the backward pass). ``Work.get_future()`` of a call on the current
   stream is a future completed at once, its value ready in stream order (for work on that
   stream, as the call's tensors are: DDP's reducer and comm hooks use it there); of a call on
   the communication stream, a CUDA future (its ``wait()`` orders the caller's stream after it).
 - CPU tensors (a rank on the ``host`` device): calls are enqueued on the communicator's stream
   and ``Work.wait()`` waits for them (so ``isend``/``irecv`` really run in the background).
   CPU tensors on a CUDA rank are staged through device memory, synchronously.
+- The native backend (``ferrocx._native``: C++, built against the torch that imports it on
+  first use) takes ``ProcessGroup.allreduce`` from torch's dispatcher with no Python in
+  between, the call DDP's reducer makes per bucket from its autograd thread; every other call,
+  and an all_reduce it does not take, is this module's Python. ``FERROCX_TORCH_NATIVE=0``, or a
+  machine where it cannot be built (warned once), keeps everything in Python.
 - A caller that waits at once (torch's functions without ``async_op``: ``asyncOp`` false in the
   options) gets no Work from the common calls, as from torch's own NCCL backend: on CUDA the
   call is then on torch's current stream, on the host device it has completed on return.
@@ -43,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from . import _ferrocx as _fx
+from . import _native
 from ._ferrocx import Error
 
 __all__ = ["ProcessGroupFerrocx", "Error", "BACKEND"]
@@ -118,12 +125,14 @@ _GENERAL = object()
 # Whether torch's options tell a call that its caller waits at once (`asyncOp`, torch >= 2.8).
 # Whether an all_reduce of CUDA tensors whose caller does not wait at once (DDP's gradient
 # buckets, ``async_op=True``) runs on a communication stream of the group, ordered after the
-# current stream, as torch's NCCL backend runs it (``FERROCX_TORCH_COMM_STREAM=1``). Off by
-# default: the hand-off (an event recorded and waited for, the tensor marked in use on that
-# stream) and a CUDA future cost more per call than the caller's stream, and on H100s neither
-# way is faster on every machine size (DDP step on 4 GPUs 1.04-1.05x torch's nccl with it
-# against 1.11x without; on 2 GPUs 1.14x against 1.12x).
-_COMM_STREAM = os.environ.get("FERROCX_TORCH_COMM_STREAM", "0").strip() == "1"
+# current stream, as torch's NCCL backend runs it (``FERROCX_TORCH_COMM_STREAM``: 1 on, 0 off,
+# unset: on with the native backend, off without). With the native backend the hand-off costs
+# what NCCL's does, and the bucket all-reduces overlap the backward pass: DDP step on 2 H200
+# 0.97-1.01x torch's nccl against 1.17-1.23x on the caller's stream. In Python the hand-off
+# and a CUDA future cost more per call than they save on some machine sizes (DDP step on 4
+# H100 1.04-1.05x with it against 1.11x without; on 2 GPUs 1.14x against 1.12x).
+_COMM_STREAM_ENV = os.environ.get("FERROCX_TORCH_COMM_STREAM", "").strip()
+_COMM_STREAM = _COMM_STREAM_ENV == "1"
 
 _ASYNC_OPT = all(
     hasattr(getattr(dist.distributed_c10d, o)(), "asyncOp")
@@ -253,6 +262,8 @@ class _Work(dist.Work):
     _error: Optional[BaseException] = None
     _done = True
     _future: "Optional[torch.futures.Future]" = None
+    # The future `_future` follows, while the work is pending (see `_pending`).
+    _source: "Optional[torch.futures.Future]" = None
     _keep = None
     # The CUDA device the call's stream is on (-1: none).
     _idx = -1
@@ -280,12 +291,9 @@ class _Work(dist.Work):
             self._error = error
             self._keep = None
             self._done = True
-            fut = self._future
-        if fut is not None and not fut.done():
-            if self._error is not None:
-                _fail(fut, self._error)
-            else:
-                fut.set_result(self._outputs)
+            source = self._source
+        if source is not None and not source.done():
+            source.set_result(_Failure(self._error) if self._error is not None else self._outputs)
 
     def wait(self, timeout: timedelta = _NO_TIMEOUT) -> bool:
         if not self._done:
@@ -328,7 +336,7 @@ class _Work(dist.Work):
                 if self._done:
                     self._future = _completed(self._outputs, self._error)
                 else:
-                    self._future = _CFuture(_NO_DEVICES)
+                    self._source, self._future = _pending()
                     _ensure_completer()
                     _completions.put(self)
             return self._future
@@ -422,26 +430,43 @@ def _cuda_devices(idx: int) -> list:
     return d
 
 
+class _Failure:
+    """A failed call's error, as the value of a future's source (see `_pending`)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _follow(source):
+    v = source.value()
+    if type(v) is _Failure:
+        raise v.error
+    return v
+
+
+def _pending():
+    """``(source, future)``: torch's C++ future ``future`` completes when ``source`` is given a
+    result: that value, or, for a :class:`_Failure`, the failure as the C++ future's error (a
+    ``RuntimeError`` quoting ferrocx's). The error lives in the C++ future, so it reaches every
+    consumer, C++ (DDP's reducer, the native backend) or Python: torch's ``set_exception`` keeps
+    it in the Python wrapper alone, and a future handed through C++ comes back to Python as a
+    fresh wrapper that would return the exception as its value."""
+    source = _CFuture(_NO_DEVICES)
+    return source, source.then(_follow)
+
+
 def _completed(value, error: Optional[BaseException]) -> "torch.futures.Future":
     """A future completed with ``value`` (torch's C++ future, as torch's backends return: a CPU
-    future, no device events), or failed with ``error``."""
-    fut = _CFuture(_NO_DEVICES)
+    future, no device events), or failed with ``error`` (see `_pending`)."""
     if error is not None:
-        _fail(fut, error)
-    else:
-        fut.set_result(value)
+        source, fut = _pending()
+        source.set_result(_Failure(error))
+        return fut
+    fut = _CFuture(_NO_DEVICES)
+    fut.set_result(value)
     return fut
-
-
-def _raise(error: BaseException):
-    raise error
-
-
-def _fail(fut, error: BaseException) -> None:
-    """Fails ``fut`` with ``error``, as ``torch.futures.Future.set_exception`` does (for torch's
-    C++ future too, which costs half as much to make: no Python ``__init__``)."""
-    fut._set_unwrap_func(_raise)
-    fut.set_result(error)
 
 
 def _work(pg, outputs, pending: bool = False, post=None, stream=None) -> _Work:
@@ -494,6 +519,8 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         self._name = ""
         self._desc = ""
         self._batch: list = []
+        # The native backend taking all_reduce (a `_NativeProcessGroupFerrocx`), else None.
+        self._native = None
 
     # -- identity -------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -559,9 +586,13 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
     def start_coalescing(self, device=None) -> None:
         self._comm.group_start()
         self._group = []
+        if self._native is not None:
+            self._native.set_grouped(True)
 
     def end_coalescing(self, device=None):
         works, self._group = self._group or [], None
+        if self._native is not None:
+            self._native.set_grouped(False)
         batch, self._batch = self._batch, []
         self._comm.group_end()
         if batch:
@@ -818,6 +849,18 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
         w._sid = sid
         w._outputs = tensors
         return w
+
+    def _set_comm_stream(self, on: bool) -> None:
+        """Turns the communication stream on or off for this process's groups from now on
+        (``FERROCX_TORCH_COMM_STREAM`` sets it at import; tests switch it)."""
+        global _COMM_STREAM
+        _COMM_STREAM = bool(on)
+
+    def _comm_stream_of(self, dev: int):
+        """The torch stream of this group's communication stream on device ``dev``, once a
+        call has made it, else None."""
+        cs = self._comm_streams.get(dev)
+        return cs[0] if cs is not None else None
 
     def _handle(self, raw: int) -> int:
         """The device adaptor's handle of the raw CUDA stream ``raw`` (wrapped once)."""
@@ -1218,7 +1261,59 @@ class ProcessGroupFerrocx(dist.ProcessGroup):
     recvAnysource = recv_anysource  # noqa: N815 - torch's name
 
 
+def _raw_of(stream_id: int, device_index: int, device_type: int) -> int:
+    """The native handle of torch's stream (id, device index, device type)."""
+    return torch.cuda.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type).cuda_stream
+
+
+class _NativeProcessGroupFerrocx(ProcessGroupFerrocx):
+    """The process group with the native backend (``ferrocx._native``) registered for the
+    ``cpu`` and ``cuda`` devices: ``allreduce`` is torch's own, which reaches the native
+    backend through torch's dispatcher with no Python (DDP's reducer calls it once per bucket
+    from its autograd thread); the backend takes the common call and hands the others to
+    ``_allreduce_py``, this class's Python ``allreduce``. Every other call is Python's."""
+
+    # torch's method itself (the class dict's entry, which binds as a method).
+    allreduce = dist.ProcessGroup.__dict__["allreduce"]
+    _allreduce_py = ProcessGroupFerrocx.allreduce
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta, native):
+        super().__init__(store, rank, size, timeout)
+        dtypes = [(torch.empty(0, dtype=k), v) for k, v in _DTYPES.items() if k is not torch.bool]
+        ops = {int(t): f for t, f in _REDOPS}
+        backend = native.Backend(
+            rank,
+            size,
+            self,
+            self._comm,
+            self._comm.c_entries(),
+            dtypes,
+            ops,
+            self._cuda,
+            _COMM_STREAM_ENV != "0",
+            Error,
+            _raw_of,
+        )
+        for dev in ("cpu", "cuda"):
+            self._register_backend(torch.device(dev), dist.ProcessGroup.BackendType.CUSTOM, backend)
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        self._native = backend
+
+    def _set_comm_stream(self, on: bool) -> None:
+        super()._set_comm_stream(on)
+        self._native.set_comm_stream(bool(on))
+
+    def _comm_stream_of(self, dev: int):
+        sid = self._native.comm_stream_of(dev)
+        if sid is None:
+            return None
+        return torch.cuda.Stream(stream_id=sid[0], device_index=sid[1], device_type=sid[2])
+
+
 def _create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupFerrocx:
+    native = _native.module()
+    if native is not None:
+        return _NativeProcessGroupFerrocx(store, rank, size, timeout, native)
     return ProcessGroupFerrocx(store, rank, size, timeout)
 
 

@@ -19,9 +19,16 @@ without a GPU it runs on CPU tensors against gloo instead (a check of the script
 buckets, ``--bucket-mb``, a measure of the backend's Python per bucket on the host device).
 
 ``--breakdown`` also prints, per call (median and mean over the run, slowest rank), the time
-DDP's bucket calls spend in the ferrocx group's ``allreduce`` (and of it in the communicator's
-Rust call) and in its works' ``get_future`` (DDP makes them from its autograd thread), and the
-same calls on a tensor of one bucket's size made from a plain loop, for comparison.
+DDP's bucket calls spend in the ferrocx group's Python ``allreduce`` (and of it in the
+communicator's Rust call) and in its works' ``get_future`` (DDP makes them from its autograd
+thread), and the same calls on a tensor of one bucket's size made from a plain loop, for
+comparison. With the native backend (the default) DDP's calls never reach Python: those
+counts are 0, and the line after the step times says how many calls the native backend took
+and handed to Python.
+
+Before the steps, on CUDA, each group's all_reduce is checked for stream order (a sleeping
+kernel, then the tensor filled, then the all_reduce on the same stream: the sum must see the
+fill); a failure exits 1.
 
 NCCL_NVLS_ENABLE is set to 0 when the environment leaves it unset (no multicast objects).
 """
@@ -87,6 +94,21 @@ def main():
     ids = [local] if cuda else None
     rank, n = dist.get_rank(), dist.get_world_size()
     fx = dist.new_group(backend="ferrocx")
+    if cuda:
+        # Stream order first: an all_reduce on the current stream reads what the kernels
+        # before it wrote (a sleeping kernel holds the stream while the tensor is filled
+        # after it).
+        for name, group in ((ref, None), ("ferrocx", fx)):
+            for _ in range(3):
+                t = torch.zeros(1 << 20, device=device)
+                torch.cuda._sleep(50_000_000)
+                t.fill_(rank + 1)
+                dist.all_reduce(t, group=group)
+                want = n * (n + 1) / 2
+                got = t[:8].tolist()
+                if any(v != want for v in got):
+                    print(f"rank {rank}: {name} all_reduce out of stream order: {got}, want {want}", flush=True)
+                    sys.exit(1)
     # --breakdown: the time DDP's bucket calls spend in the backend's Python (the call and its
     # future), counted around the ferrocx group's methods.
     spent = {"allreduce": [], "get_future": [], "ferrocx call": []}
@@ -235,6 +257,12 @@ def main():
         )
         print(f"{ref:8} median step {t_ref:8.3f} ms")
         print(f"ferrocx  median step {t_fx:8.3f} ms   ratio ferrocx/{ref} {t_fx / t_ref:.3f}")
+        native = getattr(fx, "_native", None)
+        if native is not None:
+            took, handed = native.counts()
+            print(f"# the native backend took {took} all_reduce calls, handed {handed} to Python (rank 0)")
+        else:
+            print("# no native backend: every call through the Python process group")
         if extra:
             e = med.tolist()[2:]
             for k, name in enumerate(runs):

@@ -23,6 +23,8 @@ torch.cuda.set_device(0)
 dev = torch.device("cuda", 0)
 dist.init_process_group("ferrocx")
 pg = dist.distributed_c10d._get_default_group()
+# The caller's stream first (the communication stream's own checks come below).
+pg._set_comm_stream(False)
 assert dist.get_world_size() == 1, "world 1: run with --nproc-per-node 1"
 assert pg.comm.device == "cuda", f"this rank's cluster runs {pg.comm.device!r}: name a CUDA config in FERROCX_CONFIG"
 print(repr(pg), flush=True)
@@ -164,11 +166,12 @@ same(got, x, "get_future() asked for on another stream than the call's")
 # On the group's communication stream (FERROCX_TORCH_COMM_STREAM=1): the call runs there, and
 # the caller's stream goes on; the future's wait() and then(), and Work.wait(), order the
 # caller's stream after the call (held up here by a sleeping kernel on the communication stream).
-ferrocx.torch._COMM_STREAM = True
+pg._set_comm_stream(True)
 try:
     t = x.clone()
     dist.all_reduce(t, async_op=True).wait()  # makes the communication stream
-    comm_stream = pg._comm_streams[0][0]
+    comm_stream = pg._comm_stream_of(0)
+    assert comm_stream is not None and comm_stream != torch.cuda.current_stream(), comm_stream
     for how in ("future wait", "future then", "work wait"):
         torch.cuda.synchronize()
         with torch.cuda.stream(comm_stream):
@@ -189,7 +192,7 @@ try:
         torch.cuda.synchronize()
         same(got, x, f"all_reduce on the communication stream, {how}")
 finally:
-    ferrocx.torch._COMM_STREAM = False
+    pg._set_comm_stream(False)
 
 # CPU tensors on the GPU rank: staged through device memory
 c = torch.arange(10, dtype=torch.float32)
@@ -205,6 +208,12 @@ except ferrocx.torch.Error as e:
 else:
     raise AssertionError("no error for uint16")
 
+native = getattr(pg, "_native", None)
+if native is not None:
+    took, handed = native.counts()
+    # The common CUDA all_reduce calls above are the native backend's own.
+    assert took > 0, (took, handed)
+    print(f"native backend: {took} all_reduce calls taken, {handed} handed to Python")
 print(f"world1 cuda ok: {checks} checks", flush=True)
 dist.destroy_process_group()
 sys.exit(0)

@@ -271,6 +271,22 @@ impl PyCommunicator {
             .map_err(err)
     }
 
+    /// The C entries of this communicator, for a native caller that must not take the
+    /// interpreter's lock on its hot path (the torch backend's C++ side):
+    /// `(version, communicator, all_reduce, wrap_stream, synchronize)`, each an address.
+    /// The communicator's address is valid while this object lives (the caller keeps a
+    /// reference); the functions are those of [`native`], with its contracts.
+    fn c_entries(slf: &Bound<'_, Self>) -> (u32, u64, u64, u64, u64) {
+        let comm: *const PyCommunicator = slf.get();
+        (
+            native::VERSION,
+            comm as usize as u64,
+            native::fx_all_reduce as *const () as usize as u64,
+            native::fx_wrap_stream as *const () as usize as u64,
+            native::fx_synchronize as *const () as usize as u64,
+        )
+    }
+
     /// Waits for everything enqueued on `stream` (`None`: the communicator's).
     #[pyo3(signature = (stream=None))]
     fn synchronize(&self, py: Python<'_>, stream: Option<u64>) -> PyResult<()> {
@@ -678,6 +694,150 @@ fn store_exchange(py: Python<'_>, key: String, value: Option<String>) -> PyResul
 }
 
 /// The native module.
+/// C entries for native callers (see [`PyCommunicator::c_entries`]): no interpreter, no
+/// unwinding across the boundary. Each returns 0, or 1 with a NUL-terminated message in
+/// `err` (at most `err_len` bytes, cut on a character boundary).
+mod native {
+    use super::*;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    /// The version of these entries' signatures: a caller built for another refuses them.
+    pub const VERSION: u32 = 2;
+
+    /// The `stream` argument that means the communicator's own stream.
+    pub const OWN_STREAM: u64 = u64::MAX;
+
+    /// Writes `msg` into the caller's buffer.
+    ///
+    /// # Safety
+    /// `err` is null or writable for `err_len` bytes.
+    unsafe fn fail(err: *mut u8, err_len: u64, msg: &str) -> i32 {
+        let cap = usize::try_from(err_len).unwrap_or(usize::MAX);
+        if err.is_null() || cap == 0 {
+            return 1;
+        }
+        let mut n = msg.len().min(cap - 1);
+        while !msg.is_char_boundary(n) {
+            n -= 1;
+        }
+        // SAFETY: the caller's buffer holds `cap` > `n` bytes (this function's contract).
+        unsafe {
+            std::ptr::copy_nonoverlapping(msg.as_ptr(), err, n);
+            *err.add(n) = 0;
+        }
+        1
+    }
+
+    /// Runs `f` on the communicator at `comm`, turning its error or panic into a message.
+    ///
+    /// # Safety
+    /// `comm` is the address [`PyCommunicator::c_entries`] gave, of a communicator still
+    /// alive; `err` as [`fail`] says.
+    unsafe fn with(
+        comm: *const PyCommunicator,
+        err: *mut u8,
+        err_len: u64,
+        f: impl FnOnce(&PyCommunicator) -> Result<(), String>,
+    ) -> i32 {
+        if comm.is_null() {
+            // SAFETY: the caller's buffer (this function's contract).
+            return unsafe { fail(err, err_len, "ferrocx: no communicator") };
+        }
+        // SAFETY: a live communicator (this function's contract); it is `Sync` (frozen).
+        let c = unsafe { &*comm };
+        match catch_unwind(AssertUnwindSafe(|| f(c))) {
+            Ok(Ok(())) => 0,
+            // SAFETY: the caller's buffer (this function's contract).
+            Ok(Err(m)) => unsafe { fail(err, err_len, &m) },
+            // SAFETY: as above.
+            Err(_) => unsafe {
+                fail(
+                    err,
+                    err_len,
+                    "ferrocx: internal error (a panic) in a native call",
+                )
+            },
+        }
+    }
+
+    fn text(e: impl std::error::Error) -> String {
+        message(&e)
+    }
+
+    /// `PyCommunicator::all_reduce` without the interpreter, on `stream`: a handle from
+    /// [`fx_wrap_stream`] (0 is a stream too: CUDA's default one), or [`OWN_STREAM`].
+    ///
+    /// # Safety
+    /// As [`with`]; `send` and `recv` hold `count` elements of `dtype` on the communicator's
+    /// device and stay valid until the call completes on its stream (the class docs).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe extern "C" fn fx_all_reduce(
+        comm: *const PyCommunicator,
+        send: u64,
+        recv: u64,
+        count: u64,
+        dtype: u32,
+        op: u32,
+        stream: u64,
+        err: *mut u8,
+        err_len: u64,
+    ) -> i32 {
+        // SAFETY: this function's contract is `with`'s and the collective's.
+        unsafe {
+            with(comm, err, err_len, |c| {
+                let d = self::dtype(dtype).map_err(|e| e.to_string())?;
+                let o = redop(op).map_err(|e| e.to_string())?;
+                let count = usize::try_from(count)
+                    .map_err(|_| format!("ferrocx: count {count} does not fit this machine"))?;
+                let call = c.call((stream != OWN_STREAM).then_some(stream));
+                call.all_reduce(ptr(send), ptr(recv), count, d, o)
+                    .map_err(text)
+            })
+        }
+    }
+
+    /// `PyCommunicator::wrap_stream`: the device adaptor's handle of native stream `native`,
+    /// written to `out`.
+    ///
+    /// # Safety
+    /// As [`with`]; `native` is a live stream of the device's runtime that outlives the calls
+    /// made on the handle; `out` is writable.
+    pub unsafe extern "C" fn fx_wrap_stream(
+        comm: *const PyCommunicator,
+        native: u64,
+        out: *mut u64,
+        err: *mut u8,
+        err_len: u64,
+    ) -> i32 {
+        // SAFETY: this function's contract is `with`'s and the stream's.
+        unsafe {
+            with(comm, err, err_len, |c| {
+                let s = c
+                    .comm
+                    .device()
+                    .stream_wrap(native as usize as *mut c_void)
+                    .map_err(text)?;
+                *out = handle_of(s);
+                Ok(())
+            })
+        }
+    }
+
+    /// Waits for everything enqueued on the communicator's own stream (raising the failure of
+    /// its work, as `PyCommunicator::synchronize`).
+    ///
+    /// # Safety
+    /// As [`with`].
+    pub unsafe extern "C" fn fx_synchronize(
+        comm: *const PyCommunicator,
+        err: *mut u8,
+        err_len: u64,
+    ) -> i32 {
+        // SAFETY: this function's contract is `with`'s.
+        unsafe { with(comm, err, err_len, |c| c.comm.synchronize().map_err(text)) }
+    }
+}
+
 #[pymodule]
 fn _ferrocx(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ferrocx_adaptor_host::link();

@@ -56,3 +56,11 @@ def test_ddp_futures_give_gloos_parameters_to_the_bit():
     """DDP's reducer and a Python comm hook over the backend's futures, 2 ranks: the parameters
     equal gloo's exactly; the futures' values are the reduced tensors."""
     run_job("ddp_future.py", 2).expect_ok("ddp future ok", 2)
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_native_backend_takes_the_common_all_reduce_and_hands_the_rest_to_python(native):
+    """The native backend (C++, built on first use) on the host device: a call waited for at
+    once is its own, a call waited for later, a bool or a strided tensor goes to the Python
+    group, each with reference values; FERROCX_TORCH_NATIVE=0 keeps the Python group."""
+    run_job("native.py", 2, env={"FERROCX_TORCH_NATIVE": native}).expect_ok("native ok", 2)
