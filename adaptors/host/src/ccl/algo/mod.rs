@@ -240,6 +240,10 @@ fn piece(len: usize, parts: usize, i: usize) -> (usize, usize) {
     ((lo * 64).min(len), (hi * 64).min(len))
 }
 
+/// Units a thread's share of a split copy or step is cut into: the threads claim them one at a
+/// time, so a preempted or late helper holds back one unit, not a share (see `helpers`).
+const UNITS_PER_THREAD: usize = 4;
+
 /// Copies `n` bytes as [`copy`] does, split over the communicator's helper threads when large.
 ///
 /// # Safety
@@ -254,9 +258,9 @@ pub(super) unsafe fn par_copy(ctx: &Ctx<'_>, dst: *mut u8, src: *const u8, n: us
         unsafe { copy(dst, src, n) };
         return Ok(());
     }
-    let (d, s, parts) = (dst as usize, src as usize, h.parts());
-    h.run(&|i| {
-        let (lo, hi) = piece(n, parts, i);
+    let (d, s, units) = (dst as usize, src as usize, h.parts() * UNITS_PER_THREAD);
+    h.run(units, &|i| {
+        let (lo, hi) = piece(n, units, i);
         // SAFETY: disjoint parts of the caller's ranges.
         unsafe { copy((d + lo) as *mut u8, (s + lo) as *const u8, hi - lo) };
     })
@@ -355,10 +359,10 @@ pub(super) unsafe fn par_step(
                 (r.hi - r.lo) * r.es * (ctx.n() + 1 + usize::from(r.also != 0))
             }),
     );
-    let parts = if total < par_min_bytes() {
+    let parts = if total < par_min_bytes() || h.parts() == 1 {
         1
     } else {
-        h.parts()
+        h.parts() * UNITS_PER_THREAD
     };
     let streams = moves.iter().any(|m| m.stream) || red.is_some_and(|r| r.stream);
     let failed = std::sync::Mutex::new(None);
@@ -403,7 +407,7 @@ pub(super) unsafe fn par_step(
     if parts == 1 {
         job(0);
     } else {
-        h.run(&job)?;
+        h.run(parts, &job)?;
     }
     match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
