@@ -336,9 +336,10 @@ pub(super) fn slot_parity(g0: u64, k: usize) -> usize {
 }
 
 /// Runs a reduction and some copies that touch disjoint memory, as one fork-join over the
-/// communicator's helper threads when they are large (each job split over every thread, so a
-/// step whose jobs differ in size still keeps every thread busy), on the calling thread
-/// otherwise.
+/// communicator's helper threads when they are large (each job cut into the same units, a few
+/// per thread, which the threads claim one at a time: a step whose jobs differ in size still
+/// keeps every thread busy, and a descheduled thread holds back one unit), on the calling
+/// thread otherwise.
 ///
 /// # Safety
 /// Each copy as [`copy_to`] (ranges valid, disjoint from every other job's destination); the
