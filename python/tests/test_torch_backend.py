@@ -64,3 +64,16 @@ def test_native_backend_takes_the_common_all_reduce_and_hands_the_rest_to_python
     once is its own, a call waited for later, a bool or a strided tensor goes to the Python
     group, each with reference values; FERROCX_TORCH_NATIVE=0 keeps the Python group."""
     run_job("native.py", 2, env={"FERROCX_TORCH_NATIVE": native}).expect_ok("native ok", 2)
+
+
+def test_a_native_backend_that_cannot_be_built_leaves_the_python_group_working(tmp_path):
+    """No working compiler (and no earlier build in the cache): every rank warns with the
+    builder's reason and the Python group takes every call, with the same values."""
+    job = run_job(
+        "native.py",
+        2,
+        env={"FERROCX_CACHE_DIR": str(tmp_path / "cache"), "CXX": "false", "EXPECT_BUILD_FAILURE": "1"},
+    )
+    job.expect_ok("native ok", 2)
+    assert len(job.lines("build failed as expected")) == 2, job.out[-4000:]
+    assert "the native torch backend could not be built" in job.out, job.out[-4000:]

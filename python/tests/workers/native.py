@@ -1,14 +1,15 @@
 """One rank of the native backend's check (host device): which calls the native backend takes
 itself and which it hands to the Python process group, each with values against a reference
 computed from gloo's all_gather (random data, odd sizes), and a failure on the native path as
-ferrocx's error. With FERROCX_TORCH_NATIVE=0 in the environment: the group is the Python one,
-with the same values. Prints "native ok: N checks"."""
+ferrocx's error. With FERROCX_TORCH_NATIVE=0 in the environment, or EXPECT_BUILD_FAILURE=1 (the
+test breaks the compiler): the group is the Python one, with the same values. Prints "native ok: N checks"."""
 
 import os
 
 import torch
 import torch.distributed as dist
 
+import ferrocx._native
 import ferrocx.torch
 
 R = dist.ReduceOp
@@ -16,9 +17,15 @@ dist.init_process_group("ferrocx")
 rank, world = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(backend="gloo")
 pg = dist.distributed_c10d._get_default_group()
-wanted = os.environ.get("FERROCX_TORCH_NATIVE", "1") != "0"
+broken = os.environ.get("EXPECT_BUILD_FAILURE") == "1"
+wanted = os.environ.get("FERROCX_TORCH_NATIVE", "1") != "0" and not broken
 native = getattr(pg, "_native", None)
 assert (native is not None) == wanted, f"native backend {native!r}, wanted: {wanted}"
+if broken:
+    # The build failed (no working compiler): the Python group took over, and says why.
+    why = ferrocx._native.failure()
+    assert why, "no reason kept for the failed build"
+    print(f"build failed as expected: {why.splitlines()[0][:200]}", flush=True)
 assert isinstance(pg, ferrocx.torch.ProcessGroupFerrocx)
 checks = 0
 
