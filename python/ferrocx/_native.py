@@ -68,11 +68,14 @@ def build():
     key = _key(torch)
     where = _cache_root() / "torch-native" / key
     where.mkdir(parents=True, exist_ok=True)
+    # torch's version for the source's feature checks (the headers' own macro moved between
+    # releases).
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     _module = cpp_extension.load(
         name=f"ferrocx_torch_native_{key}",
         sources=[str(_SOURCE)],
         build_directory=str(where),
-        extra_cflags=["-O2"],
+        extra_cflags=["-O2", f"-DFX_TORCH_MAJOR={major}", f"-DFX_TORCH_MINOR={minor}"],
         verbose=os.environ.get("FERROCX_TORCH_NATIVE_VERBOSE", "0") == "1",
     )
     return _module

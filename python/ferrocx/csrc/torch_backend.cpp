@@ -39,6 +39,15 @@
 
 namespace py = pybind11;
 
+// torch's version (ferrocx/_native.py passes it): `AllreduceOptions::asyncOp` and
+// `c10::Stream::native_handle` are used from 2.8 on.
+#ifndef FX_TORCH_MAJOR
+#define FX_TORCH_MAJOR 0
+#define FX_TORCH_MINOR 0
+#endif
+#define FX_TORCH_AT_LEAST(major, minor) \
+  (FX_TORCH_MAJOR > (major) || (FX_TORCH_MAJOR == (major) && FX_TORCH_MINOR >= (minor)))
+
 namespace {
 
 // The communicator's C entries (ferrocx._ferrocx.Communicator.c_entries), version 2.
@@ -250,6 +259,12 @@ class FerrocxBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+#if FX_TORCH_AT_LEAST(2, 8)
+    const bool async_op = opts.asyncOp;
+#else
+    // No way to tell: the caller may wait later.
+    const bool async_op = true;
+#endif
     if (tensors.size() == 1 && !grouped_.load() && !opts.sparseIndices.has_value()) {
       const at::Tensor& t = tensors[0];
       if (t.layout() == c10::kStrided && t.is_contiguous() && t.scalar_type() != at::kBool) {
@@ -257,9 +272,9 @@ class FerrocxBackend : public c10d::Backend {
         auto o = ops_.find(static_cast<int>(opts.reduceOp.op_));
         if (d != dtypes_.end() && o != ops_.end()) {
           if (t.is_cuda() && cuda_) {
-            return cudaAllReduce(tensors, d->second, o->second, opts.asyncOp);
+            return cudaAllReduce(tensors, d->second, o->second, async_op);
           }
-          if (t.is_cpu() && !cuda_ && !opts.asyncOp) {
+          if (t.is_cpu() && !cuda_ && !async_op) {
             return hostAllReduce(tensors, d->second, o->second);
           }
         }
@@ -358,12 +373,14 @@ class FerrocxBackend : public c10d::Backend {
     }
     uint64_t native = 0;
     bool known = false;
+#if FX_TORCH_AT_LEAST(2, 8)
     try {
       native = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(s.native_handle()));
       known = true;
     } catch (const std::exception&) {
       // A torch whose device guard cannot tell: Python's stream object can.
     }
+#endif
     if (!known) {
       py::gil_scoped_acquire gil;
       native = raw_stream_(static_cast<int64_t>(s.id()), static_cast<int>(s.device_index()),
