@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package's GPU runs, from the folder scripts/gpu-bundle.sh made (no Rust toolchain
 # needed): unpacks the bundle's abi3 wheel into ./pylib (beside the machine's PyTorch, touching
-# nothing else; no pip or network needed), then
+# nothing else; no pip or network needed), builds the torch backend's native side (a C++
+# compiler and ninja, as torch's extension builder needs), then
 #
 #   world1    world 1 on CUDA tensors (configs/nccl.toml): every operation, dtype and reduce op,
 #             torch's current stream, no host synchronization, bad input
@@ -20,6 +21,11 @@ py=${PYTHON:-python3}
 rm -rf pylib && "$py" -m zipfile -e wheels/ferrocx-*-abi3-*.whl pylib || exit 1
 export PYTHONPATH=$PWD/pylib${PYTHONPATH:+:$PYTHONPATH}
 "$py" -c 'import sys, torch, ferrocx; print("python", sys.version.split()[0], "torch", torch.__version__, "ferrocx", ferrocx.__version__)'
+# The torch backend's native side, built here against this machine's torch before any job (the
+# ranks of a job would otherwise build it on their first process group, inside its timeout).
+# A failed build is not fatal: the jobs then run on the Python process group, and say so.
+export FERROCX_CACHE_DIR=${FERROCX_CACHE_DIR:-$PWD/.fxcache}
+"$py" -m ferrocx._native || echo "WARNING: the native torch backend did not build; the Python process group takes every call"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(world1 hetero overhead ddp)
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
