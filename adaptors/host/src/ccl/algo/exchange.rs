@@ -121,8 +121,9 @@ pub unsafe fn exchange(
 
 /// Reduce-scatter of `block` bytes per rank in chunks of `sub` bytes (a sub-slot per
 /// destination), software-pipelined as the large all-reduce: step `k` reduces this rank's
-/// sub-slot of every rank's slot for chunk `k - 1` straight into `recv` and copies chunk `k` of
-/// every destination's block into this rank's slot, as one fork-join over the helper threads,
+/// sub-slot of every other rank's slot for chunk `k - 1`, and its own block's chunk straight
+/// from `send`, into `recv`, and copies chunk `k` of every other destination's block into this
+/// rank's slot (its own block never goes through the slot), as one fork-join over the helper threads,
 /// then one barrier. Chunk `k` lives in slot parity `(g0 + k) % 2` (`g0` the agreement's
 /// generation): written in step `k`, read in step `k + 1`, rewritten in step `k + 2`, a
 /// barrier between each; the last chunk's slots are rewritten only two generations later,
@@ -145,9 +146,10 @@ unsafe fn reduce_scatter_pipelined(
     let chunks = block.div_ceil(sub);
     let g0 = ctx.gen + 1;
     let bytes = |k: usize| sub.min(block - k * sub);
+    // No rank reads this rank's own block from its slot: the reduction reads it from `send`.
     let copies_in = |ctx: &Ctx<'_>, k: usize, moves: &mut Vec<Move>| {
         let base = ctx.slot(slot_parity(g0, k), me) as usize;
-        moves.extend((0..n).map(|d| Move {
+        moves.extend((0..n).filter(|&d| d != me).map(|d| Move {
             dst: base + d * sub,
             // SAFETY: within `send`, which holds `block * n` bytes.
             src: unsafe { send.add(d * block + k * sub) } as usize,
@@ -171,7 +173,9 @@ unsafe fn reduce_scatter_pipelined(
             op: desc.op,
             // SAFETY: within `recv`, which holds `block` bytes.
             dst: unsafe { recv.add((k - 1) * sub) } as usize,
-            own: 0,
+            // SAFETY: within `send`, which holds `block * n` bytes. In place this is `dst`:
+            // the reduction reads a block of its sources before it writes that block.
+            own: unsafe { send.add(me * block + (k - 1) * sub) } as usize,
             also: 0,
             stream: false,
         })
