@@ -69,7 +69,8 @@ pub unsafe fn all_gather(
 /// `(g0 + k) % 2`: written in step `k`, read in step `k + 1`, rewritten in step `k + 2`, a
 /// barrier between each (the last chunk's slots are rewritten two generations later, after
 /// every rank's last copy, so the last step needs no barrier). In place, this rank's own block
-/// of `recv` is `send`: its chunks are not copied back onto themselves.
+/// of `recv` is `send`: its chunks are not copied back onto themselves; out of place they go
+/// from `send` to `recv` in the step that publishes them.
 ///
 /// # Safety
 /// `send` holds `bytes`; `recv` holds `bytes * nranks` where it is written.
@@ -94,18 +95,39 @@ unsafe fn pipelined(
         n: len(k),
         stream: false,
     };
-    let first = [copy_in(ctx, 0)];
+    // Out of place, this rank's own block goes from `send` to `recv` in the step that publishes
+    // it, right after the copy into the slot: each thread copies the same part of the chunk
+    // twice in a row (the copies are cut alike), so the second read is from its cache, and the
+    // own block is not read back out of the slot.
+    // SAFETY: within `recv`, which holds `bytes * n` on a rank that writes.
+    let own_out = writes && !std::ptr::eq(unsafe { recv.add(me * bytes) }, send);
+    let own_copy = |k: usize| Move {
+        // SAFETY: within `recv` (own block) and `send`, as above.
+        dst: unsafe { recv.add(me * bytes + k * chunk) } as usize,
+        // SAFETY: within `send`, which holds `bytes`.
+        src: unsafe { send.add(k * chunk) } as usize,
+        n: len(k),
+        stream: false,
+    };
+    let mut first = vec![copy_in(ctx, 0)];
+    if own_out {
+        first.push(own_copy(0));
+    }
     let step = |ctx: &Ctx<'_>, k: usize, moves: &mut Vec<Move>| {
         if k < chunks {
             moves.push(copy_in(ctx, k));
+            if own_out {
+                moves.push(own_copy(k));
+            }
         }
         if writes {
             for r in 0..n {
-                // SAFETY: within `recv`, which holds `bytes * n` on a rank that writes.
-                let dst = unsafe { recv.add(r * bytes + (k - 1) * chunk) };
-                if r == me && std::ptr::eq(dst, send.wrapping_add((k - 1) * chunk)) {
+                if r == me {
+                    // In place it is `send` already; out of place it was copied from `send`.
                     continue;
                 }
+                // SAFETY: within `recv`, which holds `bytes * n` on a rank that writes.
+                let dst = unsafe { recv.add(r * bytes + (k - 1) * chunk) };
                 moves.push(Move {
                     dst: dst as usize,
                     src: ctx.slot(slot_parity(g0, k - 1), r) as usize,
@@ -120,6 +142,7 @@ unsafe fn pipelined(
     // In step k every rank's slot of chunk k - 1 holds it (published by the barrier or
     // agreement before); the slot chunk k goes to is read by nobody in this step; the parts of
     // `recv` written are disjoint from each other and from the part of `send` read (in place,
-    // the own block is skipped).
+    // the own block is not written; out of place it is written from `send`, which does not
+    // overlap `recv`).
     unsafe { pipeline(ctx, desc, chunks, &first, false, step) }
 }
