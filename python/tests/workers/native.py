@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import ferrocx._native
 import ferrocx.torch
+from reference import reduce_stack
 
 R = dist.ReduceOp
 dist.init_process_group("ferrocx")
@@ -38,18 +39,7 @@ def reference(op, t):
     wide = t.double() if t.is_floating_point() else t.long()
     out = [torch.empty_like(wide) for _ in range(world)]
     dist.all_gather(out, wide, group=gloo)
-    s = torch.stack(out)
-    if op == R.SUM:
-        r = s.sum(0)
-    elif op == R.AVG:
-        r = s.mean(0)
-    elif op == R.MIN:
-        r = s.min(0).values
-    elif op == R.MAX:
-        r = s.max(0).values
-    else:
-        r = s.prod(0)
-    return r.to(t.dtype)
+    return reduce_stack(op, torch.stack(out)).to(t.dtype)
 
 
 def check(got, want, what):

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import ferrocx.torch  # noqa: F401 - registers the backend
+from reference import reduce_stack
 
 R = dist.ReduceOp
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.uint8, torch.bool]
@@ -68,17 +69,7 @@ def reference(op, t):
     if t.dtype == torch.bool:
         r = s.bool().any(0) if op in (R.SUM, R.MAX) else s.bool().all(0)
         return r
-    if op == R.SUM:
-        r = s.sum(0)
-    elif op == R.AVG:
-        r = s.sum(0) / world
-    elif op == R.MIN:
-        r = s.min(0).values
-    elif op == R.MAX:
-        r = s.max(0).values
-    else:
-        r = s.prod(0)
-    return r.to(t.dtype)
+    return reduce_stack(op, s).to(t.dtype)
 
 
 def ops_for(dtype):

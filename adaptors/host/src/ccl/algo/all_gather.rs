@@ -99,8 +99,7 @@ unsafe fn pipelined(
     // it, right after the copy into the slot: each thread copies the same part of the chunk
     // twice in a row (the copies are cut alike), so the second read is from its cache, and the
     // own block is not read back out of the slot.
-    // SAFETY: within `recv`, which holds `bytes * n` on a rank that writes.
-    let own_out = writes && !std::ptr::eq(unsafe { recv.add(me * bytes) }, send);
+    let own_out = writes && !std::ptr::eq(recv.wrapping_add(me * bytes), send);
     let own_copy = |k: usize| Move {
         // SAFETY: within `recv` (own block) and `send`, as above.
         dst: unsafe { recv.add(me * bytes + k * chunk) } as usize,
