@@ -231,7 +231,8 @@ impl Router {
     /// for a job across clusters; copies out of the peers' windows by the copy engines where
     /// `copies_run` (the device has the memops group and memory it exports to peers, is not
     /// host-addressable — a GPU, where the CCL's send/recv kernels would take SMs from the
-    /// consumer the gather is pipelined with — and the route is asked for: it is opt-in); else
+    /// consumer the gather is pipelined with — and the route is asked for, or the output lies
+    /// in a window the copies push into); else
     /// the CCL's grouped `send`/`recv` where it
     /// has both; else reads of the peers' windows where `reads_run` (the device's memory is
     /// host-addressable and it runs host functions); else the CCL, whose missing entry fails

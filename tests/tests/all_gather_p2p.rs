@@ -13,7 +13,11 @@
 //! (3, 4, 5 ranks). A job across clusters takes the cross-cluster plan's all-gather. Bad
 //! arguments get errors naming them. Calls enqueued back to back before any is waited for,
 //! with one rank late to each, and the routes interleaved call by call. On the window-copies
-//! route, a rank that stops calling is a timeout error on its peer, not a hang.
+//! route, a rank that stops calling is a timeout error on its peer, not a hang. Into an output
+//! window (`Call::output_window`: symmetric memory registered on every rank, the output at an
+//! offset in it), the window-copies route pushes: every case again, pieces of several sizes
+//! (hooks counted, the 4095-piece cap), back to back with streams and pieces changing call by
+//! call, an output outside its window refused, and a missing peer a timeout.
 
 mod window_ranks;
 
@@ -25,6 +29,7 @@ use ferrocx::adaptor::{Device, DeviceBuffer};
 use ferrocx::comm::p2p::{launch_host, schedule};
 use ferrocx::comm::{CommError, Communicator, Slice};
 use ferrocx::route::Route;
+use ferrocx::window::{SymmetricBuffer, Window, WindowFlags};
 use window_ranks::{communicator, rank_of, Job};
 
 /// Byte `i` of rank `rank`'s input of case `case`.
@@ -55,6 +60,85 @@ fn fired(device: &Device, event: Event) -> bool {
     status == Status::SUCCESS
 }
 
+/// Where a case's output lies: a device buffer, or `offset` bytes into a symmetric allocation
+/// registered as a window (the output window the window-copies route pushes into), each
+/// peer's slice cut into pieces of `pieces` elements (0: whole slices).
+#[derive(Clone, Copy, Default)]
+struct Into {
+    window: bool,
+    offset: usize,
+    pieces: usize,
+}
+
+/// A case's output buffer (see [`Into`]).
+enum Recv {
+    Plain(DeviceBuffer),
+    Window(SymmetricBuffer, Box<Window>, usize),
+}
+
+impl Recv {
+    fn new(comm: &Communicator, bytes: usize, into: Into) -> Recv {
+        if !into.window {
+            let b = DeviceBuffer::new(comm.device(), bytes.max(1), MemKind::DEVICE).expect("alloc");
+            return Recv::Plain(b);
+        }
+        let size = into.offset + bytes.max(1) + 64;
+        let buf = comm.alloc_symmetric(size).expect("symmetric allocation");
+        // SAFETY: a live symmetric allocation of `size` bytes, deregistered before it is freed.
+        let w = unsafe {
+            comm.register_window(
+                buf.ptr(),
+                size,
+                WindowFlags::NO_MULTICAST | WindowFlags::PEERS,
+            )
+        }
+        .expect("output window");
+        Recv::Window(buf, Box::new(w), into.offset)
+    }
+
+    fn ptr(&self) -> DevicePtr {
+        match self {
+            Recv::Plain(b) => b.ptr(),
+            Recv::Window(b, _, off) => DevicePtr(b.ptr().0 + *off as u64),
+        }
+    }
+
+    fn read(&self, dev: &Device, at: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        // SAFETY: the output holds `at + len` bytes (the caller's case), and `v` `len`; the
+        // transfers writing it have ended.
+        unsafe {
+            dev.mem_copy(
+                DevicePtr(v.as_mut_ptr() as u64),
+                DevicePtr(self.ptr().0 + at as u64),
+                len,
+            )
+        }
+        .expect("download");
+        v
+    }
+
+    fn write(&self, dev: &Device, at: usize, data: &[u8]) {
+        // SAFETY: as `read`, the other way; nothing else uses the output yet.
+        unsafe {
+            dev.mem_copy(
+                DevicePtr(self.ptr().0 + at as u64),
+                DevicePtr(data.as_ptr() as u64),
+                data.len(),
+            )
+        }
+        .expect("upload");
+    }
+
+    /// Deregisters the window (collective: after every rank's case has ended).
+    fn release(self, comm: &Communicator) {
+        if let Recv::Window(buf, w, _) = self {
+            comm.deregister_window(*w).expect("deregister");
+            drop(buf);
+        }
+    }
+}
+
 /// One all-gather of `count` elements of `dtype` on `route` over `streams` streams, every
 /// slice checked twice (in stream order after its event, and on the host once it fired).
 fn gather_case(
@@ -66,45 +150,65 @@ fn gather_case(
     route: Route,
     in_place: bool,
 ) {
+    let into = Into::default();
+    gather_into(comm, case, count, dtype, (streams, route, in_place), into);
+}
+
+/// [`gather_case`], its output as `into` says.
+fn gather_into(
+    comm: &Communicator,
+    case: u64,
+    count: usize,
+    dtype: DataType,
+    (streams, route, in_place): (usize, Route, bool),
+    into: Into,
+) {
     let (me, world) = (comm.rank(), comm.world());
     let dev = comm.device();
     let es = dtype.size().expect("a known type");
     let bytes = count * es;
     let all: Vec<Vec<u8>> = (0..world).map(|r| input(case, r, bytes)).collect();
     let want: Arc<Vec<u8>> = Arc::new(all.concat());
-    let mut recv = DeviceBuffer::new(dev, (world * bytes).max(1), MemKind::DEVICE).expect("alloc");
+    let recv = Recv::new(comm, world * bytes, into);
     // Garbage where the slices go, so a slice not written is seen.
-    recv.fill(0xA5).expect("fill");
+    recv.write(dev, 0, &vec![0xA5; world * bytes]);
     let send = match bytes {
         0 => DeviceBuffer::new(dev, 1, MemKind::DEVICE),
         _ => DeviceBuffer::from_host(dev, &all[me], MemKind::DEVICE),
     }
     .expect("upload");
     let send_ptr = if in_place {
-        recv.copy_from_host_at(me * bytes, &all[me])
-            .expect("own slice");
+        recv.write(dev, me * bytes, &all[me]);
         DevicePtr(recv.ptr().0 + (me * bytes) as u64)
     } else {
         send.ptr()
     };
     let wrong: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
-    let call = comm.call().via(route);
-    let what =
-        format!("{count} x {dtype:?} on {route} over {streams} stream(s), in place {in_place}");
+    let mut call = comm.call().via(route).pieces(into.pieces);
+    if let Recv::Window(_, w, _) = &recv {
+        call = call.output_window(w);
+    }
+    let what = format!(
+        "{count} x {dtype:?} on {route} over {streams} stream(s), in place {in_place}, \
+         window {} at {}, pieces {}",
+        into.window, into.offset, into.pieces
+    );
+    let base = recv.ptr().0;
     let hook = |slice: &Slice| {
         let (want, wrong, seen) = (want.clone(), wrong.clone(), seen.clone());
-        let (rank, ptr) = (slice.rank, slice.ptr.0 as usize);
+        let (rank, ptr, len) = (slice.rank, slice.ptr.0, slice.count * es);
+        let at = (ptr - base) as usize;
         let what = what.clone();
         launch_host(dev, slice.stream, move || {
-            // SAFETY: on the host device a device address is this process's; the slice holds
-            // `bytes` and the handle's owner keeps it alive past the synchronize.
-            let got = unsafe { std::slice::from_raw_parts(ptr as *const u8, bytes) };
-            if got != &want[rank * bytes..(rank + 1) * bytes] {
-                wrong
-                    .lock()
-                    .unwrap()
-                    .push(format!("{what}: slice {rank} not in place after its event"));
+            // SAFETY: on the host device a device address is this process's; the slice (or
+            // piece) holds `len` bytes and the case keeps it alive past the synchronize.
+            let got = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+            let inside = at >= rank * bytes && at + len <= (rank + 1) * bytes;
+            if !inside || got != &want[at..at + len] {
+                wrong.lock().unwrap().push(format!(
+                    "{what}: slice {rank} ({len} bytes at {at}) not in place after its event"
+                ));
             }
             seen.lock().unwrap().push(rank);
         })
@@ -119,15 +223,12 @@ fn gather_case(
     let mut order = vec![me];
     order.extend(schedule(world, me));
     assert_eq!(handle.order(), &order[..], "{what}");
-    let mut host = vec![0u8; bytes];
     for (i, &r) in handle.order().iter().enumerate() {
         handle
             .synchronize_slice(r)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
-        recv.copy_to_host_at(r * bytes, &mut host)
-            .expect("download");
         assert!(
-            host == all[r],
+            recv.read(dev, r * bytes, bytes) == all[r],
             "{what}: slice {r} wrong once its event fired"
         );
         let slice = handle.slice(r);
@@ -157,12 +258,18 @@ fn gather_case(
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     let mut seen = seen.lock().unwrap().clone();
     seen.sort_unstable();
+    let pieces = seen.len();
+    seen.dedup();
     assert_eq!(seen, (0..world).collect::<Vec<_>>(), "{what}");
-    assert_eq!(
-        recv.to_vec().expect("download")[..world * bytes],
-        want[..],
-        "{what}"
-    );
+    if into.window && into.pieces > 0 && count > 0 {
+        // Every peer's slice in pieces of `into.pieces` elements (a multiple of it where that
+        // would make more than 4095), this rank's own whole.
+        let per = into.pieces * count.div_ceil(into.pieces).div_ceil(4095);
+        let each = count.div_ceil(per);
+        assert_eq!(pieces, 1 + (world - 1) * each, "{what}: hooks called");
+    }
+    assert_eq!(recv.read(dev, 0, world * bytes)[..], want[..], "{what}");
+    recv.release(comm);
 }
 
 /// Several all-gathers on `route` enqueued back to back before any is waited for (the
@@ -226,6 +333,141 @@ fn back_to_back(comm: &Communicator, case: u64, route: Route) {
     }
 }
 
+/// Into output windows: every case pushed (the window-copies route forced), then calls
+/// enqueued back to back before any is waited for into one window (each output at its own
+/// offset), with streams and pieces changing call by call and the last rank late to the first
+/// calls; the router's route for an output window; an output outside its window refused.
+fn into_windows(comm: &Communicator, case: u64) {
+    const F32: DataType = DataType::F32;
+    const BF16: DataType = DataType::BF16;
+    const F64: DataType = DataType::F64;
+    const I8: DataType = DataType::I8;
+    const U8: DataType = DataType::U8;
+    let w = |offset, pieces| Into {
+        window: true,
+        offset,
+        pieces,
+    };
+    let cases = [
+        (1, F32, 1, false, w(0, 0)),
+        (7, F32, 2, false, w(256, 0)),
+        (1000, F32, 3, true, w(64, 0)),
+        (4099, F32, 2, false, w(0, 1000)),
+        (1025, BF16, 1, false, w(128, 100)),
+        (4097, I8, 2, true, w(0, 4097)),
+        (333, F64, 3, false, w(8, 1)),
+        (0, F32, 2, false, w(0, 0)),
+        (10_000, U8, 2, false, w(0, 1)),
+        (300_001, U8, 2, false, w(4096, 65_536)),
+    ];
+    for (k, (count, dtype, streams, in_place, into)) in cases.into_iter().enumerate() {
+        let how = (streams, Route::WindowCopies, in_place);
+        gather_into(comm, case + k as u64, count, dtype, how, into);
+    }
+    let (me, world) = (comm.rank(), comm.world());
+    let dev = comm.device();
+    let counts: Vec<usize> = (0..20).map(|i| 1 + (i * 389) % 1201).collect();
+    let offsets: Vec<usize> = counts
+        .iter()
+        .scan(0, |at, &c| {
+            let here = *at;
+            *at += world * c * 4;
+            Some(here)
+        })
+        .collect();
+    let total = offsets.last().copied().unwrap_or(0) + world * counts[counts.len() - 1] * 4;
+    let recv = Recv::new(comm, total, w(0, 0));
+    let Recv::Window(_, window, _) = &recv else {
+        unreachable!("a window")
+    };
+    let all: Vec<Vec<Vec<u8>>> = counts
+        .iter()
+        .enumerate()
+        .map(|(k, &c)| {
+            (0..world)
+                .map(|r| input(case + 100 + k as u64, r, c * 4))
+                .collect()
+        })
+        .collect();
+    let sends: Vec<DeviceBuffer> = all
+        .iter()
+        .map(|a| DeviceBuffer::from_host(dev, &a[me], MemKind::DEVICE).expect("upload"))
+        .collect();
+    let mut handles = Vec::new();
+    for (k, &count) in counts.iter().enumerate() {
+        if me == world - 1 && k < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+        let call = comm
+            .call()
+            .via(Route::WindowCopies)
+            .output_window(window)
+            .pieces([0, 1, 50, 333][k % 4]);
+        // SAFETY: the buffers live until after every handle's synchronize below; call k's
+        // output is its own part of the window.
+        let h = unsafe {
+            call.all_gather_p2p(
+                sends[k].ptr(),
+                DevicePtr(recv.ptr().0 + offsets[k] as u64),
+                count,
+                DataType::F32,
+                1 + k % 3,
+            )
+        }
+        .unwrap_or_else(|e| panic!("into a window, call {k}: {e}"));
+        handles.push(h);
+    }
+    for (k, h) in handles.iter().enumerate() {
+        h.synchronize()
+            .unwrap_or_else(|e| panic!("into a window, call {k}: {e}"));
+    }
+    drop(handles);
+    for (k, &count) in counts.iter().enumerate() {
+        assert!(
+            recv.read(dev, offsets[k], world * count * 4) == all[k].concat(),
+            "into a window: call {k} of {} back to back is wrong",
+            counts.len()
+        );
+    }
+    // The router leaves a host-addressable device to the CCL, window or not.
+    // SAFETY: as above (call 0's buffers).
+    let h = unsafe {
+        comm.call().output_window(window).all_gather_p2p(
+            sends[0].ptr(),
+            recv.ptr(),
+            counts[0],
+            DataType::F32,
+            2,
+        )
+    }
+    .expect("the router's route");
+    assert_eq!(h.route(), Route::Ccl);
+    h.synchronize().expect("synchronize");
+    drop(h);
+    assert!(recv.read(dev, 0, world * counts[0] * 4) == all[0].concat());
+    // An output past the window's end: refused on every rank, nothing enqueued.
+    // SAFETY: refused before anything is enqueued.
+    let e = unsafe {
+        comm.call()
+            .via(Route::WindowCopies)
+            .output_window(window)
+            .all_gather_p2p(
+                sends[0].ptr(),
+                DevicePtr(window.local().0 + window.size() as u64 - 4),
+                counts[0],
+                DataType::F32,
+                2,
+            )
+    }
+    .err()
+    .expect("an output outside its window refused");
+    assert!(
+        e.to_string().contains("does not lie in the output window"),
+        "{e}"
+    );
+    recv.release(comm);
+}
+
 /// A writer into a shared buffer, for the span log.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -277,6 +519,7 @@ fn rank_main() {
             gather_case(&comm, 903 + case, 0, DataType::F32, 2, route, false);
             back_to_back(&comm, 950 + case, route);
         }
+        into_windows(&comm, 2000);
         // The routes one after another, call by call (each keeps its own staging and rounds).
         for (i, route) in [Route::WindowCopies, Route::Ccl, Route::WindowReads]
             .into_iter()
@@ -515,15 +758,27 @@ fn across_two_clusters_the_plan_gathers_3_ranks() {
 /// its signal: the peer's synchronize ends at the communicator's timeout with an error naming
 /// the slice, its streams are released (the communicator's stream, ordered after the slices,
 /// drains), and later calls fail with the same error instead of waiting.
-fn missing_main() {
+/// `into`: the output in a window (the pushes), else a plain buffer (the copies out of the
+/// staging).
+fn missing_main(into: bool) {
     let comm = communicator();
     let me = comm.rank();
     let dev = comm.device();
     let count = 77;
     let send =
         DeviceBuffer::from_host(dev, &input(80, me, count * 4), MemKind::DEVICE).expect("upload");
-    let recv = DeviceBuffer::new(dev, 2 * count * 4, MemKind::DEVICE).expect("alloc");
-    let call = comm.call().via(Route::WindowCopies);
+    let recv = Recv::new(
+        &comm,
+        2 * count * 4,
+        Into {
+            window: into,
+            ..Into::default()
+        },
+    );
+    let mut call = comm.call().via(Route::WindowCopies);
+    if let Recv::Window(_, w, _) = &recv {
+        call = call.output_window(w);
+    }
     // SAFETY: both buffers live past the synchronizes.
     unsafe { call.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
         .expect("all_gather_p2p")
@@ -556,6 +811,11 @@ fn missing_main() {
             assert!(tries < 20, "no verdict from rank 0: {e}");
         }
     }
+    if let Recv::Window(buf, w, _) = recv {
+        // No collective deregistration with a failed peer: this rank's mappings only.
+        w.release_local();
+        drop(buf);
+    }
     println!("RANK OK");
 }
 
@@ -563,7 +823,18 @@ fn missing_main() {
 fn window_copies_missing_peer_is_an_error_not_a_hang() {
     const T: &str = "window_copies_missing_peer_is_an_error_not_a_hang";
     match rank_of(T) {
-        Some(_) => missing_main(),
+        Some(_) => missing_main(false),
+        None => {
+            Job::new(T, 2).timeout_ms(1000).run();
+        }
+    }
+}
+
+#[test]
+fn window_copies_into_a_window_missing_peer_is_an_error_not_a_hang() {
+    const T: &str = "window_copies_into_a_window_missing_peer_is_an_error_not_a_hang";
+    match rank_of(T) {
+        Some(_) => missing_main(true),
         None => {
             Job::new(T, 2).timeout_ms(1000).run();
         }

@@ -23,6 +23,7 @@
 use crate::abi::{DataType, DevicePtr, ReduceOp, Stream};
 use crate::route::{Collective, Route};
 use crate::window::collectives::{AllReduceCall, WindowAlgo};
+use crate::window::Window;
 
 use super::{CommError, Communicator};
 
@@ -35,6 +36,7 @@ pub struct Call<'a> {
     pub(super) stream: Stream,
     pub(super) route: Option<Route>,
     pub(super) piece: Option<usize>,
+    pub(super) out: Option<&'a Window>,
 }
 
 fn bytes_of(count: usize, dtype: DataType) -> usize {
@@ -49,6 +51,7 @@ impl<'a> Call<'a> {
     pub(super) fn new(comm: &'a Communicator, stream: Stream) -> Call<'a> {
         Call {
             piece: None,
+            out: None,
             comm,
             stream,
             route: None,
@@ -72,6 +75,20 @@ impl<'a> Call<'a> {
     /// means whole slices.
     pub fn pieces(mut self, elems: usize) -> Call<'a> {
         self.piece = (elems > 0).then_some(elems);
+        self
+    }
+
+    /// Says that a point-to-point all-gather's output (`recv`) lies in `window`, at the same
+    /// offset from the window's start on every rank (as with any symmetric allocation; register
+    /// it with [`WindowFlags::PEERS`](crate::window::WindowFlags::PEERS), so that it has peer
+    /// addresses even where the CCL has windows of its own): the
+    /// window-copies route then **pushes** each rank's input straight into every peer's output
+    /// by the copy engines, with no staging copy on either side (see
+    /// [`crate::comm::p2p`]), and the router takes that route where it runs on a device
+    /// that is not host-addressable (a GPU). Other routes ignore it. Every rank passes a
+    /// window of the same registration.
+    pub fn output_window(mut self, window: &'a Window) -> Call<'a> {
+        self.out = Some(window);
         self
     }
 

@@ -669,7 +669,8 @@ impl Communicator {
     /// and stays allocated until the window is deregistered: peers map and write it.
     ///
     /// The window is [`Vendor`](window::WindowKind::Vendor) where the cluster's plan
-    /// ([`Communicator::window_plan`]) says so; otherwise it is
+    /// ([`Communicator::window_plan`]) says so and `flags` lacks [`WindowFlags::PEERS`];
+    /// otherwise it is
     /// [`Symmetric`](window::WindowKind::Symmetric) when every rank's buffer lies in memory of
     /// [`Communicator::alloc_symmetric`] (at the same offset of allocations of the same size),
     /// and [`Ipc`](window::WindowKind::Ipc) when one does not (any other device buffer, reached
@@ -682,6 +683,9 @@ impl Communicator {
         size: usize,
         flags: WindowFlags,
     ) -> Result<Window, CommError> {
+        if flags.contains(WindowFlags::PEERS) {
+            return self.register_peer_window(buffer, size, flags);
+        }
         let seq = self.windows.seq.fetch_add(1, Ordering::Relaxed);
         self.device.set_device(self.windows.device)?;
         Ok(window::register(

@@ -36,7 +36,10 @@
 //! ([`Router::all_gather_p2p`](crate::route::Router::all_gather_p2p)) and logs its choice in
 //! the `collective` span (`op="all_gather_p2p"`):
 //!
-//! - [`Route::Ccl`]: the CCL's `send` and `recv` in groups (`group_start`/`group_end`);
+//! - [`Route::Ccl`]: the CCL's `send` and `recv` in groups (`group_start`/`group_end`); when
+//!   the router chose it (nothing forced) for an output below [`WHOLE_BELOW_ENV`] (4 MiB),
+//!   the CCL's `all_gather` in one call instead, every slice's event after it (so for the
+//!   window-copies route the router would choose);
 //! - [`Route::WindowReads`], where the CCL has no point-to-point and the device's memory is
 //!   host-addressable with host functions (the host device): each rank copies its slice into
 //!   a staging window of the communicator and publishes it with a round number; the copy of
@@ -46,7 +49,8 @@
 //!   again (larger) when a call needs more: collective, the same on every rank;
 //! - [`Route::WindowCopies`], where the device has the memops group (stream-ordered 32-bit
 //!   stores and waits) and memory it exports to peers, and is not host-addressable (a GPU),
-//!   when [`COPIES_ENV`] is `1` (opt-in, see there); forced anywhere it runs (the host device
+//!   when [`COPIES_ENV`] is `1` (opt-in, see there) or the output lies in a window
+//!   ([`Call::output_window`]: pushes, no opt-in); forced anywhere it runs (the host device
 //!   too): the bytes
 //!   move by the device's copy engines (`mem_copy_async`), no kernel of the transfer takes
 //!   SMs from a consumer pipelined with it (NCCL's send/recv kernels do). Protocol below;
@@ -77,6 +81,26 @@
 //! crosses once (a copy engine reading the peer's memory), plus one local copy into the
 //! staging. A word per parity keeps every word monotonic whatever streams the calls use.
 //! A zero-byte call moves nothing and signals nothing (every rank alike).
+//!
+//! **Into an output window** ([`Call::output_window`]: the output `recv` lies in a window
+//! registered on every rank, at the same offset): no staging. Each rank pushes its input
+//! straight into every peer's output by the copy engines, on one of the communicator's
+//! [`PUSH_STREAMS`] push streams (peer `q` on stream `q mod 4`, whatever `streams` says, so a
+//! rank's signal words to a peer land in order), cut into pieces when [`Call::pieces`] asks:
+//!
+//! ```text
+//! push stream (q mod 4): store clear[me] = e in peer q          (my output is free, round e)
+//!                        wait clear[q] >= e                     (q's output is free)
+//!                        copy send piece k -> q's output, slice me, piece k
+//!                        store put[me] = e << 12 | k + 1 in q    (after every piece)
+//! stream (rank mod S):   copy send -> my slice of recv (unless in place) ──record──► event[me]
+//! stream (j mod S):      wait put[j] >= e << 12 | k + 1 ──record──► piece k's event
+//! ```
+//!
+//! The data crosses once and nothing else copies it: a pipelined consumer (a matmul) never
+//! waits behind a staging copy, which on a GPU is a kernel of its own. The words are the
+//! staging window's (its signal lines); a `clear` per peer keeps a rank from writing an output
+//! its owner may still read (the owner frees it in stream order, when the call is reached).
 //!
 //! **Waits and failures.** The memops waits have no deadline of their own (neither CUDA's
 //! `cuStreamWaitValue32` nor the host device's): a rank that never makes a call its peers made
@@ -114,12 +138,36 @@ use crate::abi::{Capabilities, DataType, DevicePtr, Event, Status, Stream, WAIT_
 use crate::adaptor::{AdaptorError, Device};
 use crate::route::Route;
 use crate::window::collectives::Scratch;
+use crate::window::Window;
 
 use super::{Call, CommError, Communicator};
 
 /// Streams an all-gather uses unless the caller says otherwise: two, so that one slice's
 /// transfer overlaps the consumer of the one before.
 pub const DEFAULT_P2P_STREAMS: usize = 2;
+
+/// Environment variable: an all-gather whose whole output is below this many bytes
+/// ([`DEFAULT_WHOLE_BELOW`] unless set; `0` never) takes the CCL's `all_gather` in one call
+/// where the router chose the route (nothing forced), every slice's event after it. Read once
+/// per process.
+pub const WHOLE_BELOW_ENV: &str = "FERROCX_P2P_WHOLE_BELOW";
+
+/// Below 4 MiB of output the CCL's one all-gather wins: on 2 H200 NCCL's all_gather of 1 MiB
+/// took 12–13 µs against 26 for the grouped send/recv with their streams and events and 21–23
+/// for the pushes into an output window, and a gather that short hides nothing from a
+/// consumer pipelined with it; from 4 MiB both were level or ahead (1.0–1.2).
+pub const DEFAULT_WHOLE_BELOW: usize = 4 << 20;
+
+/// [`WHOLE_BELOW_ENV`], read once.
+fn whole_below() -> usize {
+    static BELOW: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BELOW.get_or_init(|| {
+        std::env::var(WHOLE_BELOW_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_WHOLE_BELOW)
+    })
+}
 
 /// Bytes between the staging window's signal words (one cache line each).
 const LINE: usize = 64;
@@ -337,7 +385,10 @@ impl AllGatherP2p<'_> {
 
 impl Drop for AllGatherP2p<'_> {
     fn drop(&mut self) {
-        let events: Vec<Event> = self.slices.iter().map(|s| s.event).collect();
+        // Each event once (the slices of one collective share theirs).
+        let mut events: Vec<Event> = self.slices.iter().map(|s| s.event).collect();
+        events.sort_unstable_by_key(|e| e.0 as usize);
+        events.dedup();
         self.comm.p2p.give_back(&events);
         self.comm.p2p.give_back(&self.pieces);
     }
@@ -395,6 +446,9 @@ struct CopyStaging {
     /// The round of the last call, wrapping (every rank's calls are numbered alike; the
     /// memops' GEQ compares wrapping 32-bit values, as CUDA does).
     round: u32,
+    /// The round of the last call that pushed into an output window, counted apart (the
+    /// staging's parities see only the calls that use them).
+    push_round: u32,
     /// Every rank's staging memory, as this process (and its device) addresses it.
     peers: Vec<u64>,
     /// The device's memory is the host's: the host writes the words itself when it releases
@@ -409,7 +463,11 @@ struct CopyStaging {
 /// ready[j][p] at LINE * (2j + p)            round rank j put in its parity p (written by j)
 /// ack[q][p]   at LINE * (2 world + 2q + p)  round of this rank's parity p that rank q has
 ///                                           copied out (written by q)
-/// data        at LINE * 4 world             parity 0, then parity 1 at + capacity
+/// clear[q]    at LINE * (4 world + q)       pushes into an output window: the last round
+///                                           whose output rank q has freed (written by q)
+/// put[j]      at LINE * (5 world + j)       pushes: rank j's last piece pushed into this
+///                                           rank's output, `round << 12 | piece + 1`
+/// data        at LINE * 6 world             parity 0, then parity 1 at + capacity
 /// ```
 ///
 /// A word per parity keeps every word monotonic whatever streams write it: a rank's rounds
@@ -428,13 +486,37 @@ impl CopyLayout {
     fn ack(self, q: usize, round: u32) -> usize {
         LINE * (2 * self.world + 2 * q + (round % 2) as usize)
     }
+    fn clear(self, q: usize) -> usize {
+        LINE * (4 * self.world + q)
+    }
+    fn put(self, j: usize) -> usize {
+        LINE * (5 * self.world + j)
+    }
     fn data(self, round: u32) -> usize {
-        LINE * 4 * self.world + (round % 2) as usize * self.capacity
+        LINE * 6 * self.world + (round % 2) as usize * self.capacity
     }
     fn bytes(self) -> usize {
-        LINE * 4 * self.world + 2 * self.capacity
+        LINE * 6 * self.world + 2 * self.capacity
     }
 }
+
+/// Bits of a `put` word below the round: a pushed slice is cut into at most `2^12 - 1`
+/// pieces, each signalled with its number (from 1).
+const PIECE_BITS: u32 = 12;
+
+/// Most pieces a pushed slice is cut into.
+const MOST_PIECES: usize = (1 << PIECE_BITS) - 1;
+
+/// The `put` word's value once piece `k` (from 0) of round `round` is pushed. Wrapping, like
+/// the rounds: consecutive rounds' values stay far closer than 2^31 apart.
+fn put_value(round: u32, k: usize) -> u32 {
+    round.wrapping_shl(PIECE_BITS) | (k as u32 + 1).min(MOST_PIECES as u32)
+}
+
+/// Streams the pushes into output windows take: the push to peer `q` always goes on stream
+/// `q mod PUSH_STREAMS`, so the signal words one rank writes into another's staging land in
+/// the order they were written, whatever `streams` each call passes.
+const PUSH_STREAMS: usize = 4;
 
 /// What the point-to-point all-gathers of a communicator keep between calls.
 pub(super) struct P2pState {
@@ -444,6 +526,8 @@ pub(super) struct P2pState {
     /// The communicator's deadline of a wait on a peer.
     timeout: Duration,
     streams: Mutex<Vec<Stream>>,
+    /// The streams of the pushes into output windows ([`PUSH_STREAMS`], made at the first).
+    push: Mutex<Vec<Stream>>,
     events: Mutex<Vec<Event>>,
     staging: Mutex<Option<Staging>>,
     copies: Mutex<Option<CopyStaging>>,
@@ -457,6 +541,7 @@ impl P2pState {
             index,
             timeout,
             streams: Mutex::new(Vec::new()),
+            push: Mutex::new(Vec::new()),
             events: Mutex::new(Vec::new()),
             staging: Mutex::new(None),
             copies: Mutex::new(None),
@@ -480,11 +565,7 @@ impl P2pState {
     fn drain_bounded(&self, copies: Option<&mut CopyStaging>) -> Result<(), AdaptorError> {
         if let Some(c) = copies {
             let deadline = Instant::now() + self.timeout;
-            let streams = self
-                .streams
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
+            let streams = self.all_streams();
             let mut done = true;
             for &s in &streams {
                 if !wait_stream(&self.device, s, deadline)? {
@@ -515,6 +596,29 @@ impl P2pState {
             s.push(self.device.stream_create()?);
         }
         Ok(s[..n].to_vec())
+    }
+
+    /// The [`PUSH_STREAMS`] streams of the pushes, made at the first call.
+    fn push_streams(&self) -> Result<Vec<Stream>, AdaptorError> {
+        let mut s = self.push.lock().unwrap_or_else(|p| p.into_inner());
+        if s.is_empty() {
+            self.device.set_device(self.index)?;
+            while s.len() < PUSH_STREAMS {
+                s.push(self.device.stream_create()?);
+            }
+        }
+        Ok(s.clone())
+    }
+
+    /// Every stream made so far: the slices' and the pushes'.
+    fn all_streams(&self) -> Vec<Stream> {
+        let mut all = self
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        all.extend(self.push.lock().unwrap_or_else(|p| p.into_inner()).iter());
+        all
     }
 
     /// `n` events from the pool, made where missing.
@@ -549,9 +653,8 @@ impl P2pState {
 
     /// Waits for every stream (teardown, and before the staging window is replaced).
     fn drain(&self) -> Result<(), AdaptorError> {
-        let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         let mut first = Ok(());
-        for &s in streams.iter() {
+        for s in self.all_streams() {
             let r = self.device.stream_synchronize(s);
             if first.is_ok() {
                 first = r;
@@ -592,6 +695,12 @@ impl P2pState {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .drain(..)
+            .chain(
+                self.push
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .drain(..),
+            )
         {
             let _ = self.device.stream_destroy(s);
         }
@@ -636,8 +745,8 @@ pub fn launch_host(
 }
 
 impl CopyStaging {
-    /// Sets every word this rank's streams wait on (every peer's `ready` and `ack` in this
-    /// rank's staging) to the last round, from the host.
+    /// Sets every word this rank's streams wait on (every peer's `ready`, `ack`, `clear` and
+    /// `put` in this rank's staging) to the last round, from the host.
     fn release(&mut self, device: &Device) {
         let base = self.scratch.ptr().0;
         let round = self.round;
@@ -645,16 +754,27 @@ impl CopyStaging {
         for q in 0..world {
             let words = [round, round.wrapping_sub(1)]
                 .map(|r| [self.layout.ready(q, r), self.layout.ack(q, r)]);
-            for off in words.into_iter().flatten() {
+            let pushed = [
+                (self.layout.clear(q), self.push_round),
+                (
+                    self.layout.put(q),
+                    put_value(self.push_round, MOST_PIECES - 1),
+                ),
+            ];
+            for (off, value) in words
+                .into_iter()
+                .flatten()
+                .map(|off| (off, round))
+                .chain(pushed)
+            {
                 let addr = base + off as u64;
                 if self.host {
                     // SAFETY: a 4-aligned signal word of this rank's live staging, which the
                     // host addresses; streams and peers touch it only with 32-bit atomics.
                     let w = unsafe { &*(addr as *const AtomicU32) };
-                    w.store(round, Ordering::Release);
+                    w.store(value, Ordering::Release);
                     crate::futex::wake(w);
                 } else {
-                    let value = round;
                     // SAFETY: 4 bytes of this rank's live staging (device memory) from a local
                     // value; the streams only wait on the word (a device copy of the host's
                     // value is the way the host writes device memory).
@@ -734,6 +854,50 @@ fn copies_chosen_on(device: &Device) -> bool {
     copies_run_on(device)
         && !capabilities(device).is_some_and(|c| c.contains(Capabilities::HOST_ADDRESSABLE))
         && copies_allowed()
+}
+
+/// `true` where the router takes the window-copies route into an output window
+/// ([`Call::output_window`]): it runs there and the device is not host-addressable. No
+/// opt-in: the pushes need no staging copy, so nothing of them takes SMs.
+fn pushes_chosen_on(device: &Device) -> bool {
+    copies_run_on(device)
+        && !capabilities(device).is_some_and(|c| c.contains(Capabilities::HOST_ADDRESSABLE))
+}
+
+/// Every rank's output of `bytes` at `recv` inside `window`, as this process addresses it:
+/// the same offset from each rank's window (the contract of [`Call::output_window`]).
+fn outputs_in(
+    window: &Window,
+    recv: DevicePtr,
+    bytes: usize,
+    world: usize,
+) -> Result<Vec<u64>, CommError> {
+    let base = window.local().0;
+    let offset = recv.0.checked_sub(base).filter(|&off| {
+        (off as usize)
+            .checked_add(bytes)
+            .is_some_and(|end| end <= window.size())
+    });
+    let Some(offset) = offset else {
+        return Err(CommError::PointToPoint(format!(
+            "all_gather_p2p: the output ({bytes} bytes at {:#x}) does not lie in the output \
+             window ({} bytes at {base:#x})",
+            recv.0,
+            window.size()
+        )));
+    };
+    (0..world)
+        .map(|q| {
+            window.peer(q).map(|p| p.0 + offset).ok_or_else(|| {
+                CommError::PointToPoint(format!(
+                    "all_gather_p2p: the output window ({} window) has no address of rank {q}: \
+                     pushes need a window of peer addresses over {world} ranks (register it \
+                     with WindowFlags::PEERS: a CCL's own windows have none)",
+                    window.kind()
+                ))
+            })
+        })
+        .collect()
 }
 
 /// [`COPIES_ENV`] is not `0` (read once per process).
@@ -883,12 +1047,20 @@ impl<'a> Call<'a> {
                      `window-reads` and `window-copies`"
                 )))
             }
-            None => c.router.all_gather_p2p(reads, copies_chosen_on(&c.device)),
+            None => c.router.all_gather_p2p(
+                reads,
+                copies_chosen_on(&c.device) || (self.out.is_some() && pushes_chosen_on(&c.device)),
+            ),
         };
+        // The router's route for a short gather: the CCL's all-gather in one call.
+        let whole = self.route.is_none()
+            && route != Route::Clusters
+            && c.router.ccl.has(crate::route::Collective::AllGather)
+            && bytes.saturating_mul(c.world) < whole_below();
         let _span = tracing::debug_span!(
             target: "ferrocx::route",
             "collective",
-            op = "all_gather_p2p",
+            op = if whole { "all_gather_p2p (whole)" } else { "all_gather_p2p" },
             bytes,
             dtype = dtype.name().unwrap_or("unknown"),
             route = %route,
@@ -911,8 +1083,48 @@ impl<'a> Call<'a> {
             )));
         }
         let (me, world) = (c.rank, c.world);
+        // Pushes into an output window: every peer's output, as this process addresses it
+        // (checked before anything is enqueued).
+        let pushed = match self.out {
+            Some(w) if route == Route::WindowCopies && bytes > 0 => {
+                Some(outputs_in(w, recv, world * bytes, world)?)
+            }
+            _ => None,
+        };
+        if route == Route::Clusters || whole {
+            // One collective on the call's stream: every slice shares one event, recorded
+            // after it (no stream of the communicator, no start event).
+            let event = c.p2p.take(1)?[0];
+            let mut handle = AllGatherP2p {
+                comm: c,
+                slices: (0..world)
+                    .map(|r| Slice {
+                        rank: r,
+                        ptr: DevicePtr(recv.0 + (r * bytes) as u64),
+                        count: send_count,
+                        stream: self.stream,
+                        event,
+                    })
+                    .collect(),
+                order: Vec::with_capacity(world),
+                route,
+                pieces: Vec::new(),
+            };
+            // SAFETY: the caller's contract is the gather's.
+            unsafe { self.all_gather(send, recv, send_count, dtype) }?;
+            c.device.event_record(event, self.stream)?;
+            for r in std::iter::once(me).chain(schedule(world, me)) {
+                handle.order.push(r);
+                each(&handle.slices[r])?;
+            }
+            return Ok(handle);
+        }
         let n = streams.min(world);
         let pool = c.p2p.streams(n)?;
+        let push = match pushed {
+            Some(_) => c.p2p.push_streams()?,
+            None => Vec::new(),
+        };
         let events = c.p2p.take(world + 1)?;
         let mut handle = AllGatherP2p {
             comm: c,
@@ -933,26 +1145,16 @@ impl<'a> Call<'a> {
         let start = events[world];
         let started = c.device.event_record(start, self.stream).and_then(|()| {
             pool.iter()
+                .chain(&push)
                 .try_for_each(|&s| c.device.stream_wait_event(s, start))
         });
         c.p2p.give_back(&[start]);
         started?;
 
-        if route == Route::Clusters {
-            // SAFETY: the caller's contract is the gather's.
-            unsafe { self.all_gather(send, recv, send_count, dtype) }?;
-            for s in &mut handle.slices {
-                s.stream = self.stream;
-            }
-            for r in std::iter::once(me).chain(schedule(world, me)) {
-                let s = handle.slices[r];
-                c.device.event_record(s.event, s.stream)?;
-                handle.order.push(r);
-                each(&s)?;
-            }
+        if let Some(outputs) = pushed {
+            self.pushes(&mut handle, send, bytes, &pool, &push, &outputs, &mut each)?;
             return Ok(handle);
         }
-
         if route == Route::WindowCopies {
             self.copies(&mut handle, send, bytes, &pool, &mut each)?;
             return Ok(handle);
@@ -1054,7 +1256,7 @@ impl<'a> Call<'a> {
         // A zero-byte gather moves nothing: the slices' events only (alike on every rank, so
         // the rounds stay in step).
         let staged = if bytes > 0 {
-            Some(self.stage_copies(bytes)?)
+            Some(self.stage_copies(bytes, false)?)
         } else {
             None
         };
@@ -1184,10 +1386,124 @@ impl<'a> Call<'a> {
         Ok(())
     }
 
+    /// The window-copies route into an output window (see the module docs): this rank's
+    /// input pushed into every peer's output by the copy engines, piece by piece, each piece
+    /// signalled in the peer's `put` word, once the peer said its output is free this round
+    /// (`clear`); each peer's slice (or piece) recorded once its `put` word says it landed.
+    /// `outputs[q]` is rank q's output as this process addresses it. Only stream operations:
+    /// nothing blocks the calling thread.
+    #[allow(clippy::too_many_arguments)]
+    fn pushes(
+        &self,
+        handle: &mut AllGatherP2p<'a>,
+        send: DevicePtr,
+        bytes: usize,
+        pool: &[Stream],
+        push: &[Stream],
+        outputs: &[u64],
+        each: &mut impl FnMut(&Slice) -> Result<(), CommError>,
+    ) -> Result<(), CommError> {
+        let c = self.comm;
+        let dev = &c.device;
+        let (me, world) = (c.rank, c.world);
+        let n = pool.len();
+        let (round, layout, peers) = self.stage_copies(0, true)?;
+        let word = |base: u64, off: usize| (base + off as u64) as *mut u32;
+        // The pieces' bytes: whole elements, at most `MOST_PIECES` a slice (a multiple of the
+        // asked size where it would cut more).
+        let es = bytes / handle.slices[me].count.max(1);
+        let step = match self.piece {
+            Some(pe) => {
+                let asked = pe.saturating_mul(es).max(1);
+                asked.saturating_mul(bytes.div_ceil(asked).div_ceil(MOST_PIECES))
+            }
+            None => bytes,
+        };
+        let cuts: Vec<(usize, usize)> = (0..bytes)
+            .step_by(step.max(1))
+            .map(|at| (at, step.min(bytes - at)))
+            .collect();
+        let order = schedule(world, me);
+        for &q in &order {
+            let s = push[q % push.len()];
+            // SAFETY: `clear[me]` in rank q's staging, mapped here for the window's life; only
+            // this rank writes it, always from this stream.
+            unsafe { dev.stream_write_value32(s, word(peers[q], layout.clear(me)), round) }?;
+            // SAFETY: `clear[q]` of this rank's staging, alive until the streams drain; written
+            // by rank q and waited on here only with 32-bit stream operations.
+            unsafe {
+                dev.stream_wait_value32(s, word(peers[me], layout.clear(q)), round, WAIT_VALUE_GEQ)
+            }?;
+            for (k, &(at, len)) in cuts.iter().enumerate() {
+                // SAFETY: `send` holds `bytes` (the caller's contract); rank q's output holds
+                // `world * bytes` at `outputs[q]` (checked against its window), and rank q
+                // freed it for this round (the wait above); only this rank writes its slice.
+                unsafe {
+                    dev.mem_copy_async(
+                        DevicePtr(outputs[q] + (me * bytes + at) as u64),
+                        DevicePtr(send.0 + at as u64),
+                        len,
+                        s,
+                    )
+                }?;
+                // SAFETY: `put[me]` in rank q's staging, mapped here; only this rank writes
+                // it, always from this stream, after the piece's copy (stream order).
+                unsafe {
+                    dev.stream_write_value32(s, word(peers[q], layout.put(me)), put_value(round, k))
+                }?;
+            }
+        }
+        let own = handle.slices[me];
+        if own.ptr != send {
+            // SAFETY: the caller's contract: `send` and this rank's slice of `recv` hold
+            // `bytes` and are distinct (equal is the in-place case, skipped).
+            unsafe { dev.mem_copy_async(own.ptr, send, bytes, own.stream) }?;
+        }
+        dev.event_record(own.event, own.stream)?;
+        handle.order.push(me);
+        each(&own)?;
+        for &j in &order {
+            let stream = pool[j % n];
+            handle.slices[j].stream = stream;
+            let slice = handle.slices[j];
+            for (k, &(at, len)) in cuts.iter().enumerate() {
+                // SAFETY: `put[j]` of this rank's staging (as above).
+                unsafe {
+                    dev.stream_wait_value32(
+                        stream,
+                        word(peers[me], layout.put(j)),
+                        put_value(round, k),
+                        WAIT_VALUE_GEQ,
+                    )
+                }?;
+                let part = Slice {
+                    ptr: DevicePtr(slice.ptr.0 + at as u64),
+                    count: len / es.max(1),
+                    ..slice
+                };
+                if k + 1 < cuts.len() {
+                    let e = c.p2p.take(1)?[0];
+                    handle.pieces.push(e);
+                    dev.event_record(e, stream)?;
+                    each(&Slice { event: e, ..part })?;
+                } else {
+                    dev.event_record(slice.event, stream)?;
+                    handle.order.push(j);
+                    each(&part)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The window-copies staging for `bytes` per rank (registered, or replaced by a larger
-    /// one, on every rank alike) and this call's round: `(round, layout, every rank's staging
-    /// address)`.
-    fn stage_copies(&self, bytes: usize) -> Result<(u32, CopyLayout, Vec<u64>), CommError> {
+    /// one, on every rank alike) and this call's round (its push round where `push`): `(round,
+    /// layout, every rank's staging address)`.
+    fn stage_copies(
+        &self,
+        bytes: usize,
+        push: bool,
+    ) -> Result<(u32, CopyLayout, Vec<u64>), CommError> {
         let c = self.comm;
         let mut copies = c.p2p.copies.lock().unwrap_or_else(|p| p.into_inner());
         if copies.as_ref().is_none_or(|s| s.layout.capacity < bytes) {
@@ -1215,14 +1531,21 @@ impl<'a> Call<'a> {
                 scratch,
                 layout,
                 round: 0,
+                push_round: 0,
                 peers,
                 host,
             });
         }
         let s = copies.as_mut().expect("made above");
         debug_assert!(s.scratch.size() >= s.layout.bytes());
-        s.round = s.round.wrapping_add(1);
-        Ok((s.round, s.layout, s.peers.clone()))
+        let round = if push {
+            s.push_round = s.push_round.wrapping_add(1);
+            s.push_round
+        } else {
+            s.round = s.round.wrapping_add(1);
+            s.round
+        };
+        Ok((round, s.layout, s.peers.clone()))
     }
 
     /// The staging window for `bytes` per rank (registered, or replaced by a larger one, on

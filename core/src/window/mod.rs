@@ -122,8 +122,12 @@ impl WindowFlags {
     /// No multicast mapping for this window even where policy allows it. Not passed to the
     /// CCL.
     pub const NO_MULTICAST: WindowFlags = WindowFlags(1 << 31);
+    /// A window ferrocx addresses peer by peer (a point-to-point all-gather pushes into it,
+    /// [`crate::comm::Call::output_window`]): never the CCL's window group, whose windows have
+    /// no peer addresses, but the symmetric heap, else IPC handles. Not passed to the CCL.
+    pub const PEERS: WindowFlags = WindowFlags(1 << 30);
     /// The bits ferrocx interprets itself; the others go to the CCL.
-    const CORE: u32 = Self::NO_MULTICAST.0;
+    const CORE: u32 = Self::NO_MULTICAST.0 | Self::PEERS.0;
 
     /// `true` when every bit of `other` is set.
     pub fn contains(self, other: WindowFlags) -> bool {
