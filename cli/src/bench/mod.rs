@@ -130,6 +130,16 @@ pub struct BenchArgs {
     /// (its input, at once, on the communicator's stream, as a tensor-parallel layer may).
     #[arg(long, value_enum, default_value = "gathered")]
     pub own_rows: OwnRows,
+    /// all_gather by `--algo p2p` or `window-copies`, and `--overlap`: the gathered output is
+    /// symmetric memory registered as a window on every rank (`Call::output_window`), so the
+    /// window-copies route pushes each rank's input straight into it (the router takes that
+    /// route on a GPU).
+    #[arg(long)]
+    pub output_window: bool,
+    /// `--overlap`: gather in place (this rank's input is its rows of the gathered output), so
+    /// no copy of its own rows into the output takes the device beside the matmul.
+    #[arg(long, requires = "overlap")]
+    pub in_place: bool,
     /// `--overlap`: after the table, one more pipelined run of each size with an event at
     /// each slice's (or piece's) arrival and after each matmul, printed as microseconds from
     /// the start on rank 0.
@@ -526,6 +536,12 @@ impl BenchArgs {
             if self.graph || self.direct {
                 return Err("--overlap runs without --graph and --direct".into());
             }
+        } else if self.output_window && !(gather_only && self.algo.p2p().is_some()) {
+            return Err(
+                "--output-window belongs to all_gather by --algo p2p, window-copies or \
+                 window-reads, or to --overlap: add --op all_gather and one of them"
+                    .into(),
+            );
         } else if self.timeline || self.own_rows != OwnRows::Gathered {
             return Err("--timeline and --own-rows belong to --overlap: add --overlap".into());
         }
@@ -565,6 +581,12 @@ impl BenchArgs {
         }
         if self.timeline {
             a.push("--timeline".into());
+        }
+        if self.output_window {
+            a.push("--output-window".into());
+        }
+        if self.in_place {
+            a.push("--in-place".into());
         }
         if self.overlap {
             a.push("--overlap".into());

@@ -28,6 +28,7 @@ use ferrocx::abi::{DataType, DevicePtr, Event, MemKind, ReduceOp, Stream};
 use ferrocx::adaptor::{Device, DeviceBuffer};
 use ferrocx::comm::{CommError, Communicator, Slice};
 use ferrocx::route::Route;
+use ferrocx::window::{SymmetricBuffer, Window, WindowFlags};
 use ferrocx_kernels::matmul::Matmul;
 
 use super::{show_size, sizes, AlgoArg, BenchArgs, OwnRows};
@@ -44,7 +45,14 @@ struct Times {
 /// Buffers of one size.
 struct Buffers {
     x: DeviceBuffer,
-    x_full: DeviceBuffer,
+    /// The gather's input: `x`, or with `--in-place` this rank's rows of `x_full` (a copy of
+    /// `x` put there before each run).
+    send: DevicePtr,
+    /// The gathered rows: device memory, or with `--output-window` symmetric memory registered
+    /// as a window (then `full_mem` holds it).
+    x_full: DevicePtr,
+    full_mem: Option<DeviceBuffer>,
+    window: Option<(Window, SymmetricBuffer)>,
     w: DeviceBuffer,
     y: DeviceBuffer,
     y_plain: DeviceBuffer,
@@ -165,24 +173,19 @@ impl Overlap<'_> {
         unsafe {
             match self.args.algo {
                 a if a.p2p().is_some() => {
-                    let h = self.p2p_call().all_gather_p2p(
-                        b.x.ptr(),
-                        b.x_full.ptr(),
+                    let h = self.p2p_call(b).all_gather_p2p(
+                        b.send,
+                        b.x_full,
                         count,
                         DataType::F32,
                         self.args.streams as usize,
                     )?;
                     h.join(self.comm.stream())?;
                 }
-                AlgoArg::Auto => {
-                    call.all_gather(b.x.ptr(), b.x_full.ptr(), count, DataType::F32)?
-                }
-                _ => call.via(Route::Ccl).all_gather(
-                    b.x.ptr(),
-                    b.x_full.ptr(),
-                    count,
-                    DataType::F32,
-                )?,
+                AlgoArg::Auto => call.all_gather(b.send, b.x_full, count, DataType::F32)?,
+                _ => call
+                    .via(Route::Ccl)
+                    .all_gather(b.send, b.x_full, count, DataType::F32)?,
             }
         }
         Ok(())
@@ -190,10 +193,14 @@ impl Overlap<'_> {
 
     /// A call on the route `--algo` forces (`window-copies`, `window-reads`), else the
     /// router's.
-    fn p2p_call(&self) -> ferrocx::comm::Call<'_> {
-        match self.args.algo.p2p().flatten() {
+    fn p2p_call<'b>(&'b self, b: &'b Buffers) -> ferrocx::comm::Call<'b> {
+        let call = match self.args.algo.p2p().flatten() {
             Some(route) => self.comm.call().via(route),
             None => self.comm.call(),
+        };
+        match &b.window {
+            Some((window, _)) => call.output_window(window),
+            None => call,
         }
     }
 
@@ -206,7 +213,7 @@ impl Overlap<'_> {
             self.matmul.enqueue(
                 self.comm.device(),
                 self.comm.stream(),
-                [b.x_full.ptr(), b.w.ptr(), y.ptr()],
+                [b.x_full, b.w.ptr(), y.ptr()],
                 (rows, n, k),
             )?
         };
@@ -230,13 +237,13 @@ impl Overlap<'_> {
         let pieces = self.args.pieces > 1;
         let me = self.comm.rank();
         let hook = |s: &Slice| {
-            let row = (s.ptr.0 - b.x_full.ptr().0) as usize / (k * 4);
+            let row = (s.ptr.0 - b.x_full.0) as usize / (k * 4);
             let y = DevicePtr(b.y.ptr().0 + (row * n * 4) as u64);
             // This rank's own rows with `--own-rows input`: its input, at once, on the
             // communicator's stream, while the gather copies them and the peers' slices.
             let own_input = s.rank == me && self.args.own_rows == OwnRows::Input;
             let (on, rows) = if own_input {
-                (self.comm.stream(), b.x.ptr())
+                (self.comm.stream(), b.send)
             } else if pieces {
                 dev.stream_wait_event(self.comm.stream(), s.event)
                     .map_err(|e| CommError::PointToPoint(e.to_string()))?;
@@ -265,14 +272,16 @@ impl Overlap<'_> {
         let piece_rows = m.div_ceil(self.args.pieces as usize);
         // SAFETY: as in `gather`.
         let h = unsafe {
-            self.p2p_call().pieces(piece_rows * k).all_gather_p2p_each(
-                b.x.ptr(),
-                b.x_full.ptr(),
-                m * k,
-                DataType::F32,
-                self.args.streams as usize,
-                hook,
-            )?
+            self.p2p_call(b)
+                .pieces(piece_rows * k)
+                .all_gather_p2p_each(
+                    b.send,
+                    b.x_full,
+                    m * k,
+                    DataType::F32,
+                    self.args.streams as usize,
+                    hook,
+                )?
         };
         self.route.set(Some(h.route()));
         h.join(self.comm.stream())?;
@@ -326,11 +335,40 @@ impl Overlap<'_> {
             .collect();
         let mut b = Buffers {
             x: DeviceBuffer::from_host(dev, &x, MemKind::DEVICE)?,
-            x_full: DeviceBuffer::new(dev, world * m * k * 4, MemKind::DEVICE)?,
+            send: DevicePtr::NULL,
+            x_full: DevicePtr::NULL,
+            full_mem: None,
+            window: None,
             w: DeviceBuffer::from_host(dev, &w, MemKind::DEVICE)?,
             y: DeviceBuffer::new(dev, world * m * n * 4, MemKind::DEVICE)?,
             y_plain: DeviceBuffer::new(dev, world * m * n * 4, MemKind::DEVICE)?,
         };
+        if self.args.output_window {
+            let mem = self.comm.alloc_symmetric(world * m * k * 4)?;
+            // SAFETY: a live symmetric allocation of its size, deregistered below before the
+            // memory is freed.
+            let window = unsafe {
+                self.comm.register_window(
+                    mem.ptr(),
+                    mem.size(),
+                    WindowFlags::NO_MULTICAST | WindowFlags::PEERS,
+                )
+            }?;
+            b.x_full = mem.ptr();
+            b.window = Some((window, mem));
+        } else {
+            let mem = DeviceBuffer::new(dev, world * m * k * 4, MemKind::DEVICE)?;
+            b.x_full = mem.ptr();
+            b.full_mem = Some(mem);
+        }
+        b.send = match self.args.in_place {
+            true => DevicePtr(b.x_full.0 + (me * m * k * 4) as u64),
+            false => b.x.ptr(),
+        };
+        if self.args.in_place {
+            // SAFETY: `x` holds `m * k` f32 and this rank's rows of `x_full` as many.
+            unsafe { dev.mem_copy(b.send, b.x.ptr(), m * k * 4) }?;
+        }
         let rows = world * m;
         let gather = self.time(&|| self.gather(&b, m * k))?;
         let matmul = self.time(&|| self.matmul(&b, &b.y_plain, rows))?;
@@ -376,6 +414,12 @@ impl Overlap<'_> {
             self.comm.synchronize()?;
             timeline = marks.report(dev, end)?;
         }
+        if let Some((window, mem)) = b.window.take() {
+            self.comm.synchronize()?;
+            self.comm.deregister_window(window)?;
+            drop(mem);
+        }
+        drop(b.full_mem.take());
         // The most wrong elements on any rank: 0 only when every rank's output is right.
         let all = self.slowest(&[gather, matmul, pipelined, wrong as f64])?;
         let wrong = all[3] as u64;

@@ -25,6 +25,7 @@ use ferrocx::bootstrap::{JobInfo, RankInfo};
 use ferrocx::comm::{CommError, Communicator};
 use ferrocx::registry::Registry;
 use ferrocx::route::Route;
+use ferrocx::window::{SymmetricBuffer, Window, WindowFlags};
 use serde_json::json;
 
 use super::data::Pattern;
@@ -177,6 +178,8 @@ struct Bench<'a> {
     repeats: usize,
     /// Whether rank 0 said that the adaptor refuses a placement (once per run).
     refusal_shown: bool,
+    /// `--output-window`: the window over `b` (symmetric memory), and that memory.
+    out: Option<(Window, SymmetricBuffer)>,
 }
 
 impl Bench<'_> {
@@ -247,6 +250,10 @@ impl Bench<'_> {
                         let forced = a.p2p().flatten().or(self.args.graph.then_some(Route::Ccl));
                         let call = match forced {
                             Some(route) => call.via(route),
+                            None => call,
+                        };
+                        let call = match &self.out {
+                            Some((window, _)) => call.output_window(window),
                             None => call,
                         };
                         // SAFETY: the bench's buffers hold the geometry of the largest size
@@ -810,6 +817,24 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
     ) {
         return Err(why.into());
     }
+    // `--output-window`: the output from the symmetric heap, registered as a window (every
+    // rank alike), which the gathers push into.
+    let out = match args.output_window {
+        true => {
+            let mem = comm.alloc_symmetric(largest.max(8))?;
+            // SAFETY: a live symmetric allocation of its size, deregistered (or dropped with
+            // its warning) before the memory is freed: `Bench` drops `out` after `b`.
+            let window = unsafe {
+                comm.register_window(
+                    mem.ptr(),
+                    mem.size(),
+                    WindowFlags::NO_MULTICAST | WindowFlags::PEERS,
+                )
+            }?;
+            Some((window, mem))
+        }
+        false => None,
+    };
     // `--direct-symmetric`: both buffers from NCCL, registered as symmetric windows on the
     // direct communicator (which outlives them: `Bench` drops `a` and `b` before `direct`).
     let (a, b) = match direct.as_mut().filter(|_| args.direct_symmetric) {
@@ -822,7 +847,10 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         }
         None => (
             Buffer::new(&device, largest)?,
-            Buffer::new(&device, largest)?,
+            match &out {
+                Some((_, mem)) => Buffer::borrowed(&device, mem.ptr()),
+                None => Buffer::new(&device, largest)?,
+            },
         ),
     };
     let direct_library = direct.as_ref().map(Direct::describe);
@@ -844,6 +872,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         direct,
         repeats,
         refusal_shown: false,
+        out,
     };
 
     let config = match &args.config {
@@ -910,6 +939,11 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode, Box<dyn Error>> {
         results.push(result);
     }
     drop(progress);
+    if let Some((window, mem)) = bench.out.take() {
+        comm.synchronize()?;
+        comm.deregister_window(window)?;
+        drop(mem);
+    }
 
     if !report {
         return Ok(ExitCode::SUCCESS);
