@@ -32,6 +32,33 @@
 //! While chunk k crosses the bridge, chunk k+1 is reduced in the cluster (up to `depth` chunks
 //! in flight, `[bridge] depth`; `chunk_bytes` per rank and slot).
 //!
+//! **The flat and hybrid plans.** A cluster on the host device gains nothing from reducing
+//! inside first (its CCL moves the same host memory the bridge does), nor does a cluster of
+//! one rank: their ranks take part **flat** ([`plan::Roles`]). Each chunk (a slot's
+//! elements) is then two epochs:
+//!
+//! ```text
+//!   step A  flat rank: publish the whole chunk; reduce its flat share (1/F of the chunk, F
+//!           flat ranks) from every flat rank's slot and, per cluster through its CCL, the
+//!           owner's reduced share, in rank order
+//!           rank through its cluster: after RS(k), publish its share
+//!   step B  flat rank: publish its reduced share; copy every other flat rank's
+//!           rank through its cluster: copy the pieces of its share from the flat ranks'
+//!           slots (where they were reduced), then AG(k)
+//! ```
+//!
+//! Each element is reduced once, by one flat rank, so every rank gets the same bits. When
+//! every cluster is flat this is the **flat plan** (every rank publishes, reduces 1/W, copies
+//! the rest; run on the caller's stream, one step after the other). When a cluster of several
+//! ranks is on the host device beside a cluster of several ranks on another device (GPUs on
+//! their vendor CCL), it is the **hybrid plan**: the host ranks skip their two in-cluster
+//! calls per chunk and the GPU clusters keep RS → bridge → AG, pipelined `depth` chunks deep;
+//! a GPU rank takes steps A and B as one bridge step (staged through chunk k's staging slot,
+//! k % depth), and does no reduction on the host. Otherwise the plan through the clusters
+//! above. `FERROCX_BRIDGE_PLAN=clusters|flat|hybrid|hybrid=a,b` forces one (`hybrid=a,b`:
+//! clusters `a` and `b` through their CCL, the others flat), for comparisons; the same value
+//! must reach every rank.
+//!
 //! **Small all-reduces** (up to 64 KiB per rank, and a slot) skip the plan: one step on the
 //! caller's stream, in which every rank publishes its whole input and reduces every rank's in
 //! rank order (the same bits everywhere), the descriptor check included. No in-cluster step,
