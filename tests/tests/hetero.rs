@@ -726,6 +726,113 @@ fn calls_on_two_streams_without_a_synchronize_between() {
         .run();
 }
 
+/// Asserts the plan `comm`'s all-reduces take past one step (`FERROCX_BRIDGE_PLAN`, as the
+/// job gives it, and the rank's cluster).
+fn assert_plan(comm: &Communicator, through: &[&str]) {
+    let h = comm.hetero().expect("a job across clusters");
+    let want = if through.contains(&comm.cluster()) {
+        "hybrid through"
+    } else {
+        "hybrid flat"
+    };
+    assert_eq!(
+        h.all_reduce_plan_name(),
+        Some(want),
+        "rank {} of cluster {}",
+        comm.rank(),
+        comm.cluster()
+    );
+}
+
+#[test]
+fn hybrid_plan_a_host_cluster_through_its_ccl_beside_flat_host_ranks() {
+    const TEST: &str = "hybrid_plan_a_host_cluster_through_its_ccl_beside_flat_host_ranks";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        assert_plan(&comm, &["a"]);
+        // 1 and odd counts; 2501 and 3333 cross several 4 KiB chunks of every type, with
+        // shares that do not line up between the 2-rank cluster and the 3 flat ranks.
+        every_collective(&comm, &[1, 7, 1001, 2501, 3333]);
+        println!("RANK OK");
+        return;
+    }
+    // Cluster a (2 ranks, not contiguous) reduce-scatters and all-gathers through its CCL;
+    // cluster b's 3 ranks take part flat. Plans of two chunks or more go to the enqueuer.
+    Job::new(TEST, 5)
+        .clusters(&[("a", "0,2"), ("b", "1,3,4")])
+        .env("FERROCX_BRIDGE_PLAN", "hybrid=a")
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "2")
+        .bridge_key("ccl", "\"host\"")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "2")
+        .run();
+}
+
+#[test]
+fn hybrid_plan_a_staged_rank_and_a_host_cluster_through_their_ccls_beside_flat_ranks() {
+    const TEST: &str =
+        "hybrid_plan_a_staged_rank_and_a_host_cluster_through_their_ccls_beside_flat_ranks";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        assert_staged_on_offhost(&comm);
+        assert_plan(&comm, &["gpu", "a"]);
+        every_collective(&comm, &[13, 2049, 3333]);
+        println!("RANK OK");
+        return;
+    }
+    // A rank on a device the host cannot address (its share moves through staging, chunk k
+    // in staging slot k % depth) and a host cluster of 2 through their CCLs, 2 flat host ranks;
+    // three chunks in flight. Stream memory operations off: host functions on the streams.
+    with_offhost(Job::new(TEST, 5))
+        .clusters(&[("gpu", "0"), ("a", "1-2"), ("cpu", "3-4")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .env("FERROCX_BRIDGE_PLAN", "hybrid=gpu,a")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "3")
+        .run();
+}
+
+#[test]
+fn hybrid_plan_a_staged_rank_through_beside_flat_ranks_on_the_proxy() {
+    const TEST: &str = "hybrid_plan_a_staged_rank_through_beside_flat_ranks_on_the_proxy";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        assert_staged_on_offhost(&comm);
+        assert_plan(&comm, &["gpu"]);
+        every_collective(&comm, &[5, 2049]);
+        println!("RANK OK");
+        return;
+    }
+    // The staged rank's steps on the proxy thread, one chunk in flight (the staging slot
+    // and bridge slots of every epoch are slot 0), enqueued by the enqueuer past one chunk.
+    with_offhost(Job::new(TEST, 4))
+        .clusters(&[("gpu", "0"), ("cpu", "1-3")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .env("FERROCX_BRIDGE_PLAN", "hybrid=gpu")
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "2")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "1")
+        .run();
+}
+
+#[test]
+fn hybrid_plan_a_chunks_gather_does_not_wait_for_the_next_chunks_bridge_step() {
+    const TEST: &str = "hybrid_plan_a_chunks_gather_does_not_wait_for_the_next_chunks_bridge_step";
+    if rank_of(TEST).is_some() {
+        return a_held_step_is_released(TEST, &[0, 1]);
+    }
+    // The hold is on a rank through its cluster (the flat ranks' steps have no in-cluster
+    // stage to wait for).
+    Job::new(TEST, 4)
+        .clusters(&[("a", "0,1"), ("b", "2,3")])
+        .env("FERROCX_BRIDGE_PLAN", "hybrid=a")
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "0")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "2")
+        .timeout_ms(3000)
+        .run();
+}
+
 /// Live streams, events and allocations of the `offhost` device in this process (its
 /// `ferrocx_offhost_live`, from the loaded `.so`); zeros where it is not loaded.
 fn offhost_live() -> [u64; 3] {
@@ -804,6 +911,13 @@ fn a_failure_at_each_stage_enqueued_by_the_enqueuer_thread() {
         "1",
         "clusters",
     );
+}
+
+#[test]
+fn hybrid_plan_a_failure_at_each_stage() {
+    // The offhost rank through its cluster (every stage: in-cluster, staging, bridge, gather),
+    // the host cluster's ranks flat (the failure strikes a bridge step), from the enqueuer.
+    failure_at_each_stage("hybrid_plan_a_failure_at_each_stage", "1", "hybrid=a");
 }
 
 /// Injects a failure at each stage of an all-reduce of 3 chunks; `async_chunks` is

@@ -32,6 +32,33 @@
 //! While chunk k crosses the bridge, chunk k+1 is reduced in the cluster (up to `depth` chunks
 //! in flight, `[bridge] depth`; `chunk_bytes` per rank and slot).
 //!
+//! **The flat and hybrid plans.** A cluster on the host device gains nothing from reducing
+//! inside first (its CCL moves the same host memory the bridge does), nor does a cluster of
+//! one rank: their ranks take part **flat** ([`plan::Roles`]). Each chunk (a slot's
+//! elements) is then two epochs:
+//!
+//! ```text
+//!   step A  flat rank: publish the whole chunk; reduce its flat share (1/F of the chunk, F
+//!           flat ranks) from every flat rank's slot and, per cluster through its CCL, the
+//!           owner's reduced share, in rank order
+//!           rank through its cluster: after RS(k), publish its share
+//!   step B  flat rank: publish its reduced share; copy every other flat rank's
+//!           rank through its cluster: copy the pieces of its share from the flat ranks'
+//!           slots (where they were reduced), then AG(k)
+//! ```
+//!
+//! Each element is reduced once, by one flat rank, so every rank gets the same bits. When
+//! every cluster is flat this is the **flat plan** (every rank publishes, reduces 1/W, copies
+//! the rest; run on the caller's stream, one step after the other). When a cluster of several
+//! ranks is on the host device beside a cluster of several ranks on another device (GPUs on
+//! their vendor CCL), it is the **hybrid plan**: the host ranks skip their two in-cluster
+//! calls per chunk and the GPU clusters keep RS → bridge → AG, pipelined `depth` chunks deep;
+//! a GPU rank takes steps A and B as one bridge step (staged through chunk k's staging slot,
+//! k % depth), and does no reduction on the host. Otherwise the plan through the clusters
+//! above. `FERROCX_BRIDGE_PLAN=clusters|flat|hybrid|hybrid=a,b` forces one (`hybrid=a,b`:
+//! clusters `a` and `b` through their CCL, the others flat), for comparisons; the same value
+//! must reach every rank.
+//!
 //! **Small all-reduces** (up to 64 KiB per rank, and a slot) skip the plan: one step on the
 //! caller's stream, in which every rank publishes its whole input and reduces every rank's in
 //! rank order (the same bits everywhere), the descriptor check included. No in-cluster step,
@@ -117,7 +144,7 @@ use crate::route::Collective;
 
 use bridge::{Bridge, Descriptor};
 use enqueue::Enqueuer;
-use plan::AllReducePlan;
+use plan::{AllReducePlan, HybridPlan};
 use pool::EventPool;
 use proxy::Proxy;
 use topo::Topology;
@@ -371,6 +398,8 @@ struct State {
     sent: Vec<u64>,
     received: Vec<u64>,
     plans: HashMap<(usize, DataType), Arc<AllReducePlan>>,
+    /// The flat and hybrid plans.
+    hybrid: HashMap<(usize, DataType), Arc<HybridPlan>>,
     /// Type and reduction of every all-reduce plan the caller's thread has enqueued in full
     /// where it would have gone to the enqueuer thread (see [`HeteroCore::enqueued_here_once`]).
     warm: HashSet<(DataType, ReduceOp)>,
@@ -433,8 +462,9 @@ pub struct HeteroCore {
     proxy: Option<Proxy>,
     /// What the enqueuer thread has yet to enqueue.
     backlog: Backlog,
-    /// All-reduces past one step take the flat plan (see [`HeteroCore::flat`]).
-    flat_plan: bool,
+    /// Who takes part in all-reduces past one step how: flat or through its cluster (the flat
+    /// and hybrid plans; `None`: every rank through its cluster).
+    roles: Option<plan::Roles>,
 }
 
 /// One copy or reduction of a bridge step: `dst` gets `n` elements (bytes for a copy) read
@@ -453,6 +483,57 @@ struct Out {
 enum Link {
     Stream(Stream),
     Words { start: usize, end: usize, seq: u32 },
+}
+
+/// The plan a rank through its cluster runs (its in-cluster reduce-scatter and all-gather
+/// around the bridge).
+#[derive(Clone)]
+enum ThroughPlan {
+    /// The plan through the clusters: one bridge step per chunk, in which each rank reduces
+    /// its share with its owners in the other clusters.
+    Clusters(Arc<AllReducePlan>),
+    /// The hybrid plan: two epochs per chunk, taken as one step (publish the share in the
+    /// first, copy its pieces back from the flat ranks that reduced them in the second).
+    Hybrid(Arc<HybridPlan>),
+}
+
+impl ThroughPlan {
+    fn chunks(&self) -> usize {
+        match self {
+            ThroughPlan::Clusters(p) => p.chunks,
+            ThroughPlan::Hybrid(p) => p.chunks,
+        }
+    }
+
+    /// Epochs of the call.
+    fn epochs(&self) -> usize {
+        match self {
+            ThroughPlan::Clusters(p) => p.chunks,
+            ThroughPlan::Hybrid(p) => 2 * p.chunks,
+        }
+    }
+
+    /// Reads of this rank's slot in epoch `j` of the call.
+    fn readers(&self, j: usize) -> u64 {
+        match self {
+            ThroughPlan::Clusters(p) => p.chunk(j).1.readers,
+            ThroughPlan::Hybrid(p) => p.readers(j),
+        }
+    }
+
+    /// Chunk `k`'s first element and elements.
+    fn at(&self, k: usize) -> (usize, usize) {
+        match self {
+            ThroughPlan::Clusters(p) => {
+                let (off, s) = p.chunk(k);
+                (off, s.elems)
+            }
+            ThroughPlan::Hybrid(p) => {
+                let (off, s) = p.chunk(k);
+                (off, s.elems)
+            }
+        }
+    }
 }
 
 /// What an all-reduce enqueues with (see [`HeteroCore::all_reduce`]).
@@ -488,9 +569,26 @@ struct Step {
     /// A gate the step waits for before it starts, at most the bridge's timeout (a test's
     /// hold: [`HeteroCore::inject_hold`]).
     gate: Option<Arc<AtomicBool>>,
+    /// Where the outs read a later epoch's slots than the one published in (a rank through its
+    /// cluster in the hybrid plan: it publishes in step A and copies in step B, as one step).
+    then: Option<Then>,
+}
+
+/// The later epoch a [`Step`]'s outs read, and the staging slot the step's copies go through
+/// (a chunk's own, where the step's epoch's slot is not).
+#[derive(Clone, Copy)]
+struct Then {
+    epoch: u64,
+    slot: usize,
+    staging: usize,
 }
 
 impl Step {
+    /// The staging slot of the step's copies.
+    fn staging_slot(&self) -> usize {
+        self.then.map_or(self.slot, |t| t.staging)
+    }
+
     /// Points the step's sources and destinations at a staging slot (`base`, `cap` bytes):
     /// returns the copies device → staging to run before the step and staging → device
     /// after it. The two directions share the slot: a step publishes every source before it
@@ -589,13 +687,15 @@ impl Step {
         }
         b.publish(b.arrive(me, slot), self.epoch + 1);
         trace("published");
+        // The outs read this step's epoch, or the later one of `then`.
+        let (slot, epoch) = self.then.map_or((slot, self.epoch), |t| (t.slot, t.epoch));
         let mut read: Vec<usize> = Vec::new();
         let mut parts: Vec<Part> = Vec::new();
         for out in &self.outs {
             let mut srcs = Vec::with_capacity(out.srcs.len());
             for &(r, off) in &out.srcs {
                 if r != me {
-                    b.wait(b.arrive(r, slot), self.epoch + 1, r, self.what)?;
+                    b.wait(b.arrive(r, slot), epoch + 1, r, self.what)?;
                     if !read.contains(&r) {
                         read.push(r);
                     }
@@ -839,6 +939,7 @@ impl HeteroCore {
                 sent: vec![0; world],
                 received: vec![0; world],
                 plans: HashMap::new(),
+                hybrid: HashMap::new(),
                 warm: HashSet::new(),
                 last: None,
             }),
@@ -849,11 +950,7 @@ impl HeteroCore {
             hold: AtomicBool::new(false),
             proxy,
             backlog: Backlog::default(),
-            flat_plan: match std::env::var("FERROCX_BRIDGE_PLAN").as_deref() {
-                Ok("flat") => true,
-                Ok("clusters") => false,
-                _ => topo.clusters.iter().all(|c| c.flat),
-            },
+            roles: plan::Roles::choose(&topo, std::env::var("FERROCX_BRIDGE_PLAN").ok().as_deref()),
             topo,
         })
     }
@@ -870,11 +967,8 @@ impl HeteroCore {
 
     /// Plans in the cache.
     pub fn plans_cached(&self) -> usize {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .plans
-            .len()
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.plans.len() + st.hybrid.len()
     }
 
     /// The first failure of a bridge step already run on this rank, or a failed step of
@@ -922,6 +1016,18 @@ impl HeteroCore {
     /// host-addressable).
     pub fn staged(&self) -> bool {
         self.staging.is_some()
+    }
+
+    /// The plan of this rank's all-reduces past one step: `flat`, `hybrid flat` (a flat rank
+    /// of the hybrid plan), `hybrid through` (a rank through its cluster in the hybrid plan)
+    /// or `clusters`.
+    pub fn all_reduce_plan_name(&self) -> &'static str {
+        match self.roles() {
+            None => "clusters",
+            Some(r) if r.all_flat() => "flat",
+            Some(r) if r.flat.contains(&self.topo.me) => "hybrid flat",
+            Some(_) => "hybrid through",
+        }
     }
 
     /// Streams the communicator made for its plans (fixed for its life).
@@ -1117,7 +1223,7 @@ impl HeteroCore {
                 done: self.mark(bs)?,
             });
         };
-        let (before, back) = step.stage(st.slot(step.slot), st.slot_bytes)?;
+        let (before, back) = step.stage(st.slot(step.staging_slot()), st.slot_bytes)?;
         if let Some(a) = after {
             self.order(a, cp)?;
         }
@@ -1250,22 +1356,47 @@ impl HeteroCore {
         }
     }
 
-    /// `true` when all-reduces take the flat plan: every cluster of several ranks is on the
-    /// host device (`FERROCX_BRIDGE_PLAN=flat|clusters` forces one, for comparisons). The same
-    /// answer on every rank: it depends on the config only.
-    fn flat(&self) -> bool {
-        self.flat_plan
+    /// The roles of the flat and hybrid plans (`None`: every rank through its cluster): see
+    /// [`plan::Roles::choose`] (`FERROCX_BRIDGE_PLAN=flat|clusters|hybrid[=a,b]` forces one,
+    /// for comparisons). The same answer on every rank: it depends on the config and the
+    /// environment only.
+    fn roles(&self) -> Option<&plan::Roles> {
+        self.roles.as_ref()
     }
 
-    /// The steps of the flat all-reduce (see the module docs): per chunk of a slot's elements,
-    /// step A publishes the chunk and reduces this rank's share of it from every rank's slot,
-    /// step B publishes the reduced share and copies every other rank's.
+    /// The flat or hybrid plan of `count` elements of `dtype` for this rank, from the cache:
+    /// chunks of a slot's elements (a flat rank publishes a whole chunk).
+    fn hybrid_plan(
+        &self,
+        roles: &plan::Roles,
+        count: usize,
+        dtype: DataType,
+        es: usize,
+    ) -> Arc<HybridPlan> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = st.hybrid.get(&(count, dtype)) {
+            return p.clone();
+        }
+        let p = Arc::new(plan::hybrid(
+            count,
+            (self.slot_bytes / es).max(1),
+            roles,
+            self.topo.me,
+        ));
+        st.hybrid.insert((count, dtype), p.clone());
+        p
+    }
+
+    /// The steps of a flat rank in the flat and hybrid plans (see the module docs): per chunk,
+    /// step A publishes the chunk and reduces this rank's flat share from every flat rank's
+    /// slot and the owners' shares of the clusters through their CCL; step B publishes the
+    /// reduced share and copies every other flat rank's.
     #[allow(clippy::too_many_arguments)]
     fn flat_steps(
         &self,
+        plan: &HybridPlan,
         send: DevicePtr,
         recv: DevicePtr,
-        count: usize,
         dtype: DataType,
         op: ReduceOp,
         es: usize,
@@ -1274,52 +1405,53 @@ impl HeteroCore {
         check: (u64, Descriptor),
     ) -> Vec<Step> {
         let w = self.topo.world();
-        let me = self.topo.me;
-        let per = (self.slot_bytes / es).max(1);
         let at = |ptr: DevicePtr, elems: usize| ptr.0 + (elems * es) as u64;
-        let mut steps = Vec::with_capacity(2 * count.div_ceil(per));
-        for (k, off) in (0..count).step_by(per).enumerate() {
-            let e = per.min(count - off);
-            let (s0, s1) = plan::share_of(e, w, me);
+        let slot = |ep: u64| (ep % self.depth as u64) as usize;
+        let mut steps = Vec::with_capacity(2 * plan.chunks);
+        for k in 0..plan.chunks {
+            let (off, sh) = plan.chunk(k);
             let epoch = first + 2 * k as u64;
-            let slot = |ep: u64| (ep % self.depth as u64) as usize;
+            let publish = |from: DevicePtr, (p0, p1): (usize, usize)| {
+                if p1 > p0 {
+                    vec![(at(from, off + p0), 0, (p1 - p0) * es)]
+                } else {
+                    Vec::new()
+                }
+            };
+            let outs = |s: &plan::HybridStep| -> Vec<Out> {
+                s.outs
+                    .iter()
+                    .map(|o| Out {
+                        dst: at(recv, off + o.start),
+                        n: if o.reduce { o.len } else { o.len * es },
+                        srcs: o.srcs.iter().map(|&(r, x)| (r, x * es)).collect(),
+                        reduce: o.reduce.then_some((dtype, op, w)),
+                    })
+                    .collect()
+            };
             steps.push(Step {
                 epoch,
                 slot: slot(epoch),
                 free_at: free[2 * k],
-                publish: vec![(at(send, off), 0, e * es)],
-                outs: vec![Out {
-                    dst: at(recv, off + s0),
-                    n: s1 - s0,
-                    srcs: (0..w).map(|r| (r, s0 * es)).collect(),
-                    reduce: Some((dtype, op, w)),
-                }],
+                publish: publish(send, sh.a.publish),
+                outs: outs(&sh.a),
                 what: "the bridge step of an all_reduce",
                 fault: None,
                 check: (k == 0).then_some(check),
                 gate: None,
+                then: None,
             });
             steps.push(Step {
                 epoch: epoch + 1,
                 slot: slot(epoch + 1),
                 free_at: free[2 * k + 1],
-                publish: vec![(at(recv, off + s0), 0, (s1 - s0) * es)],
-                outs: (0..w)
-                    .filter(|&r| r != me)
-                    .map(|r| {
-                        let (r0, r1) = plan::share_of(e, w, r);
-                        Out {
-                            dst: at(recv, off + r0),
-                            n: (r1 - r0) * es,
-                            srcs: vec![(r, 0)],
-                            reduce: None,
-                        }
-                    })
-                    .collect(),
+                publish: publish(recv, sh.b.publish),
+                outs: outs(&sh.b),
                 what: "the bridge step of an all_reduce",
                 fault: None,
                 check: None,
                 gate: None,
+                then: None,
             });
         }
         steps
@@ -1465,26 +1597,35 @@ impl HeteroCore {
                     fault: fault.map(injected),
                     check: None,
                     gate: None,
+                    then: None,
                 },
                 stream,
             );
         }
-        if self.flat() {
-            let fault = fault.map(injected);
-            // SAFETY: this function's contract.
-            return unsafe {
-                self.flat_all_reduce(send, recv, count, dtype, op, es, stream, enqueuer, fault)
-            };
-        }
-        let plan = self.all_reduce_plan(count, dtype, es);
+        let plan = match self.roles() {
+            Some(roles) => {
+                let hybrid = self.hybrid_plan(roles, count, dtype, es);
+                if roles.flat.contains(&self.topo.me) {
+                    let fault = fault.map(injected);
+                    // SAFETY: this function's contract.
+                    return unsafe {
+                        self.flat_all_reduce(
+                            hybrid, send, recv, count, dtype, op, es, stream, enqueuer, fault,
+                        )
+                    };
+                }
+                ThroughPlan::Hybrid(hybrid)
+            }
+            None => ThroughPlan::Clusters(self.all_reduce_plan(count, dtype, es)),
+        };
         let queued =
-            enqueuer.filter(|q| plan.chunks >= q.chunks && self.enqueued_here_once(dtype, op));
+            enqueuer.filter(|q| plan.chunks() >= q.chunks && self.enqueued_here_once(dtype, op));
         if queued.is_some() {
             self.begin_after(stream)?;
         } else {
             self.begin(stream)?;
         }
-        let (call, first, free) = self.reserve(plan.chunks, &|k| plan.chunk(k).1.readers);
+        let (call, first, free) = self.reserve(plan.epochs(), &|j| plan.readers(j));
         if let Some(q) = queued {
             // The enqueuer thread enqueues the stages; this thread hangs them on `stream`.
             let r = q.submit(self, stream, |seq, start, end| {
@@ -1543,14 +1684,15 @@ impl HeteroCore {
         r.map_err(|e| self.fail_call(stage.name(), e))
     }
 
-    /// Enqueues the flat all-reduce (every cluster of several ranks on the host device; see
-    /// the module docs): its steps from the enqueuer thread when they are many, else from here.
+    /// Enqueues a flat rank's side of the flat or hybrid all-reduce (see the module docs): its
+    /// steps from the enqueuer thread when they are many, else from here.
     ///
     /// # Safety
     /// The buffer contract of [`crate::comm::Call`].
     #[allow(clippy::too_many_arguments)]
     unsafe fn flat_all_reduce(
         &self,
+        plan: Arc<HybridPlan>,
         send: DevicePtr,
         recv: DevicePtr,
         count: usize,
@@ -1561,22 +1703,21 @@ impl HeteroCore {
         enqueuer: Option<&Enqueuer>,
         fault: Option<HeteroError>,
     ) -> Result<(), HeteroError> {
-        let w = self.topo.world() as u64;
-        let chunks = count.div_ceil((self.slot_bytes / es).max(1));
+        let chunks = plan.chunks;
         let queued = enqueuer.filter(|q| chunks >= q.chunks);
         if queued.is_some() {
             self.begin_after(stream)?;
         } else {
             self.begin(stream)?;
         }
-        let (call, first, free) = self.reserve(2 * chunks, &|_| w - 1);
+        let (call, first, free) = self.reserve(2 * chunks, &|j| plan.readers(j));
         let d = Descriptor {
             count: count as u64,
             kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
         };
         let steps = move |core: &HeteroCore| {
             let mut steps =
-                core.flat_steps(send, recv, count, dtype, op, es, first, &free, (call, d));
+                core.flat_steps(&plan, send, recv, dtype, op, es, first, &free, (call, d));
             // An injected failure (tests): step A of the middle chunk.
             if let Some(e) = fault {
                 let k = steps.len() / 4 * 2;
@@ -1613,7 +1754,7 @@ impl HeteroCore {
     /// As [`HeteroCore::all_reduce`]: `send` and `recv` hold the plan's `count` elements.
     unsafe fn all_reduce_stages(
         &self,
-        plan: &AllReducePlan,
+        plan: &ThroughPlan,
         a: AllReduceArgs<'_>,
         stage: &mut Stage,
     ) -> Result<(), HeteroError> {
@@ -1644,7 +1785,7 @@ impl HeteroCore {
         };
         let at = |ptr: DevicePtr, elems: usize| DevicePtr(ptr.0 + (elems * es) as u64);
         // The chunk where an injected failure strikes: one in the middle of the message.
-        let faulty = plan.chunks / 2;
+        let faulty = plan.chunks() / 2;
         let injected = |s: Stage, k: usize| -> Result<(), HeteroError> {
             if fault == Some(s) && k == faulty {
                 return Err(HeteroError::Stage {
@@ -1656,7 +1797,7 @@ impl HeteroCore {
             }
             Ok(())
         };
-        if plan.chunks == 0 {
+        if plan.chunks() == 0 {
             enter(self.streams.bridge)?;
             self.check_step(
                 call,
@@ -1670,7 +1811,7 @@ impl HeteroCore {
         enter(cs)?;
         // A test's hold (`inject_hold`): chunk 1's step waits for a gate that the cluster
         // stream opens once it has gathered chunk 0.
-        let gate = (plan.chunks >= 2 && self.hold.swap(false, Ordering::AcqRel))
+        let gate = (plan.chunks() >= 2 && self.hold.swap(false, Ordering::AcqRel))
             .then(|| Arc::new(AtomicBool::new(false)));
         // With `FERROCX_BRIDGE_TRACE=1`, a line from the cluster stream as each of its stages
         // starts and ends (a host function between them: for finding where a pipeline waits).
@@ -1688,19 +1829,19 @@ impl HeteroCore {
         };
         let cell = std::cell::Cell::new(Stage::Cluster);
         let issue = |k: usize| -> Result<Issued, HeteroError> {
-            let (off, sh) = plan.chunk(k);
-            let (q, tail) = (sh.q, sh.tail);
+            let (off, elems) = plan.at(k);
+            let (q, tail) = (elems / p, elems - elems / p * p);
             cell.set(Stage::Cluster);
             injected(Stage::Cluster, k)?;
             mark("rs", k)?;
             if p == 1 {
-                if send != recv && sh.elems > 0 {
+                if send != recv && elems > 0 {
                     // SAFETY: ranges of the caller's `send`/`recv` (the plan keeps every chunk
                     // inside `count` elements), live until the stages complete on the stream
                     // (the contract).
                     unsafe {
                         self.device
-                            .mem_copy_async(at(recv, off), at(send, off), sh.elems * es, cs)
+                            .mem_copy_async(at(recv, off), at(send, off), elems * es, cs)
                     }?;
                 }
             } else {
@@ -1736,48 +1877,98 @@ impl HeteroCore {
             mark("rs-done", k)?;
             cell.set(Stage::Staging);
             injected(Stage::Staging, k)?;
-            let epoch = first + k as u64;
-            let share_bytes = (sh.share.1 - sh.share.0) * es;
-            let step = Step {
-                epoch,
-                slot: (epoch % self.depth as u64) as usize,
-                free_at: free[k],
-                publish: if share_bytes > 0 {
-                    vec![(at(recv, off + sh.share.0).0, 0, share_bytes)]
-                } else {
-                    Vec::new()
+            let fault = (fault == Some(Stage::Bridge) && k == faulty).then(|| HeteroError::Stage {
+                rank: self.topo.me,
+                cluster: self.topo.cluster_name_of(self.topo.me).to_string(),
+                stage: Stage::Bridge.name().to_string(),
+                message: "an injected failure".into(),
+            });
+            let check = (k == 0).then_some((
+                call,
+                Descriptor {
+                    count: count as u64,
+                    kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
                 },
-                outs: sh
-                    .pieces
-                    .iter()
-                    .map(|pc| Out {
-                        dst: at(recv, off + pc.start).0,
-                        n: pc.len,
-                        srcs: pc.owners.iter().map(|&(r, o)| (r, o * es)).collect(),
-                        reduce: Some((dtype, op, world)),
-                    })
-                    .collect(),
-                what: "the bridge step of an all_reduce",
-                fault: (fault == Some(Stage::Bridge) && k == faulty).then(|| HeteroError::Stage {
-                    rank: self.topo.me,
-                    cluster: self.topo.cluster_name_of(self.topo.me).to_string(),
-                    stage: Stage::Bridge.name().to_string(),
-                    message: "an injected failure".into(),
-                }),
-                check: (k == 0).then_some((
-                    call,
-                    Descriptor {
-                        count: count as u64,
-                        kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
-                    },
-                )),
-                gate: if k == 1 { gate.clone() } else { None },
+            ));
+            let gate = if k == 1 { gate.clone() } else { None };
+            let slot = |epoch: u64| (epoch % self.depth as u64) as usize;
+            let step = match plan {
+                ThroughPlan::Clusters(plan) => {
+                    let sh = plan.chunk(k).1;
+                    let epoch = first + k as u64;
+                    let share_bytes = (sh.share.1 - sh.share.0) * es;
+                    // My own source is my slot (published from `recv` before it is
+                    // overwritten).
+                    debug_assert!(sh
+                        .pieces
+                        .iter()
+                        .all(|pc| pc.owners[me_c].1 + pc.len <= sh.share.1 - sh.share.0));
+                    Step {
+                        epoch,
+                        slot: slot(epoch),
+                        free_at: free[k],
+                        publish: if share_bytes > 0 {
+                            vec![(at(recv, off + sh.share.0).0, 0, share_bytes)]
+                        } else {
+                            Vec::new()
+                        },
+                        outs: sh
+                            .pieces
+                            .iter()
+                            .map(|pc| Out {
+                                dst: at(recv, off + pc.start).0,
+                                n: pc.len,
+                                srcs: pc.owners.iter().map(|&(r, o)| (r, o * es)).collect(),
+                                reduce: Some((dtype, op, world)),
+                            })
+                            .collect(),
+                        what: "the bridge step of an all_reduce",
+                        fault,
+                        check,
+                        gate,
+                        then: None,
+                    }
+                }
+                ThroughPlan::Hybrid(plan) => {
+                    // Step A publishes my share; step B copies its pieces from the flat ranks'
+                    // slots, where they wrote them reduced (one step on this rank).
+                    let sh = plan.chunk(k).1;
+                    let epoch = first + 2 * k as u64;
+                    let (p0, p1) = sh.a.publish;
+                    Step {
+                        epoch,
+                        slot: slot(epoch),
+                        free_at: free[2 * k],
+                        publish: if p1 > p0 {
+                            vec![(at(recv, off + p0).0, 0, (p1 - p0) * es)]
+                        } else {
+                            Vec::new()
+                        },
+                        outs: sh
+                            .b
+                            .outs
+                            .iter()
+                            .map(|o| Out {
+                                dst: at(recv, off + o.start).0,
+                                n: o.len * es,
+                                srcs: o.srcs.iter().map(|&(r, x)| (r, x * es)).collect(),
+                                reduce: None,
+                            })
+                            .collect(),
+                        what: "the bridge step of an all_reduce",
+                        fault,
+                        check,
+                        gate,
+                        then: Some(Then {
+                            epoch: epoch + 1,
+                            slot: slot(epoch + 1),
+                            // A chunk's own staging slot: the next chunk's copies into staging
+                            // may run while this step does.
+                            staging: k % self.depth.max(1),
+                        }),
+                    }
+                }
             };
-            // My own source is my slot (published from `recv` before it is overwritten).
-            debug_assert!(sh
-                .pieces
-                .iter()
-                .all(|pc| pc.owners[me_c].1 + pc.len <= sh.share.1 - sh.share.0));
             // SAFETY: the step's ranges are the chunk's share and pieces in `recv`.
             unsafe { self.issue_step(Some(cs), step) }
         };
@@ -1788,8 +1979,8 @@ impl HeteroCore {
             cell.set(Stage::Gather);
             injected(Stage::Gather, k)?;
             mark("ag", k)?;
-            let (off, sh) = plan.chunk(k);
-            let (q, tail) = (sh.q, sh.tail);
+            let (off, elems) = plan.at(k);
+            let (q, tail) = (elems / p, elems - elems / p * p);
             if p > 1 {
                 if q > 0 {
                     // SAFETY: ranges of the caller's `recv` (the plan keeps every chunk inside
@@ -1835,7 +2026,7 @@ impl HeteroCore {
         let depth = self.depth.max(1);
         let mut pending = std::collections::VecDeque::with_capacity(depth);
         let r = (|| {
-            for k in 0..plan.chunks {
+            for k in 0..plan.chunks() {
                 pending.push_back((k, issue(k)?));
                 if pending.len() >= depth {
                     let (j, issued) = pending.pop_front().expect("a chunk in flight");
@@ -2002,6 +2193,7 @@ impl HeteroCore {
                     fault: None,
                     check: None,
                     gate: None,
+                    then: None,
                 }
             },
             stream,
@@ -2062,6 +2254,7 @@ impl HeteroCore {
                     fault: None,
                     check: None,
                     gate: None,
+                    then: None,
                 }
             },
             stream,
@@ -2132,6 +2325,7 @@ impl HeteroCore {
                     fault: None,
                     check: None,
                     gate: None,
+                    then: None,
                 }
             },
             stream,
@@ -2226,6 +2420,7 @@ impl HeteroCore {
                     fault: None,
                     check: None,
                     gate: None,
+                    then: None,
                 }
             },
             stream,
@@ -2781,6 +2976,12 @@ impl Hetero {
     /// Plans in the shared-memory bridge's cache (none over MPI).
     pub fn plans_cached(&self) -> usize {
         self.shm().map_or(0, |c| c.plans_cached())
+    }
+
+    /// The plan of this rank's all-reduces past one step over the shared-memory bridge
+    /// ([`HeteroCore::all_reduce_plan_name`]); `None` over MPI.
+    pub fn all_reduce_plan_name(&self) -> Option<&'static str> {
+        self.shm().map(HeteroCore::all_reduce_plan_name)
     }
 
     /// `true` when the device's buffers move through staging (host memory between the

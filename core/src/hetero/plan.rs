@@ -204,6 +204,313 @@ pub fn all_reduce(
     }
 }
 
+/// Which ranks take part in the hybrid plan how (the same on every rank: it depends on the
+/// config and the environment only).
+///
+/// A **flat** rank skips its cluster's in-cluster steps and takes part in the bridge with its
+/// whole chunk; a cluster **through its CCL** reduce-scatters each chunk inside, takes part in
+/// the bridge with each rank's share, and all-gathers. With no cluster through its CCL this is
+/// the flat plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Roles {
+    /// Every rank of the job.
+    pub world: usize,
+    /// The flat ranks, ascending (flat index = position here).
+    pub flat: Vec<usize>,
+    /// Per cluster through its CCL: its global ranks in local order.
+    pub through: Vec<Vec<usize>>,
+}
+
+impl Roles {
+    /// The roles of `topo`'s job for `FERROCX_BRIDGE_PLAN` = `choice` (`None`: unset), or
+    /// `None` for the plan through every cluster's CCL:
+    ///
+    /// - `clusters`: every cluster through its CCL (`None`);
+    /// - `flat`: every rank flat;
+    /// - `hybrid`: clusters of several ranks off the host device through their CCL, the
+    ///   others flat; `hybrid=a,b`: clusters `a` and `b` through their CCL, the others flat;
+    /// - unset (or anything else): the flat plan when every cluster is flat (one rank, or the
+    ///   host device), the hybrid when a cluster of several ranks is on the host device beside
+    ///   one that is not, else the plan through the clusters.
+    ///
+    /// A hybrid without a flat rank is the plan through the clusters.
+    pub fn choose(topo: &super::topo::Topology, choice: Option<&str>) -> Option<Roles> {
+        let by = |through: &dyn Fn(&super::topo::ClusterRanks) -> bool| {
+            let mut flat = Vec::new();
+            let mut thr = Vec::new();
+            for c in &topo.clusters {
+                if through(c) {
+                    thr.push(c.ranks.clone());
+                } else {
+                    flat.extend_from_slice(&c.ranks);
+                }
+            }
+            flat.sort_unstable();
+            (!flat.is_empty()).then(|| Roles {
+                world: topo.world(),
+                flat,
+                through: thr,
+            })
+        };
+        match choice.map(str::trim) {
+            Some("clusters") => None,
+            Some("flat") => by(&|_| false),
+            Some("hybrid") => by(&|c| !c.flat),
+            Some(s) if s.starts_with("hybrid=") => {
+                let names: Vec<&str> = s["hybrid=".len()..].split(',').map(str::trim).collect();
+                by(&|c| names.contains(&c.name.as_str()))
+            }
+            _ => {
+                if topo.clusters.iter().all(|c| c.flat) {
+                    by(&|_| false)
+                } else if topo.clusters.iter().any(|c| c.flat && c.ranks.len() > 1) {
+                    by(&|c| !c.flat)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// `true` when no cluster goes through its CCL (the flat plan).
+    pub fn all_flat(&self) -> bool {
+        self.through.is_empty()
+    }
+
+    /// Rank `r`'s cluster through its CCL and its local rank there, if it has one.
+    pub fn through_of(&self, r: usize) -> Option<(usize, usize)> {
+        self.through
+            .iter()
+            .enumerate()
+            .find_map(|(c, ranks)| ranks.iter().position(|&x| x == r).map(|i| (c, i)))
+    }
+}
+
+/// One copy or reduction of a rank's step in the hybrid plan: elements `start..start + len`
+/// of the chunk, from `srcs` (rank, element offset in that rank's slot), reduced in that order
+/// when `reduce`, else copied from the one source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HybridOut {
+    /// First element, from the chunk's start.
+    pub start: usize,
+    /// Elements (never 0).
+    pub len: usize,
+    /// (rank, element offset in its slot), ascending by rank.
+    pub srcs: Vec<(usize, usize)>,
+    /// Reduce the sources (else copy the one source).
+    pub reduce: bool,
+}
+
+/// One step (epoch) of a rank in the hybrid plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HybridStep {
+    /// Elements of the chunk this rank publishes at its slot's start (empty: none).
+    pub publish: (usize, usize),
+    /// What it reads from the others' slots.
+    pub outs: Vec<HybridOut>,
+    /// Ranks that read this rank's slot in this step.
+    pub readers: u64,
+}
+
+/// What one chunk size means for one rank of the hybrid plan: step A (flat ranks publish the
+/// chunk from their input and reduce their flat share; ranks through their CCL publish their
+/// reduced-in-cluster share) and step B (flat ranks publish their reduced flat share and copy
+/// the others'; ranks through their CCL copy the pieces of their share from the flat ranks
+/// that reduced them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HybridShape {
+    /// Elements of the chunk.
+    pub elems: usize,
+    /// Step A.
+    pub a: HybridStep,
+    /// Step B.
+    pub b: HybridStep,
+}
+
+/// The hybrid plan of an all-reduce for one rank: chunks of `chunk` elements (a slot's), two
+/// epochs each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HybridPlan {
+    /// Elements of every chunk but the last.
+    pub chunk: usize,
+    /// Chunks.
+    pub chunks: usize,
+    /// The shape of the full chunks (`None` when the message is one partial chunk).
+    pub full: Option<HybridShape>,
+    /// The shape of the last chunk when it is shorter.
+    pub last: Option<HybridShape>,
+}
+
+impl HybridPlan {
+    /// The shape of chunk `k` and its first element.
+    pub fn chunk(&self, k: usize) -> (usize, &HybridShape) {
+        let shape = match (&self.last, k + 1 == self.chunks) {
+            (Some(last), true) => last,
+            _ => self.full.as_ref().expect("a plan with full chunks"),
+        };
+        (k * self.chunk, shape)
+    }
+
+    /// Reads of this rank's slot in epoch `j` of the call (two per chunk).
+    pub fn readers(&self, j: usize) -> u64 {
+        let s = self.chunk(j / 2).1;
+        if j % 2 == 0 {
+            s.a.readers
+        } else {
+            s.b.readers
+        }
+    }
+}
+
+/// Rank `r`'s steps A and B in an `e`-element chunk, without the readers.
+fn hybrid_steps_of(e: usize, roles: &Roles, r: usize) -> (HybridStep, HybridStep) {
+    let f = roles.flat.len();
+    // Per cluster through its CCL, the share bounds of its ranks inside the chunk.
+    let owner_in = |c: usize, a: usize| -> (usize, usize) {
+        let p = roles.through[c].len();
+        let i = owner_of(e, p, a);
+        (roles.through[c][i], share_of(e, p, i).0)
+    };
+    if let Some(j) = roles.flat.iter().position(|&x| x == r) {
+        let (f0, f1) = share_of(e, f, j);
+        let mut bounds = vec![f0, f1];
+        for ranks in &roles.through {
+            let p = ranks.len();
+            for i in 1..p {
+                let b = i * (e / p);
+                if b > f0 && b < f1 {
+                    bounds.push(b);
+                }
+            }
+        }
+        bounds.sort_unstable();
+        bounds.dedup();
+        let reduce_outs = bounds
+            .windows(2)
+            .filter(|w| w[1] > w[0])
+            .map(|w| {
+                let a = w[0];
+                let mut srcs: Vec<(usize, usize)> = roles.flat.iter().map(|&x| (x, a)).collect();
+                for c in 0..roles.through.len() {
+                    let (o, start) = owner_in(c, a);
+                    srcs.push((o, a - start));
+                }
+                srcs.sort_unstable();
+                HybridOut {
+                    start: a,
+                    len: w[1] - w[0],
+                    srcs,
+                    reduce: true,
+                }
+            })
+            .collect();
+        let copies = roles
+            .flat
+            .iter()
+            .enumerate()
+            .filter(|&(y, _)| y != j)
+            .filter_map(|(y, &x)| {
+                let (y0, y1) = share_of(e, f, y);
+                (y1 > y0).then(|| HybridOut {
+                    start: y0,
+                    len: y1 - y0,
+                    srcs: vec![(x, 0)],
+                    reduce: false,
+                })
+            })
+            .collect();
+        let a = HybridStep {
+            publish: (0, e),
+            outs: reduce_outs,
+            readers: 0,
+        };
+        let b = HybridStep {
+            publish: (f0, f1),
+            outs: copies,
+            readers: 0,
+        };
+        return (a, b);
+    }
+    let (c, i) = roles
+        .through_of(r)
+        .expect("a rank flat or through its cluster");
+    let p = roles.through[c].len();
+    let (s0, s1) = share_of(e, p, i);
+    let mut bounds = vec![s0, s1];
+    for y in 1..f {
+        let b = y * (e / f);
+        if b > s0 && b < s1 {
+            bounds.push(b);
+        }
+    }
+    bounds.sort_unstable();
+    bounds.dedup();
+    let copies = bounds
+        .windows(2)
+        .filter(|w| w[1] > w[0])
+        .map(|w| {
+            let y = owner_of(e, f, w[0]);
+            HybridOut {
+                start: w[0],
+                len: w[1] - w[0],
+                srcs: vec![(roles.flat[y], w[0] - share_of(e, f, y).0)],
+                reduce: false,
+            }
+        })
+        .collect();
+    let a = HybridStep {
+        publish: (s0, s1),
+        outs: Vec::new(),
+        readers: 0,
+    };
+    let b = HybridStep {
+        publish: (0, 0),
+        outs: copies,
+        readers: 0,
+    };
+    (a, b)
+}
+
+/// Rank `me`'s shape of an `e`-element chunk in the hybrid plan, its readers counted from
+/// every rank's reads.
+pub fn hybrid_shape(e: usize, roles: &Roles, me: usize) -> HybridShape {
+    let (mut a, mut b) = hybrid_steps_of(e, roles, me);
+    let reads = |s: &HybridStep, r: usize| -> bool {
+        s.outs.iter().any(|o| o.srcs.iter().any(|&(x, _)| x == me)) && r != me
+    };
+    for r in 0..roles.world {
+        if r == me {
+            continue;
+        }
+        let (ra, rb) = hybrid_steps_of(e, roles, r);
+        a.readers += u64::from(reads(&ra, r));
+        b.readers += u64::from(reads(&rb, r));
+    }
+    HybridShape { elems: e, a, b }
+}
+
+/// The hybrid plan of `count` elements for rank `me`, in chunks of `chunk` elements (what a
+/// flat rank's slot holds).
+pub fn hybrid(count: usize, chunk: usize, roles: &Roles, me: usize) -> HybridPlan {
+    let chunk = chunk.max(1);
+    let chunks = count.div_ceil(chunk).max(1);
+    let rest = count - (chunks - 1) * chunk;
+    let mk = |e| hybrid_shape(e, roles, me);
+    let (full, last) = if chunks == 1 {
+        (None, Some(mk(rest)))
+    } else if rest == chunk {
+        (Some(mk(chunk)), None)
+    } else {
+        (Some(mk(chunk)), Some(mk(rest)))
+    };
+    HybridPlan {
+        chunk,
+        chunks,
+        full,
+        last,
+    }
+}
+
 /// The plan of a `world`-rank job under `config`, as text (`ferrocx config check --world N`):
 /// each cluster and its ranks, the bridge, and how an all-reduce's chunk of f32 is cut into
 /// shares and pieces, rank by rank (`None` for a job of one cluster).
@@ -248,7 +555,50 @@ pub fn describe(config: &crate::config::Config, world: usize) -> Result<Option<S
         "all_reduce up to 64 KiB per rank: one step over the bridge (every rank publishes its \
          input and reduces every rank's)"
     );
-    if t0.clusters.iter().all(|c| c.flat) {
+    let choice = std::env::var("FERROCX_BRIDGE_PLAN").ok();
+    let roles = Roles::choose(&t0, choice.as_deref());
+    if let Some(roles) = roles.as_ref().filter(|r| !r.all_flat()) {
+        let e = (b.chunk_bytes as usize / 4).max(1);
+        let names = |ranks: &[usize]| -> String {
+            let mut n: Vec<&str> = ranks.iter().map(|&r| t0.cluster_name_of(r)).collect();
+            n.dedup();
+            n.join(", ")
+        };
+        let thr: Vec<usize> = roles.through.iter().flatten().copied().collect();
+        let _ = writeln!(
+            out,
+            "all_reduce of f32 past that: the hybrid plan, chunks of {e} elements ({} bytes), \
+             {} in flight on the ranks through their cluster; per chunk: clusters {} \
+             reduce-scatter inside (their CCL) and publish each rank's share; the flat ranks \
+             (clusters {}) publish the whole chunk, each reduces its flat share from every flat \
+             rank's slot and the other clusters' owners' shares, then publishes it; every rank \
+             copies the reduced pieces it lacks; clusters {} all-gather inside",
+            e * 4,
+            b.depth,
+            names(&thr),
+            names(&roles.flat),
+            names(&thr),
+        );
+        for r in 0..roles.world {
+            let s = hybrid_shape(e, roles, r);
+            let what = if roles.flat.contains(&r) {
+                format!(
+                    "flat, reduces {}..{} of each chunk",
+                    s.b.publish.0, s.b.publish.1
+                )
+            } else {
+                format!(
+                    "through its cluster, share {}..{}, copied back from ranks {:?}",
+                    s.a.publish.0,
+                    s.a.publish.1,
+                    s.b.outs.iter().map(|o| o.srcs[0].0).collect::<Vec<_>>()
+                )
+            };
+            let _ = writeln!(out, "  rank {r} ({}): {what}", t0.cluster_name_of(r));
+        }
+        return Ok(Some(out));
+    }
+    if roles.is_some() {
         let w = t0.world();
         let e = (b.chunk_bytes as usize / 4).max(1);
         let _ = writeln!(
@@ -383,6 +733,164 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Runs the hybrid plan of every rank on integer data (wrapping sums of random words, so
+    /// a source missed or taken twice shows) and checks that every rank ends with the sum of
+    /// every rank's input, that every rank's slot is read by as many ranks as it expects, and
+    /// that what a rank publishes fits its slot (a chunk).
+    fn simulate_hybrid(sizes: &[usize], through: &[usize], e: usize) {
+        let world: usize = sizes.iter().sum();
+        let g = globals(sizes);
+        let mut flat = Vec::new();
+        let mut thr = Vec::new();
+        for (c, &p) in sizes.iter().enumerate() {
+            let ranks: Vec<usize> = (0..p).map(|i| g(c, i)).collect();
+            if through.contains(&c) {
+                thr.push(ranks);
+            } else {
+                flat.extend(ranks);
+            }
+        }
+        let roles = Roles {
+            world,
+            flat,
+            through: thr,
+        };
+        let word = |r: usize, i: usize| {
+            let mut x = (r as u64) << 32 ^ i as u64 ^ 0x9e37_79b9_7f4a_7c15;
+            x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+            x ^ (x >> 29)
+        };
+        let want: Vec<u64> = (0..e)
+            .map(|i| (0..world).fold(0u64, |a, r| a.wrapping_add(word(r, i))))
+            .collect();
+        let shapes: Vec<HybridShape> = (0..world).map(|r| hybrid_shape(e, &roles, r)).collect();
+        // Every rank's buffer: its input; a cluster through its CCL reduce-scatters.
+        let mut buf: Vec<Vec<u64>> = (0..world)
+            .map(|r| (0..e).map(|i| word(r, i)).collect())
+            .collect();
+        for ranks in &roles.through {
+            let p = ranks.len();
+            for (i, &r) in ranks.iter().enumerate() {
+                let (s0, s1) = share_of(e, p, i);
+                for (a, v) in buf[r].iter_mut().enumerate().take(s1).skip(s0) {
+                    *v = ranks
+                        .iter()
+                        .fold(0u64, |acc, &x| acc.wrapping_add(word(x, a)));
+                }
+            }
+        }
+        let mut reads = [vec![0u64; world], vec![0u64; world]];
+        for (step, rd) in reads.iter_mut().enumerate() {
+            let slots: Vec<Vec<u64>> = (0..world)
+                .map(|r| {
+                    let s = if step == 0 {
+                        &shapes[r].a
+                    } else {
+                        &shapes[r].b
+                    };
+                    assert!(s.publish.0 <= s.publish.1 && s.publish.1 <= e);
+                    buf[r][s.publish.0..s.publish.1].to_vec()
+                })
+                .collect();
+            for r in 0..world {
+                let s = if step == 0 {
+                    &shapes[r].a
+                } else {
+                    &shapes[r].b
+                };
+                let mut from: Vec<usize> = Vec::new();
+                for o in &s.outs {
+                    assert!(o.len > 0, "{sizes:?} {through:?} {e}");
+                    assert!(o.reduce || o.srcs.len() == 1);
+                    for k in 0..o.len {
+                        let v = o
+                            .srcs
+                            .iter()
+                            .fold(0u64, |acc, &(x, at)| acc.wrapping_add(slots[x][at + k]));
+                        buf[r][o.start + k] = v;
+                    }
+                    for &(x, _) in &o.srcs {
+                        if x != r && !from.contains(&x) {
+                            from.push(x);
+                        }
+                    }
+                }
+                for x in from {
+                    rd[x] += 1;
+                }
+            }
+        }
+        // The clusters through their CCL all-gather.
+        for ranks in &roles.through {
+            let p = ranks.len();
+            for (i, &r) in ranks.iter().enumerate() {
+                let (s0, s1) = share_of(e, p, i);
+                let reduced = buf[r][s0..s1].to_vec();
+                for &x in ranks {
+                    buf[x][s0..s1].copy_from_slice(&reduced);
+                }
+            }
+        }
+        for r in 0..world {
+            assert_eq!(
+                buf[r], want,
+                "rank {r}: {sizes:?} through {through:?}, {e} elements"
+            );
+            assert_eq!(
+                shapes[r].a.readers, reads[0][r],
+                "{sizes:?} {through:?} {e}"
+            );
+            assert_eq!(
+                shapes[r].b.readers, reads[1][r],
+                "{sizes:?} {through:?} {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_hybrid_plan_reduces_every_element_once_from_every_rank() {
+        for (sizes, through) in [
+            (vec![2, 4], vec![0]),
+            (vec![2, 3], vec![0]),
+            (vec![3, 2], vec![1]),
+            (vec![1, 3], vec![0]),
+            (vec![2, 1, 3], vec![0]),
+            (vec![2, 3, 2], vec![0, 2]),
+            (vec![4, 4], vec![]),
+            (vec![5], vec![]),
+            (vec![3, 5], vec![0, 1]),
+        ] {
+            if through.len() == sizes.len() {
+                continue;
+            }
+            for e in (1..30).chain([97, 1000, 1001]) {
+                simulate_hybrid(&sizes, &through, e);
+            }
+        }
+    }
+
+    #[test]
+    fn hybrid_roles_follow_the_config_and_the_switch() {
+        let text = "[[cluster]]\nname = \"gpu\"\nranks = \"0-1\"\ndevice = \"cuda\"\nccl = \"nccl\"\n\n\
+                    [[cluster]]\nname = \"cpu\"\nranks = \"2-5\"\ndevice = \"host\"\nccl = \"host\"\n";
+        let c = crate::config::Config::parse(text, std::path::Path::new("p.toml")).unwrap();
+        let t = super::super::topo::Topology::new(&c, 6, 0).unwrap();
+        let hybrid = Roles::choose(&t, None).expect("the hybrid plan");
+        assert_eq!(hybrid.flat, vec![2, 3, 4, 5]);
+        assert_eq!(hybrid.through, vec![vec![0, 1]]);
+        assert_eq!(Roles::choose(&t, Some("hybrid")), Some(hybrid));
+        assert_eq!(Roles::choose(&t, Some("clusters")), None);
+        assert!(Roles::choose(&t, Some("flat")).unwrap().all_flat());
+        let named = Roles::choose(&t, Some("hybrid=cpu")).unwrap();
+        assert_eq!(
+            (named.flat, named.through),
+            (vec![0, 1], vec![vec![2, 3, 4, 5]])
+        );
+        assert_eq!(Roles::choose(&t, Some("hybrid=gpu,cpu")), None);
+        let plan = describe(&c, 6).unwrap().unwrap();
+        assert!(plan.contains("the hybrid plan"), "{plan}");
     }
 
     #[test]
