@@ -49,15 +49,16 @@
 //!
 //! Each element is reduced once, by one flat rank, so every rank gets the same bits. When
 //! every cluster is flat this is the **flat plan** (every rank publishes, reduces 1/W, copies
-//! the rest; run on the caller's stream, one step after the other). When a cluster of several
-//! ranks is on the host device beside a cluster of several ranks on another device (GPUs on
-//! their vendor CCL), it is the **hybrid plan**: the host ranks skip their two in-cluster
-//! calls per chunk and the GPU clusters keep RS → bridge → AG, pipelined `depth` chunks deep;
-//! a GPU rank takes steps A and B as one bridge step (staged through chunk k's staging slot,
-//! k % depth), and does no reduction on the host. Otherwise the plan through the clusters
-//! above. `FERROCX_BRIDGE_PLAN=clusters|flat|hybrid|hybrid=a,b` forces one (`hybrid=a,b`:
-//! clusters `a` and `b` through their CCL, the others flat), for comparisons; the same value
-//! must reach every rank.
+//! the rest; run on the caller's stream, one step after the other). Otherwise the plan through
+//! the clusters above, unless `FERROCX_BRIDGE_PLAN=hybrid` asks for the **hybrid plan**: the
+//! host clusters' ranks flat, skipping their two in-cluster calls per chunk, and the GPU
+//! clusters keeping RS → bridge → AG, pipelined `depth` chunks deep; a GPU rank takes steps A
+//! and B as one bridge step (staged through chunk k's staging slot, k % depth), and does no
+//! reduction on the host. Opt-in: on 2 H200 + 4 CPU ranks it was slower than the plan
+//! through the clusters (6.5–7.4 against 8.3–9.5 GB/s at 64 MiB; the GPU ranks' steps wait
+//! for the CPU ranks' reductions of every chunk). `FERROCX_BRIDGE_PLAN=clusters|flat|hybrid|
+//! hybrid=a,b` forces one (`hybrid=a,b`: clusters `a` and `b` through their CCL, the others
+//! flat), for comparisons; the same value must reach every rank.
 //!
 //! **Small all-reduces** (up to 64 KiB per rank, and a slot) skip the plan: one step on the
 //! caller's stream, in which every rank publishes its whole input and reduces every rank's in
