@@ -233,7 +233,9 @@ impl Overlap<'_> {
         // A slice, or a piece of one (`--pieces`): its rows of the gathered activations, and
         // the same rows of `y`. Whole slices are multiplied on their own streams, right after
         // them; pieces on the communicator's stream after each piece's event, so the copies of
-        // a slice's later pieces (on the slice's stream) run under the matmul of its first.
+        // a slice's later pieces (on the slice's stream) run under the matmul of its first —
+        // except when the gather pushes into an output window: the slice's stream then holds
+        // only the waits for its pieces, and each piece's matmul goes there, with no hop.
         let pieces = self.args.pieces > 1;
         let me = self.comm.rank();
         let hook = |s: &Slice| {
@@ -244,7 +246,7 @@ impl Overlap<'_> {
             let own_input = s.rank == me && self.args.own_rows == OwnRows::Input;
             let (on, rows) = if own_input {
                 (self.comm.stream(), b.send)
-            } else if pieces {
+            } else if pieces && b.window.is_none() {
                 dev.stream_wait_event(self.comm.stream(), s.event)
                     .map_err(|e| CommError::PointToPoint(e.to_string()))?;
                 (self.comm.stream(), s.ptr)
