@@ -84,9 +84,10 @@ impl<'a> Call<'a> {
     /// addresses even where the CCL has windows of its own): the
     /// window-copies route then **pushes** each rank's input straight into every peer's output
     /// by the copy engines, with no staging copy on either side (see
-    /// [`crate::comm::p2p`]), and the router takes that route where it runs on a device
-    /// that is not host-addressable (a GPU). Other routes ignore it. Every rank passes a
-    /// window of the same registration.
+    /// [`crate::comm::p2p`]), and the router takes that route on 2 ranks where it runs on a
+    /// device that is not host-addressable (a GPU; on more ranks it stays opt-in, as the
+    /// copies out of the staging are). Other routes ignore it. Every rank passes a window of
+    /// the same registration.
     pub fn output_window(mut self, window: &'a Window) -> Call<'a> {
         self.out = Some(window);
         self
