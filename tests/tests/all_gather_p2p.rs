@@ -545,14 +545,42 @@ fn rank_main() {
             DeviceBuffer::from_host(dev, &all[comm.rank()], MemKind::DEVICE).expect("upload");
         let recv =
             DeviceBuffer::new(dev, comm.world() * count * 4, MemKind::DEVICE).expect("alloc");
+        // Below 4 MiB of output: the CCL's all_gather in one call, every slice on the
+        // communicator's stream with one event, the hook called for each in order.
+        let mut hooked = Vec::new();
         // SAFETY: both buffers live past the synchronize.
-        let h = unsafe { comm.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
-            .expect("all_gather_p2p");
+        let h = unsafe {
+            comm.call()
+                .all_gather_p2p_each(send.ptr(), recv.ptr(), count, DataType::F32, 2, |s| {
+                    hooked.push((s.rank, s.stream, s.event));
+                    Ok(())
+                })
+        }
+        .expect("all_gather_p2p");
         assert_eq!(h.route(), Route::Ccl);
+        let mut order = vec![comm.rank()];
+        order.extend(schedule(comm.world(), comm.rank()));
+        assert_eq!(hooked.iter().map(|h| h.0).collect::<Vec<_>>(), order);
+        assert!(hooked
+            .iter()
+            .all(|&(_, s, e)| s == comm.stream() && e == hooked[0].2));
         h.wait_all(comm.stream()).expect("wait_all");
         drop(h);
         comm.synchronize().expect("synchronize");
         assert_eq!(recv.to_vec().expect("download"), all.concat());
+        // Past 4 MiB of output: the CCL's send/recv, slice by slice.
+        let big = (4 << 20) / 4 / comm.world() + 3;
+        let all: Vec<Vec<u8>> = (0..comm.world()).map(|r| input(8, r, big * 4)).collect();
+        let send =
+            DeviceBuffer::from_host(dev, &all[comm.rank()], MemKind::DEVICE).expect("upload");
+        let recv = DeviceBuffer::new(dev, comm.world() * big * 4, MemKind::DEVICE).expect("alloc");
+        // SAFETY: both buffers live past the synchronize.
+        let h = unsafe { comm.all_gather_p2p(send.ptr(), recv.ptr(), big, DataType::F32, 2) }
+            .expect("all_gather_p2p");
+        assert_eq!(h.route(), Route::Ccl);
+        h.synchronize().expect("synchronize");
+        drop(h);
+        assert!(recv.to_vec().expect("download") == all.concat());
     });
     // Bad input: a clear error, nothing enqueued.
     let buf = DeviceBuffer::new(comm.device(), 64, MemKind::DEVICE).expect("alloc");
@@ -590,6 +618,16 @@ fn rank_main() {
     );
     comm.barrier().expect("barrier");
     let text = String::from_utf8(log.0.lock().unwrap().clone()).expect("utf-8 log");
+    let whole = format!(
+        "collective{{op=\"all_gather_p2p (whole)\" bytes={} dtype=\"f32\" route=ccl streams=2}}",
+        123 * 4
+    );
+    assert!(text.contains(&whole), "no span {whole} in:\n{text}");
+    let big = ((4 << 20) / 4 / comm.world() + 3) * 4;
+    let sliced = format!(
+        "collective{{op=\"all_gather_p2p\" bytes={big} dtype=\"f32\" route=ccl streams=2}}"
+    );
+    assert!(text.contains(&sliced), "no span {sliced} in:\n{text}");
     for route in ["ccl", "window-reads", "window-copies"] {
         assert!(
             text.contains(&format!("collective{{op=\"all_gather_p2p\" bytes=16396 dtype=\"f32\" route={route} streams=2}}")),
