@@ -532,6 +532,21 @@ pub(super) struct P2pState {
     staging: Mutex<Option<Staging>>,
     copies: Mutex<Option<CopyStaging>>,
     pub(super) failure: Arc<Failure>,
+    /// What the device runs, asked once (every call's route depends on it).
+    runs: std::sync::OnceLock<Runs>,
+}
+
+/// The routes the communicator's device runs ([`P2pState::runs`]).
+#[derive(Clone, Copy, Debug)]
+struct Runs {
+    /// [`reads_run_on`].
+    reads: bool,
+    /// [`copies_run_on`].
+    copies: bool,
+    /// [`copies_chosen_on`].
+    copies_chosen: bool,
+    /// [`pushes_chosen_on`].
+    pushes_chosen: bool,
 }
 
 impl P2pState {
@@ -546,7 +561,19 @@ impl P2pState {
             staging: Mutex::new(None),
             copies: Mutex::new(None),
             failure: Arc::new(Failure::default()),
+            runs: std::sync::OnceLock::new(),
         }
+    }
+
+    /// What the device runs, asked at the first call (the communicator's device is current
+    /// then, as at every call).
+    fn runs(&self) -> Runs {
+        *self.runs.get_or_init(|| Runs {
+            reads: reads_run_on(&self.device),
+            copies: copies_run_on(&self.device),
+            copies_chosen: copies_chosen_on(&self.device),
+            pushes_chosen: pushes_chosen_on(&self.device),
+        })
     }
 
     /// Fails the transfers with `why` and sets every signal word of this rank's window-copies
@@ -1040,7 +1067,8 @@ impl<'a> Call<'a> {
             ))
         })?;
         c.p2p.failure.check()?;
-        let reads = reads_run_on(&c.device);
+        let runs = c.p2p.runs();
+        let reads = runs.reads;
         let route = match self.route {
             Some(_) if c.router.clusters > 1 => Route::Clusters,
             Some(forced @ (Route::Ccl | Route::WindowReads | Route::WindowCopies)) => forced,
@@ -1052,8 +1080,7 @@ impl<'a> Call<'a> {
             }
             None => c.router.all_gather_p2p(
                 reads,
-                copies_chosen_on(&c.device)
-                    || (self.out.is_some() && c.world == 2 && pushes_chosen_on(&c.device)),
+                runs.copies_chosen || (self.out.is_some() && c.world == 2 && runs.pushes_chosen),
             ),
         };
         // The router's route for a short gather: the CCL's all-gather in one call.
@@ -1078,7 +1105,7 @@ impl<'a> Call<'a> {
                 c.device.name()
             )));
         }
-        if route == Route::WindowCopies && !copies_run_on(&c.device) {
+        if route == Route::WindowCopies && !runs.copies {
             return Err(CommError::PointToPoint(format!(
                 "all_gather_p2p: the window-copies route needs the memops group \
                  (ferrocx_device_memops_v1) and memory exported to peers (IPC or VMM), which \
