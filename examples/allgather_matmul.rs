@@ -19,9 +19,19 @@
 //!
 //! Options (all optional): `--m` rows per rank (64), `--k` (128), `--n` (96), `--streams` S
 //! (2), `--iters` timed runs of each (3), `--route` of the pipelined gather (`auto`: the
-//! router's, the default; `ccl`, `window-copies`, `window-reads` forced). Rank 0 prints the
+//! router's, the default; `ccl`, `window-copies`, `window-reads` forced), `--pieces P` (each
+//! peer's slice in P pieces, each multiplied as it lands: the window-copies route), and
+//! `--in-window`: the tensor-parallel layout, `X_full` in symmetric memory registered as a
+//! window (`WindowFlags::PEERS`) with this rank's rows already in their place, so the
+//! gather is in place and, on 2 GPUs, pushes each rank's rows straight into its peers' `X_full`
+//! (`Call::output_window`) while each rank multiplies its own rows at once. Rank 0 prints the
 //! routes, the times (best of the runs, wall clock around each way and a synchronize) and
 //! their ratio.
+//!
+//! ```text
+//! FERROCX_CONFIG=configs/nccl.toml ./target/release/ferrocx launch -n 2 -- \
+//!     ./target/release/examples/allgather_matmul --m 131072 --k 64 --n 16 --in-window --pieces 2
+//! ```
 
 use std::time::{Duration, Instant};
 
@@ -29,9 +39,25 @@ use ferrocx::abi::{DataType, DevicePtr, MemKind};
 use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::Communicator;
 use ferrocx::route::Route;
+use ferrocx::window::{SymmetricBuffer, Window, WindowFlags};
 use ferrocx_kernels::matmul::Matmul;
 
 type Error = Box<dyn std::error::Error>;
+
+/// X_full's memory.
+enum Full {
+    Device(DeviceBuffer),
+    Symmetric(SymmetricBuffer),
+}
+
+impl Full {
+    fn ptr(&self) -> DevicePtr {
+        match self {
+            Full::Device(b) => b.ptr(),
+            Full::Symmetric(b) => b.ptr(),
+        }
+    }
+}
 
 /// Rank `r`'s activations: small integers, so every product sum is exact in f32.
 fn x_of(r: usize, m: usize, k: usize) -> Vec<f32> {
@@ -101,15 +127,23 @@ fn main() -> Result<(), Error> {
             .init();
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(a) = args.iter().find(|a| {
-        a.starts_with("--")
-            && !["--m", "--k", "--n", "--streams", "--iters", "--route"].contains(&a.as_str())
-    }) {
-        return Err(format!(
-            "unknown option {a}: expected --m, --k, --n, --streams, --iters, --route"
-        )
-        .into());
+    const OPTIONS: [&str; 8] = [
+        "--m",
+        "--k",
+        "--n",
+        "--streams",
+        "--iters",
+        "--route",
+        "--pieces",
+        "--in-window",
+    ];
+    if let Some(a) = args
+        .iter()
+        .find(|a| a.starts_with("--") && !OPTIONS.contains(&a.as_str()))
+    {
+        return Err(format!("unknown option {a}: expected one of {}", OPTIONS.join(", ")).into());
     }
+    let in_window = args.iter().any(|a| a == "--in-window");
     let forced = route_arg(&args)?;
     let (m, k, n) = (
         arg(&args, "--m", 64)?,
@@ -118,6 +152,7 @@ fn main() -> Result<(), Error> {
     );
     let streams = arg(&args, "--streams", ferrocx::comm::DEFAULT_P2P_STREAMS)?;
     let iters = arg(&args, "--iters", 3)?;
+    let pieces = arg(&args, "--pieces", 1)?;
 
     ferrocx_adaptor_host::link();
     ferrocx_kernels::link();
@@ -143,18 +178,49 @@ fn main() -> Result<(), Error> {
 
     let x = DeviceBuffer::from_host(dev, &bytes_of(&x_of(rank, m, k)), MemKind::DEVICE)?;
     let wb = DeviceBuffer::from_host(dev, &bytes_of(&w), MemKind::DEVICE)?;
-    let x_full = DeviceBuffer::new(dev, world * m * k * 4, MemKind::DEVICE)?;
+    let full_bytes = world * m * k * 4;
+    // `--in-window`: X_full in the symmetric heap, a window of peer addresses; else device
+    // memory.
+    let (full, window): (Full, Option<Window>) = if in_window {
+        let mem = comm.alloc_symmetric(full_bytes)?;
+        // SAFETY: a live symmetric allocation of its size, deregistered below before it is
+        // freed.
+        let w = unsafe {
+            comm.register_window(
+                mem.ptr(),
+                mem.size(),
+                WindowFlags::PEERS | WindowFlags::NO_MULTICAST,
+            )
+        }?;
+        (Full::Symmetric(mem), Some(w))
+    } else {
+        (
+            Full::Device(DeviceBuffer::new(dev, full_bytes, MemKind::DEVICE)?),
+            None,
+        )
+    };
+    let x_full = full.ptr();
+    // The gather's input: `x`, or in the window this rank's rows of X_full (put there once:
+    // the gathers leave them in place).
+    let send = if in_window {
+        let own = DevicePtr(x_full.0 + (rank * m * k * 4) as u64);
+        // SAFETY: `x` holds `m * k` f32, and this rank's rows of X_full as many.
+        unsafe { dev.mem_copy(own, x.ptr(), m * k * 4) }?;
+        own
+    } else {
+        x.ptr()
+    };
     let mut y = DeviceBuffer::new(dev, world * m * n * 4, MemKind::DEVICE)?;
     let at = |buf: &DeviceBuffer, elems: usize| DevicePtr(buf.ptr().0 + (elems * 4) as u64);
 
     let plain = |y: &DeviceBuffer| -> Result<(), Error> {
         // SAFETY: the buffers hold what the shapes say and live past the synchronize.
         unsafe {
-            comm.all_gather(x.ptr(), x_full.ptr(), m * k, DataType::F32)?;
+            comm.all_gather(send, x_full, m * k, DataType::F32)?;
             matmul.enqueue(
                 dev,
                 comm.stream(),
-                [x_full.ptr(), wb.ptr(), y.ptr()],
+                [x_full, wb.ptr(), y.ptr()],
                 (world * m, n, k),
             )?;
         }
@@ -164,26 +230,32 @@ fn main() -> Result<(), Error> {
     let mut route = None;
     let mut pipelined = |y: &DeviceBuffer| -> Result<(), Error> {
         let hook = |s: &ferrocx::comm::Slice| {
-            // SAFETY: slice `s.rank` of `x_full` (m x k) is in place when the stream reaches
-            // this point (after its event); the rows of `y` it writes are its own.
+            // A slice, or a piece of one: whole rows of X_full from `row` on.
+            let row = (s.ptr.0 - x_full.0) as usize / (k * 4);
+            // SAFETY: those rows of `x_full` (`s.count / k` of them) are in place when the
+            // stream reaches this point (after its event; this rank's own in place from the
+            // start in the window); the rows of `y` it writes are its own.
             unsafe {
                 matmul.enqueue(
                     dev,
                     s.stream,
-                    [s.ptr, wb.ptr(), at(y, s.rank * m * n)],
-                    (m, n, k),
+                    [s.ptr, wb.ptr(), at(y, row * n)],
+                    (s.count / k, n, k),
                 )
             }
             .map_err(ferrocx::comm::CommError::PointToPoint)
         };
-        let call = match forced {
+        let mut call = match forced {
             Some(r) => comm.call().via(r),
             None => comm.call(),
         };
+        call = call.pieces(m.div_ceil(pieces) * k);
+        if let Some(w) = &window {
+            call = call.output_window(w);
+        }
         // SAFETY: the buffers hold what the shapes say and live past the synchronize.
-        let h = unsafe {
-            call.all_gather_p2p_each(x.ptr(), x_full.ptr(), m * k, DataType::F32, streams, hook)
-        }?;
+        let h =
+            unsafe { call.all_gather_p2p_each(send, x_full, m * k, DataType::F32, streams, hook) }?;
         route = Some(h.route());
         h.join(comm.stream())?;
         h.synchronize()?;
@@ -225,10 +297,18 @@ fn main() -> Result<(), Error> {
         }
     }
     comm.barrier()?;
+    if let Some(w) = window {
+        comm.deregister_window(w)?;
+    }
+    drop(full);
     if rank == 0 {
         let route = route.map_or("-".to_string(), |r| r.to_string());
+        let layout = match in_window {
+            true => ", X_full in a window, gathered in place",
+            false => "",
+        };
         println!(
-            "allgather_matmul on {world} ranks, {m}x{k} rows per rank times {k}x{n}, {streams} stream(s), matmul: {}",
+            "allgather_matmul on {world} ranks, {m}x{k} rows per rank times {k}x{n}, {streams} stream(s), {pieces} piece(s) a slice{layout}, matmul: {}",
             matmul.name()
         );
         println!(

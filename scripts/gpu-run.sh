@@ -175,6 +175,9 @@ for stage in "${stages[@]}"; do
           for route in ccl window-copies; do
             step env FERROCX_CONFIG=configs/nccl.toml FERROCX_PLUGIN_PATH="$PWD/plugins" ./ferrocx launch -n "$n" -- ./allgather_matmul --route "$route"
           done
+          # The tensor-parallel layout: X_full in a window, gathered in place, pushed into.
+          step ./ferrocx bench --config configs/nccl.toml -n "$n" --op all_gather --overlap -b 64M -e 64M --matmul-k 64 --matmul-n 16 --algo p2p --output-window --in-place --own-rows input --pieces 2
+          step env FERROCX_CONFIG=configs/nccl.toml FERROCX_PLUGIN_PATH="$PWD/plugins" ./ferrocx launch -n "$n" -- ./allgather_matmul --m 131072 --k 64 --n 16 --in-window --pieces 2
         done
       else
         skip "the point-to-point all-gather"

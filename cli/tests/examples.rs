@@ -59,25 +59,31 @@ fn the_all_reduce_example_runs_every_route_and_the_ring_on_3_ranks() {
 }
 
 /// The pipelined all-gather + matmul on 1, 3 and 4 ranks (odd shapes, 1 to 3 streams), on the
-/// router's route (the host CCL's send/recv) and forced onto the window copies: the example
-/// checks both ways against its reference on every rank and fails otherwise.
+/// router's route (the host CCL's send/recv) and forced onto the window copies, in pieces, and
+/// with X_full in a window (gathered in place, the copies pushing into it): the example checks
+/// both ways against its reference on every rank and fails otherwise.
 #[test]
 fn the_allgather_matmul_example_checks_both_ways() {
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configs/local.toml");
-    for (ranks, streams, route) in [
-        ("1", "2", "auto"),
-        ("3", "2", "auto"),
-        ("4", "3", "auto"),
-        ("3", "1", "auto"),
-        ("1", "2", "window-copies"),
-        ("3", "2", "window-copies"),
-        ("4", "3", "window-copies"),
+    for (ranks, streams, route, more) in [
+        ("1", "2", "auto", &[][..]),
+        ("3", "2", "auto", &[]),
+        ("4", "3", "auto", &[]),
+        ("3", "1", "auto", &[]),
+        ("1", "2", "window-copies", &[]),
+        ("3", "2", "window-copies", &[]),
+        ("4", "3", "window-copies", &[]),
+        ("3", "2", "window-copies", &["--pieces", "4"]),
+        ("2", "2", "auto", &["--in-window"]),
+        ("3", "2", "window-copies", &["--in-window", "--pieces", "3"]),
+        ("4", "1", "window-copies", &["--in-window"]),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferrocx"))
             .args(["launch", "-n", ranks, "--"])
             .arg(example("allgather_matmul"))
             .args(["--m", "17", "--k", "33", "--n", "29", "--iters", "1"])
             .args(["--streams", streams, "--route", route])
+            .args(more)
             .env("FERROCX_CONFIG", &config)
             .env_remove("FERROCX_LOG")
             .output()
