@@ -13,6 +13,11 @@
 //!   input` this rank's own rows are multiplied from its input at once, on the communicator's
 //!   stream (they need no transfer).
 //!
+//! `--output-window` puts the gathered rows in symmetric memory registered as a window of peer
+//! addresses, which the window-copies route pushes into (`Call::output_window`); `--in-place`
+//! gathers in place (this rank's input is its rows of the output, so no copy of them takes the
+//! device beside the matmul).
+//!
 //! `--timeline` runs each size once more with an event at every slice's (or piece's) arrival
 //! and after every matmul, and rank 0 prints them as microseconds from the start.
 //!
