@@ -1073,3 +1073,23 @@ fn the_first_long_all_reduce_of_a_kind_is_enqueued_by_the_caller() {
         .env("FERROCX_BRIDGE_PLAN", "clusters")
         .run();
 }
+
+/// Three clusters whose ranks interleave (a: 0, b: 1 and 3, c: 2 and 4), every collective: the
+/// ring of sends and receives in one group crosses a cluster at every hop, each message several
+/// chunks of a channel. Before groups deferred the hand-back to the caller's stream, each
+/// rank's receive waited for its own send, which waited for the next rank's receive: the
+/// ring stopped at the timeout.
+#[test]
+fn three_clusters_with_interleaved_ranks_every_collective() {
+    if rank_of("three_clusters_with_interleaved_ranks_every_collective").is_some() {
+        let comm = communicator();
+        every_collective(&comm, &[1, 7, 2501]);
+        println!("RANK OK");
+        return;
+    }
+    Job::new("three_clusters_with_interleaved_ranks_every_collective", 5)
+        .clusters(&[("a", "0"), ("b", "1,3"), ("c", "2,4")])
+        .bridge_key("chunk_bytes", "4096")
+        .timeout_ms(5000)
+        .run();
+}

@@ -105,7 +105,10 @@
 //! the others' slots, chunk by chunk through the same epochs: broadcast (root in any cluster),
 //! reduce, gather, scatter, all_gather, reduce_scatter, all_to_all; all_to_allv and send/recv
 //! between ranks of different clusters go through per-pair channels (a sub-slot per
-//! destination in the sender's p2p slot). Send/recv inside a cluster take its CCL.
+//! destination in the sender's p2p slot). Send/recv inside a cluster take its CCL. Sends run
+//! on the send stream and receives on the receive stream; inside a group
+//! ([`Hetero::group_start`]) neither hands the caller's stream back until the group ends, so a
+//! receive never waits for a send of the same group.
 //!
 //! **Checks and failures:** each collective's first step publishes a descriptor (collective,
 //! count, dtype, op, root) and compares it with every rank's, so a count or dtype that differs across
@@ -466,6 +469,17 @@ pub struct HeteroCore {
     /// Who takes part in all-reduces past one step how: flat or through its cluster (the flat
     /// and hybrid plans; `None`: every rank through its cluster).
     roles: Option<plan::Roles>,
+    /// Open groups, per thread ([`HeteroCore::group_start`]).
+    groups: Mutex<HashMap<std::thread::ThreadId, Group>>,
+}
+
+/// A thread's open group of sends and receives across clusters: how deep it nests, and the
+/// hand-backs from the send and receive streams to the callers' streams it defers to its end.
+#[derive(Default)]
+struct Group {
+    depth: usize,
+    /// `(from, to)`: `to` (a caller's stream) waits for `from` at the group's end.
+    deferred: Vec<(Stream, Stream)>,
 }
 
 /// One copy or reduction of a bridge step: `dst` gets `n` elements (bytes for a copy) read
@@ -952,8 +966,56 @@ impl HeteroCore {
             proxy,
             backlog: Backlog::default(),
             roles: plan::Roles::choose(&topo, std::env::var("FERROCX_BRIDGE_PLAN").ok().as_deref()),
+            groups: Mutex::new(HashMap::new()),
             topo,
         })
+    }
+
+    /// Opens (or nests) the calling thread's group: until its end, a send or receive across
+    /// clusters does not order the caller's stream after itself, so a receive enqueued after a
+    /// send in the group does not wait for the send (a ring of sends and receives, each rank
+    /// sending before it receives, would otherwise wait on itself once a message needs more
+    /// than one chunk of a channel).
+    pub fn group_start(&self) {
+        let mut g = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        g.entry(std::thread::current().id()).or_default().depth += 1;
+    }
+
+    /// Closes the calling thread's group; the outermost end orders every caller's stream
+    /// after the sends and receives the group enqueued.
+    pub fn group_end(&self) -> Result<(), HeteroError> {
+        let deferred = {
+            let mut g = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+            let id = std::thread::current().id();
+            let Some(group) = g.get_mut(&id) else {
+                return Ok(());
+            };
+            group.depth = group.depth.saturating_sub(1);
+            if group.depth > 0 {
+                return Ok(());
+            }
+            g.remove(&id)
+                .map(|group| group.deferred)
+                .unwrap_or_default()
+        };
+        deferred
+            .into_iter()
+            .try_for_each(|(from, to)| self.order(from, to))
+    }
+
+    /// Orders `to` (a caller's stream) after `from` (the send or receive stream) now, or at the
+    /// end of the calling thread's group.
+    fn hand_back(&self, from: Stream, to: Stream) -> Result<(), HeteroError> {
+        {
+            let mut g = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(group) = g.get_mut(&std::thread::current().id()) {
+                if !group.deferred.contains(&(from, to)) {
+                    group.deferred.push((from, to));
+                }
+                return Ok(());
+            }
+        }
+        self.order(from, to)
     }
 
     /// The clusters and this rank's place.
@@ -2539,7 +2601,7 @@ impl HeteroCore {
                 }),
             )?;
         }
-        self.order(ss, stream)
+        self.hand_back(ss, stream)
     }
 
     /// Enqueues a receive of `bytes` at `buf` from rank `peer` of another cluster, on the
@@ -2607,7 +2669,7 @@ impl HeteroCore {
                 }?;
             }
         }
-        self.order(rs, stream)
+        self.hand_back(rs, stream)
     }
 
     /// Enqueues an all-to-all with per-peer counts: every block through the p2p channels, by
@@ -3076,11 +3138,16 @@ impl Hetero {
         both!(self, barrier(stream))
     }
 
-    /// Starts a group on the bridge's own CCL, where it has one apart from the cluster's
-    /// (MPI): the communicator's [`group_start`](crate::comm::Communicator::group_start).
+    /// Starts a group: on the shared-memory bridge, sends and receives across clusters hand
+    /// the caller's stream back only at the group's end ([`HeteroCore::group_start`]); on the
+    /// bridge's own CCL where it has one apart from the cluster's (MPI), its group. The
+    /// communicator's [`group_start`](crate::comm::Communicator::group_start).
     pub fn group_start(&self) -> Result<(), HeteroError> {
         match &self.imp {
-            Imp::Shm { .. } => Ok(()),
+            Imp::Shm { core, .. } => {
+                core.group_start();
+                Ok(())
+            }
             Imp::Mpi(m) => m.group_start(),
         }
     }
@@ -3088,7 +3155,7 @@ impl Hetero {
     /// Ends the group [`Hetero::group_start`] started.
     pub fn group_end(&self) -> Result<(), HeteroError> {
         match &self.imp {
-            Imp::Shm { .. } => Ok(()),
+            Imp::Shm { core, .. } => core.group_end(),
             Imp::Mpi(m) => m.group_end(),
         }
     }
