@@ -211,13 +211,18 @@ impl Job {
         std::fs::write(&config, text).expect("write the config");
         let server = StoreServer::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), TOKEN.into())
             .expect("host the store");
+        // The test's name, short, and a hash of all of it: tests of one executable run at once
+        // and must not share a job (its segments), even where their names begin alike.
         let short: String = self
             .test
             .chars()
             .filter(char::is_ascii_alphanumeric)
-            .take(24)
+            .take(16)
             .collect();
-        let job = format!("wt{}{short}", std::process::id());
+        let hash = self.test.bytes().fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        });
+        let job = format!("wt{}{short}{hash:08x}", std::process::id());
         let _cleanup = JobCleanup(job.clone());
         let children: Vec<_> = (0..self.world)
             .map(|rank| {
