@@ -52,22 +52,22 @@ pub struct Shape {
     pub read_from: Vec<usize>,
 }
 
-/// The plan of an all-reduce of `count` elements for one rank.
+/// A plan cut into chunks of one shape (`S`) but for a shorter last one, for one rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AllReducePlan {
+pub struct Chunked<S> {
     /// Elements of every chunk but the last.
     pub chunk: usize,
     /// Chunks.
     pub chunks: usize,
     /// The shape of the full chunks (`None` when the message is one partial chunk).
-    pub full: Option<Shape>,
+    pub full: Option<S>,
     /// The shape of the last chunk when it is shorter.
-    pub last: Option<Shape>,
+    pub last: Option<S>,
 }
 
-impl AllReducePlan {
+impl<S> Chunked<S> {
     /// The shape of chunk `k` and its first element.
-    pub fn chunk(&self, k: usize) -> (usize, &Shape) {
+    pub fn chunk(&self, k: usize) -> (usize, &S) {
         let shape = match (&self.last, k + 1 == self.chunks) {
             (Some(last), true) => last,
             _ => self.full.as_ref().expect("a plan with full chunks"),
@@ -75,6 +75,9 @@ impl AllReducePlan {
         (k * self.chunk, shape)
     }
 }
+
+/// The plan of an all-reduce of `count` elements for one rank (through the clusters).
+pub type AllReducePlan = Chunked<Shape>;
 
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
@@ -329,28 +332,9 @@ pub struct HybridShape {
 
 /// The hybrid plan of an all-reduce for one rank: chunks of `chunk` elements (a slot's), two
 /// epochs each.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HybridPlan {
-    /// Elements of every chunk but the last.
-    pub chunk: usize,
-    /// Chunks.
-    pub chunks: usize,
-    /// The shape of the full chunks (`None` when the message is one partial chunk).
-    pub full: Option<HybridShape>,
-    /// The shape of the last chunk when it is shorter.
-    pub last: Option<HybridShape>,
-}
+pub type HybridPlan = Chunked<HybridShape>;
 
 impl HybridPlan {
-    /// The shape of chunk `k` and its first element.
-    pub fn chunk(&self, k: usize) -> (usize, &HybridShape) {
-        let shape = match (&self.last, k + 1 == self.chunks) {
-            (Some(last), true) => last,
-            _ => self.full.as_ref().expect("a plan with full chunks"),
-        };
-        (k * self.chunk, shape)
-    }
-
     /// Reads of this rank's slot in epoch `j` of the call (two per chunk).
     pub fn readers(&self, j: usize) -> u64 {
         let s = self.chunk(j / 2).1;
