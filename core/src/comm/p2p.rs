@@ -266,7 +266,38 @@ pub struct AllGatherP2p<'a> {
     pieces: Vec<Event>,
 }
 
-impl AllGatherP2p<'_> {
+impl<'a> AllGatherP2p<'a> {
+    /// A handle over `recv` (`bytes` a slice, `count` elements), slice `r` filled on the stream
+    /// and recorded in the event `at(r)` gives; nothing issued yet.
+    fn new(
+        comm: &'a Communicator,
+        route: Route,
+        recv: DevicePtr,
+        bytes: usize,
+        count: usize,
+        at: impl Fn(usize) -> (Stream, Event),
+    ) -> AllGatherP2p<'a> {
+        let world = comm.world;
+        AllGatherP2p {
+            comm,
+            slices: (0..world)
+                .map(|r| {
+                    let (stream, event) = at(r);
+                    Slice {
+                        rank: r,
+                        ptr: DevicePtr(recv.0 + (r * bytes) as u64),
+                        count,
+                        stream,
+                        event,
+                    }
+                })
+                .collect(),
+            order: Vec::with_capacity(world),
+            route,
+            pieces: Vec::new(),
+        }
+    }
+
     /// Slice `rank` (panics when `rank` is not below the world size).
     pub fn slice(&self, rank: usize) -> Slice {
         self.slices[rank]
@@ -1126,21 +1157,8 @@ impl<'a> Call<'a> {
             // One collective on the call's stream: every slice shares one event, recorded
             // after it (no stream of the communicator, no start event).
             let event = c.p2p.take(1)?[0];
-            let mut handle = AllGatherP2p {
-                comm: c,
-                slices: (0..world)
-                    .map(|r| Slice {
-                        rank: r,
-                        ptr: DevicePtr(recv.0 + (r * bytes) as u64),
-                        count: send_count,
-                        stream: self.stream,
-                        event,
-                    })
-                    .collect(),
-                order: Vec::with_capacity(world),
-                route,
-                pieces: Vec::new(),
-            };
+            let mut handle =
+                AllGatherP2p::new(c, route, recv, bytes, send_count, |_| (self.stream, event));
             // SAFETY: the caller's contract is the gather's.
             unsafe { self.all_gather(send, recv, send_count, dtype) }?;
             c.device.event_record(event, self.stream)?;
@@ -1157,21 +1175,9 @@ impl<'a> Call<'a> {
             None => Vec::new(),
         };
         let events = c.p2p.take(world + 1)?;
-        let mut handle = AllGatherP2p {
-            comm: c,
-            slices: (0..world)
-                .map(|r| Slice {
-                    rank: r,
-                    ptr: DevicePtr(recv.0 + (r * bytes) as u64),
-                    count: send_count,
-                    stream: pool[r % n],
-                    event: events[r],
-                })
-                .collect(),
-            order: Vec::with_capacity(world),
-            route,
-            pieces: Vec::new(),
-        };
+        let mut handle = AllGatherP2p::new(c, route, recv, bytes, send_count, |r| {
+            (pool[r % n], events[r])
+        });
         // The start event goes back at once: every wait on it is enqueued below.
         let start = events[world];
         let started = c.device.event_record(start, self.stream).and_then(|()| {
