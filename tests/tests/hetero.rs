@@ -91,7 +91,9 @@ enum Buf {
 }
 
 impl Buf {
-    /// `data` on `comm`'s device.
+    /// `data` on `comm`'s device. `TEST_BUFFERS=device` (or `device-even`: on even ranks)
+    /// takes device memory on a host device too (shared-memory segments, which the flat ranks
+    /// read in place), where otherwise host-addressable devices get C-heap memory.
     fn new(comm: &Communicator, data: Vec<u8>) -> Buf {
         let host = comm
             .device()
@@ -99,7 +101,12 @@ impl Buf {
             .expect("properties")
             .capabilities
             .contains(Capabilities::HOST_ADDRESSABLE);
-        if host {
+        let device_memory = match std::env::var("TEST_BUFFERS").as_deref() {
+            Ok("device") => true,
+            Ok("device-even") => comm.rank() % 2 == 0,
+            _ => false,
+        };
+        if host && !device_memory {
             return Buf::Host(data);
         }
         Buf::Device(DeviceBuffer::from_host(comm.device(), &data, MemKind::DEVICE).expect("upload"))
@@ -515,11 +522,18 @@ fn a_rank_killed_mid_collective_is_named_with_its_cluster() {
         println!("RANK OK");
         return;
     }
+    // With the trace ring on, a rank whose wait gives up prints where its steps stood.
     let done = Job::new(TEST, 4)
         .clusters(&[("a", "0"), ("b", "1"), ("c", "2,3")])
+        .env("FERROCX_BRIDGE_TRACE", "ring")
         .timeout_ms(3000)
         .may_die(3)
         .run();
+    let rings = done
+        .iter()
+        .filter(|f| f.stderr.contains("bridge trace ring (") && f.stderr.contains(" published"))
+        .count();
+    assert!(rings > 0, "no rank printed its trace ring");
     for f in done.iter().filter(|f| f.rank != 3) {
         let e = f.lines("ERROR ").join("");
         assert!(e.contains("rank 3 (cluster \"c\")"), "rank {}: {e}", f.rank);
@@ -562,7 +576,7 @@ fn assert_staged_on_offhost(comm: &Communicator) {
     let offhost = comm.device().name() == "offhost";
     let h = comm.hetero().expect("a job across clusters");
     assert_eq!(h.staged(), offhost, "rank {}", comm.rank());
-    assert_eq!(h.streams_made(), if offhost { 5 } else { 4 });
+    assert_eq!(h.streams_made(), if offhost { 6 } else { 4 });
     // The offhost device has the memops group: its steps run on the proxy thread, unless the
     // job turned the proxy off.
     let proxy_off = std::env::var("FERROCX_BRIDGE_PROXY").is_ok_and(|v| v == "0");
@@ -1090,6 +1104,108 @@ fn three_clusters_with_interleaved_ranks_every_collective() {
     Job::new("three_clusters_with_interleaved_ranks_every_collective", 5)
         .clusters(&[("a", "0"), ("b", "1,3"), ("c", "2,4")])
         .bridge_key("chunk_bytes", "4096")
+        .timeout_ms(5000)
+        .run();
+}
+
+/// Whether this rank's all-reduces read the other flat ranks' inputs in place: mappings kept
+/// where its peers' buffers are device memory, none where they are all C-heap memory.
+fn assert_inputs_mapped(comm: &Communicator, expected: bool) {
+    let mapped = comm
+        .hetero()
+        .expect("a job across clusters")
+        .inputs_mapped();
+    // At most 4 handles kept per peer (each call of `every_collective` has new buffers).
+    assert!(mapped <= 4 * (comm.world() - 1), "{mapped} kept");
+    assert_eq!(
+        mapped > 0,
+        expected,
+        "rank {} of cluster {}: {mapped} peers' inputs mapped",
+        comm.rank(),
+        comm.cluster()
+    );
+}
+
+#[test]
+fn flat_plan_reads_the_inputs_in_place() {
+    const TEST: &str = "flat_plan_reads_the_inputs_in_place";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        // Odd counts over several 4 KiB chunks, shares that end inside an element's chunk;
+        // in place and out of place (every_collective does both).
+        every_collective(&comm, &[1001, 2501, 3333]);
+        assert_inputs_mapped(&comm, true);
+        println!("RANK OK");
+        return;
+    }
+    // Every cluster on the host device: the flat plan, each rank's step A reading the other
+    // ranks' device buffers (shared-memory segments) where they lie.
+    Job::new(TEST, 5)
+        .clusters(&[("a", "0,2"), ("b", "1,3,4")])
+        .env("TEST_BUFFERS", "device")
+        .bridge_key("ccl", "\"host\"")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "3")
+        .run();
+}
+
+#[test]
+fn hybrid_plan_reads_in_place_the_inputs_it_can_and_the_published_chunks_of_the_others() {
+    const TEST: &str =
+        "hybrid_plan_reads_in_place_the_inputs_it_can_and_the_published_chunks_of_the_others";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        assert_plan(&comm, &["a"]);
+        every_collective(&comm, &[7, 2501, 3333]);
+        // The flat ranks are 1, 3 and 4; 4 gives a handle (device memory), 1 and 3 publish
+        // their chunks (C-heap memory): 1 and 3 map 4's input, 4 maps nobody's.
+        let flat_reader = [1, 3].contains(&comm.rank());
+        assert_inputs_mapped(&comm, flat_reader);
+        println!("RANK OK");
+        return;
+    }
+    Job::new(TEST, 5)
+        .clusters(&[("a", "0,2"), ("b", "1,3,4")])
+        .env("FERROCX_BRIDGE_PLAN", "hybrid=a")
+        .env("FERROCX_BRIDGE_ASYNC_CHUNKS", "2")
+        .env("TEST_BUFFERS", "device-even")
+        .bridge_key("ccl", "\"host\"")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "2")
+        .run();
+}
+
+#[test]
+fn hybrid_plan_many_chunks_back_to_back_on_the_proxy() {
+    const TEST: &str = "hybrid_plan_many_chunks_back_to_back_on_the_proxy";
+    if let Some(rank) = rank_of(TEST) {
+        let comm = communicator();
+        assert_staged_on_offhost(&comm);
+        assert_plan(&comm, &["gpu"]);
+        let n = 40_000;
+        let dtype = DataType::F32;
+        for call in 0..30u64 {
+            let send = Buf::new(&comm, input(dtype, 90 + call, rank, n));
+            let recv = Buf::zeros(&comm, n * 4);
+            // SAFETY: n f32 each, kept until the synchronize.
+            unsafe { comm.all_reduce(send.ptr(), recv.ptr(), n, dtype, ReduceOp::SUM) }
+                .and_then(|()| comm.synchronize())
+                .unwrap_or_else(|e| panic!("rank {rank}, call {call}: {e}"));
+            assert!(
+                recv.get() == reduced(dtype, ReduceOp::SUM, 90 + call, comm.world(), n),
+                "rank {rank}, call {call}"
+            );
+        }
+        println!("RANK OK");
+        return;
+    }
+    with_offhost(Job::new(TEST, 5))
+        .clusters(&[("gpu", "0"), ("cpu", "1-4")])
+        .cluster_adaptors("gpu", "offhost", "offhost")
+        .env("FERROCX_BRIDGE_PLAN", "hybrid=gpu")
+        .env("TEST_BUFFERS", "device")
+        .bridge_key("chunk_bytes", "4096")
+        .bridge_key("depth", "2")
         .timeout_ms(5000)
         .run();
 }

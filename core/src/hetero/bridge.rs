@@ -7,7 +7,8 @@
 //! │                  failure's text, the count of ranks asleep in a wait
 //! └─ rank r (stride = control + depth slots + p2p slot)
 //!    ├─ control: pid, arrive[s], done[s] (s < depth, one cache line each), the call
-//!    │           descriptors (two, by call parity), p2p sent[to] and acked[from]
+//!    │           descriptors (two, by call parity), p2p sent[to] and acked[from], the
+//!    │           call's buffer handles (two, by call parity: see `Bridge::set_handle`)
 //!    ├─ slot 0 .. slot depth-1   staging of the pipeline slots (epoch % depth)
 //!    └─ p2p slot                 staging of this rank's sends to ranks of other clusters
 //! ```
@@ -57,6 +58,11 @@ const C_ARRIVE: usize = LINE;
 /// Two call descriptors of 4 words (tag, count, kind, spare), by call parity.
 const C_DESC_LINES: usize = 2;
 
+/// Bytes of one call's buffer handle record: its length (8 bytes), then the handle.
+const HANDLE_RECORD: usize = 256;
+/// The longest buffer handle a record holds.
+pub const MAX_HANDLE: usize = HANDLE_RECORD - 8;
+
 /// One rank's descriptor of a call: every rank of the job must give the same one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Descriptor {
@@ -102,7 +108,10 @@ impl Bridge {
 
     /// Bytes of the control block of one rank.
     fn control_bytes(world: usize, depth: usize) -> usize {
-        round_up(LINE * (1 + 2 * depth + C_DESC_LINES) + 16 * world, PAGE)
+        round_up(
+            LINE * (1 + 2 * depth + C_DESC_LINES) + 16 * world + 2 * HANDLE_RECORD,
+            PAGE,
+        )
     }
 
     /// Creates (rank 0) or opens (others) the segment and attaches; returns once every rank of
@@ -286,6 +295,51 @@ impl Bridge {
                 + LINE * (1 + 2 * self.depth + C_DESC_LINES)
                 + 8 * (self.world + from),
         )
+    }
+
+    /// Rank r's buffer handle record of call parity `parity`.
+    fn handle_record(&self, r: usize, parity: usize) -> *mut u8 {
+        let at = self.rank_base(r)
+            + LINE * (1 + 2 * self.depth + C_DESC_LINES)
+            + 16 * self.world
+            + parity * HANDLE_RECORD;
+        // SAFETY: inside rank r's control block (`control_bytes` counts both records).
+        unsafe { self.base.add(at) }
+    }
+
+    /// Sets this rank's buffer handle of call `call` (empty: none), for the ranks that read
+    /// its input where it lies. Written before the call's descriptor is published
+    /// ([`Bridge::check_call`]), so a rank that has seen the descriptor reads the handle;
+    /// rewritten two calls later, once every rank is past this call's first step. A handle
+    /// longer than [`MAX_HANDLE`] is refused (`false`; the caller publishes its data instead).
+    pub fn set_handle(&self, call: u64, handle: &[u8]) -> bool {
+        if handle.len() > MAX_HANDLE {
+            return false;
+        }
+        let rec = self.handle_record(self.topo.me, (call % 2) as usize);
+        // SAFETY: the record holds 8 + MAX_HANDLE bytes and is this rank's to write until its
+        // descriptor is published; nobody reads it before that (the descriptor's release
+        // orders these writes).
+        unsafe {
+            std::ptr::copy_nonoverlapping((handle.len() as u64).to_ne_bytes().as_ptr(), rec, 8);
+            std::ptr::copy_nonoverlapping(handle.as_ptr(), rec.add(8), handle.len());
+        }
+        true
+    }
+
+    /// Rank r's buffer handle of call `call` (empty: none); read after [`Bridge::check_call`]
+    /// returned for the call.
+    pub fn handle(&self, r: usize, call: u64) -> Vec<u8> {
+        let rec = self.handle_record(r, (call % 2) as usize);
+        let mut len = [0u8; 8];
+        // SAFETY: the record's 8 + MAX_HANDLE bytes lie in the mapping; rank r wrote them
+        // before publishing the descriptor this rank has acquired.
+        unsafe { std::ptr::copy_nonoverlapping(rec, len.as_mut_ptr(), 8) };
+        let len = (u64::from_ne_bytes(len) as usize).min(MAX_HANDLE);
+        let mut h = vec![0u8; len];
+        // SAFETY: as above, `len` <= MAX_HANDLE bytes after the length.
+        unsafe { std::ptr::copy_nonoverlapping(rec.add(8), h.as_mut_ptr(), len) };
+        h
     }
 
     /// The address of rank r's staging `slot` (`slot == depth`: its p2p slot).
@@ -496,6 +550,7 @@ impl Bridge {
             if now.duration_since(last_check) >= Duration::from_millis(5) {
                 last_check = now;
                 if let Some(e) = self.failure() {
+                    super::ring::dump(&format!("{what}: {e}"));
                     return Err(e);
                 }
                 let dead = if self.alive(whom) {
@@ -510,6 +565,10 @@ impl Bridge {
                         _ => whom,
                     };
                     self.record_failure(about, &e);
+                    super::ring::dump(&format!(
+                        "waiting on rank {whom} for {what} (word at {target} wanted, {} seen)",
+                        word.load(Ordering::Acquire)
+                    ));
                     return Err(e);
                 }
             }
@@ -646,6 +705,28 @@ mod tests {
         let topo = Topology::new(&config, 1, 0).expect("topology");
         let name = Bridge::name_of(&format!("unit-{}-{tag}", std::process::id()), 0);
         Bridge::attach(&name, topo, 1, 4096, Duration::from_secs(5)).expect("attach")
+    }
+
+    #[test]
+    fn buffer_handles_read_back_by_call_parity_and_a_long_one_is_refused() {
+        let b = one_rank_bridge("handles");
+        assert!(b.set_handle(4, b"handle of call four"));
+        assert!(b.set_handle(5, b""));
+        assert_eq!(b.handle(0, 4), b"handle of call four");
+        assert!(b.handle(0, 5).is_empty());
+        // Call 6 rewrites call 4's record (same parity), in full.
+        assert!(b.set_handle(6, b"six"));
+        assert_eq!(b.handle(0, 6), b"six");
+        let long = vec![7u8; MAX_HANDLE + 1];
+        assert!(
+            !b.set_handle(8, &long),
+            "a handle past the record is refused"
+        );
+        assert_eq!(b.handle(0, 8), b"six", "and leaves the record as it was");
+        let longest = vec![9u8; MAX_HANDLE];
+        assert!(b.set_handle(8, &longest));
+        assert_eq!(b.handle(0, 8), longest);
+        assert!(b.handle(0, 9).is_empty());
     }
 
     #[test]

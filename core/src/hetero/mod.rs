@@ -47,18 +47,37 @@
 //!           slots (where they were reduced), then AG(k)
 //! ```
 //!
-//! Each element is reduced once, by one flat rank, so every rank gets the same bits. When
-//! every cluster is flat this is the **flat plan** (every rank publishes, reduces 1/W, copies
-//! the rest; run on the caller's stream, one step after the other). Otherwise the plan through
-//! the clusters above, unless `FERROCX_BRIDGE_PLAN=hybrid` asks for the **hybrid plan**: the
-//! host clusters' ranks flat, skipping their two in-cluster calls per chunk, and the GPU
-//! clusters keeping RS → bridge → AG, pipelined `depth` chunks deep; a GPU rank takes steps A
-//! and B as one bridge step (staged through chunk k's staging slot, k % depth), and does no
-//! reduction on the host. Opt-in: on 2 H200 + 4 CPU ranks it was slower than the plan
-//! through the clusters (6.5–7.4 against 8.3–9.5 GB/s at 64 MiB; the GPU ranks' steps wait
-//! for the CPU ranks' reductions of every chunk). `FERROCX_BRIDGE_PLAN=clusters|flat|hybrid|
+//! Each element is reduced once, by one flat rank, so every rank gets the same bits.
+//!
+//! **Inputs read in place.** Where every flat rank is on the host device (`Roles::direct`)
+//! and the pipeline has two slots or more, a flat rank does not publish its chunk in step A:
+//! its input's IPC handle goes with the call's descriptor (host `DEVICE`/`PINNED` memory is
+//! a shared-memory segment), the other flat ranks map it once (module `inputs`) and reduce from it
+//! where it lies, and step A writes the reduced share straight into the rank's slot of step B
+//! (and its output), so step B publishes nothing either. A full copy of every input per call
+//! is gone: on the 2-core development VM a 4-rank job of two host clusters all-reduces 4 MiB
+//! in 1.32 ms against 2.04 with the copies. An input the device cannot export (C-heap memory)
+//! is published as before, rank by rank (`FERROCX_BRIDGE_DIRECT=0`: every rank publishes,
+//! for comparisons; the same value must reach every rank).
+//!
+//! When every cluster is flat this is the **flat plan** (every rank reduces 1/W and copies the
+//! rest; run on the caller's stream, one step after the other). Otherwise the plan through the
+//! clusters above, unless `FERROCX_BRIDGE_PLAN=hybrid` asks for the **hybrid plan**: the host
+//! clusters' ranks flat, skipping their two in-cluster calls per chunk, and the GPU clusters
+//! keeping RS → bridge → AG, pipelined `depth` chunks deep; a GPU rank's step A (publish, on
+//! the bridge stream) and step B (collect its pieces, on the **collect stream** with a proxy
+//! of its own) share chunk k's staging slot (k % depth), so the next chunk's step A does not
+//! wait behind a step B that waits for the flat ranks' results; the GPU ranks do no reduction
+//! on the host. Opt-in: on 2 H200 + 4 CPU ranks it has been as fast as the plan through the
+//! clusters, not clearly faster (docs/perf.md). `FERROCX_BRIDGE_PLAN=clusters|flat|hybrid|
 //! hybrid=a,b` forces one (`hybrid=a,b`: clusters `a` and `b` through their CCL, the others
 //! flat), for comparisons; the same value must reach every rank.
+//!
+//! (Issuing a GPU rank's step B on the bridge stream after the next chunk's step A, one
+//! proxy for both, stopped jobs on 2 GPUs: the host thread hands step B to the proxy only
+//! after it has enqueued the next chunk's NCCL reduce-scatter, and the flat ranks waited for
+//! that step's reads while the proxy had nothing to run. Every step a peer waits for is handed
+//! over before the next chunk's in-cluster calls are enqueued.)
 //!
 //! **Small all-reduces** (up to 64 KiB per rank, and a slot) skip the plan: one step on the
 //! caller's stream, in which every rank publishes its whole input and reduces every rank's in
@@ -90,6 +109,11 @@
 //! driver callback thread. A device without the group gets the documented fallback: the step
 //! as a host function on the bridge stream (`launch_host_func`; `FERROCX_BRIDGE_PROXY=0`
 //! chooses it on any device, for comparisons).
+//!
+//! `FERROCX_BRIDGE_TRACE=1` prints a line per step phase (and per in-cluster stage, from host
+//! functions on the cluster stream), `steps` the step phases only, `ring` keeps the latest
+//! phases (and the proxies' waits) in memory and prints them when a wait on a peer gives up
+//! (module `ring`): the lines on stderr slow the steps enough to hide a race that the ring shows.
 //!
 //! A step's copies and reductions are cut into parts of 64 KiB or more and shared among the
 //! process's bridge threads ([`workers`]: the cores this process may use divided by the job's
@@ -123,11 +147,13 @@
 
 pub mod bridge;
 mod enqueue;
+mod inputs;
 pub mod mpi;
 pub mod plan;
 pub mod pool;
 mod proxy;
 pub mod reduce;
+mod ring;
 pub mod topo;
 mod words;
 pub mod workers;
@@ -145,6 +171,7 @@ use crate::abi::{
 use crate::adaptor::{AdaptorError, Ccl, Device};
 use crate::config::{BridgeCcl, BridgeConfig};
 use crate::route::Collective;
+use crate::window;
 
 use bridge::{Bridge, Descriptor};
 use enqueue::Enqueuer;
@@ -297,6 +324,10 @@ struct Streams {
     recv: Stream,
     /// The copy stream between device buffers and staging (a device the host cannot address).
     copy: Option<Stream>,
+    /// The collect stream (a device the host cannot address): the hybrid plan's steps B of a
+    /// rank through its cluster, which wait for the flat ranks' results, beside the bridge
+    /// stream's steps A.
+    collect: Option<Stream>,
 }
 
 impl Streams {
@@ -304,6 +335,7 @@ impl Streams {
         [self.cluster, self.bridge, self.send, self.recv]
             .into_iter()
             .chain(self.copy)
+            .chain(self.collect)
     }
 }
 
@@ -464,6 +496,8 @@ pub struct HeteroCore {
     /// The thread that runs the bridge steps of a staged device with stream memory
     /// operations (`None`: steps are host functions on the streams).
     proxy: Option<Proxy>,
+    /// The collect stream's proxy (see [`Streams`]; `None` where `proxy` is).
+    collector: Option<Proxy>,
     /// What the enqueuer thread has yet to enqueue.
     backlog: Backlog,
     /// Who takes part in all-reduces past one step how: flat or through its cluster (the flat
@@ -471,6 +505,8 @@ pub struct HeteroCore {
     roles: Option<plan::Roles>,
     /// Open groups, per thread ([`HeteroCore::group_start`]).
     groups: Mutex<HashMap<std::thread::ThreadId, Group>>,
+    /// The other flat ranks' inputs mapped here ([`inputs`]).
+    imports: Arc<inputs::Imports>,
 }
 
 /// A thread's open group of sends and receives across clusters: how deep it nests, and the
@@ -587,6 +623,28 @@ struct Step {
     /// Where the outs read a later epoch's slots than the one published in (a rank through its
     /// cluster in the hybrid plan: it publishes in step A and copies in step B, as one step).
     then: Option<Then>,
+    /// Where the step reads flat ranks' inputs in place and writes its reductions into its
+    /// slot of the next epoch (a flat rank's step A, `plan::Roles::direct`).
+    direct: Option<Direct>,
+}
+
+/// A flat rank's step A reading the flat ranks' inputs where they lie ([`inputs`]).
+struct Direct {
+    /// The call's inputs (resolved by its first step).
+    inputs: Arc<inputs::CallInputs>,
+    /// The mappings, for the first step's resolving.
+    imports: Arc<inputs::Imports>,
+    /// Bytes from an input's start to this chunk's.
+    chunk_at: usize,
+    /// Per out, per source: the source is a flat rank's input (element offset in the chunk,
+    /// as bytes), read in place where that rank gave its handle.
+    inputs_of: Vec<Vec<bool>>,
+    /// The slot the outs write (step B's), and `done` to wait for before writing it.
+    out_slot: usize,
+    out_free_at: u64,
+    /// Per out: its byte offset in that slot; the out also writes `Out::dst` (this rank's
+    /// share of the output), copied from the slot while it is in the cache.
+    out_at: Vec<usize>,
 }
 
 /// The later epoch a [`Step`]'s outs read, and the staging slot the step's copies go through
@@ -665,7 +723,8 @@ impl Step {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        let trace = |phase: &str| {
+        let trace = |phase: &'static str| {
+            ring::note(self.epoch, phase);
             if step_trace() {
                 eprintln!(
                     "bridge step epoch={} phase={phase} t_us={}",
@@ -675,10 +734,17 @@ impl Step {
             }
         };
         trace("start");
-        if let Some((call, d)) = self.check {
-            b.check_call(call, d, &describe)?;
-        }
         let me = b.topo().me;
+        if let Some((call, d)) = self.check {
+            if let Some(dir) = &self.direct {
+                // Checked against MAX_HANDLE when the step was made.
+                b.set_handle(call, &dir.inputs.mine);
+            }
+            b.check_call(call, d, &describe)?;
+            if let Some(dir) = &self.direct {
+                dir.inputs.resolve(b, &dir.imports, me)?;
+            }
+        }
         let slot = self.slot;
         if !self.publish.is_empty() {
             b.wait(
@@ -692,7 +758,7 @@ impl Step {
                 .publish
                 .iter()
                 .flat_map(|&(src, off, bytes)| {
-                    Part::cut(base + off, vec![src as usize], bytes, None)
+                    Part::cut(base + off, vec![src as usize], bytes, None, 0)
                 })
                 .collect();
             // SAFETY: each source holds its bytes by the collective's buffer contract; the slot
@@ -704,25 +770,61 @@ impl Step {
         trace("published");
         // The outs read this step's epoch, or the later one of `then`.
         let (slot, epoch) = self.then.map_or((slot, self.epoch), |t| (t.slot, t.epoch));
+        let inputs: &[u64] = match &self.direct {
+            Some(dir) => {
+                b.wait(
+                    b.done(me, dir.out_slot),
+                    dir.out_free_at,
+                    me,
+                    "the release of a staging slot",
+                )?;
+                ring::note(self.epoch, "slot of step B free");
+                dir.inputs.at.get().ok_or_else(|| {
+                    HeteroError::Bridge(format!(
+                        "{}: the flat ranks' inputs were not resolved by the call's first step",
+                        self.what
+                    ))
+                })?
+            }
+            None => &[],
+        };
         let mut read: Vec<usize> = Vec::new();
         let mut parts: Vec<Part> = Vec::new();
-        for out in &self.outs {
+        for (i, out) in self.outs.iter().enumerate() {
             let mut srcs = Vec::with_capacity(out.srcs.len());
-            for &(r, off) in &out.srcs {
+            for (j, &(r, off)) in out.srcs.iter().enumerate() {
                 if r != me {
                     b.wait(b.arrive(r, slot), epoch + 1, r, self.what)?;
                     if !read.contains(&r) {
                         read.push(r);
                     }
                 }
-                srcs.push(b.slot(r, slot) as usize + off);
+                // A flat rank's input in place, where it gave its handle; else its slot.
+                let input = self
+                    .direct
+                    .as_ref()
+                    .filter(|dir| dir.inputs_of[i][j] && inputs[r] != 0)
+                    .map(|dir| inputs[r] as usize + dir.chunk_at);
+                srcs.push(input.unwrap_or(b.slot(r, slot) as usize) + off);
             }
-            parts.extend(Part::cut(out.dst as usize, srcs, out.n, out.reduce));
+            let (dst, also) = match &self.direct {
+                Some(dir) => (
+                    b.slot(me, dir.out_slot) as usize + dir.out_at[i],
+                    out.dst as usize,
+                ),
+                None => (out.dst as usize, 0),
+            };
+            parts.extend(Part::cut(dst, srcs, out.n, out.reduce, also));
         }
         trace("peers");
-        // SAFETY: every `dst` holds its `n` elements (bytes for a copy) by the buffer
-        // contract; the sources lie in slots their ranks published for this epoch (planned
-        // against the slot's size), not rewritten before our `done` below.
+        // SAFETY: every `dst` (and `also`) holds its `n` elements (bytes for a copy) by the
+        // buffer contract or lies in this rank's slot of the next epoch (free: waited for
+        // above; planned against the slot's size); the sources lie in slots their ranks
+        // published for this epoch (planned against the slot's size), not rewritten before our
+        // `done` below, or in flat ranks' inputs, which no rank writes before every flat rank
+        // is past this step (a rank writes its output's share of chunk k, which may be its
+        // input in place, only in step B of chunk k, after the owner of that share published
+        // step B, after its step A).
         unsafe { Part::run_all(&parts) };
         for r in read {
             b.add_one(b.done(r, slot));
@@ -737,7 +839,9 @@ impl Step {
 /// rank's steps on one time line, to see where a pipelined collective waits.
 fn step_trace() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FERROCX_BRIDGE_TRACE").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| {
+        std::env::var("FERROCX_BRIDGE_TRACE").is_ok_and(|v| v == "1" || v == "steps")
+    })
 }
 
 /// Microseconds of the wall clock (the same on every process of a host), for the step traces.
@@ -748,22 +852,24 @@ fn now_us() -> u64 {
 }
 
 /// A share of a step's copy or reduction, for the bridge's threads ([`workers`]): `dst` gets
-/// `n` elements (bytes for a copy) read from `srcs`.
+/// `n` elements (bytes for a copy) read from `srcs`, and `also` (unless 0) a copy of `dst`.
 struct Part {
     dst: usize,
     srcs: Vec<usize>,
     n: usize,
     reduce: Option<(DataType, ReduceOp, usize)>,
+    also: usize,
 }
 
 impl Part {
-    /// `dst = op over srcs` (`n` elements, or `n` bytes copied from `srcs[0]`), cut for the
-    /// bridge's threads.
+    /// `dst = op over srcs` (`n` elements, or `n` bytes copied from `srcs[0]`), then `also`
+    /// (unless 0) `= dst`, cut for the bridge's threads.
     fn cut(
         dst: usize,
         srcs: Vec<usize>,
         n: usize,
         reduce: Option<(DataType, ReduceOp, usize)>,
+        also: usize,
     ) -> Vec<Part> {
         let unit = match reduce {
             Some((dtype, _, _)) => dtype.size().unwrap_or(1),
@@ -776,6 +882,7 @@ impl Part {
                 srcs,
                 n,
                 reduce,
+                also,
             }];
         }
         (0..parts)
@@ -788,6 +895,7 @@ impl Part {
                         srcs: srcs.iter().map(|s| s + at).collect(),
                         n: per.min(n - first),
                         reduce,
+                        also: if also == 0 { 0 } else { also + at },
                     }
                 })
             })
@@ -797,19 +905,31 @@ impl Part {
     /// Runs every part, sharing them among the bridge's threads.
     ///
     /// # Safety
-    /// Each part's `dst` holds its `n` elements (bytes) and each source as many; a `dst`
-    /// overlaps no other part's `dst`, and no source unless it is that source.
+    /// Each part's `dst` (and `also`, unless 0) holds its `n` elements (bytes) and each source
+    /// as many; a `dst` overlaps no other part's `dst` or `also`, and no source unless it is
+    /// that source; an `also` overlaps nothing else.
     unsafe fn run_all(parts: &[Part]) {
         workers::run(parts.len(), &|i| {
             let p = &parts[i];
             let srcs: Vec<*const u8> = p.srcs.iter().map(|&s| s as *const u8).collect();
-            match p.reduce {
+            let bytes = match p.reduce {
                 // SAFETY: this function's contract.
                 Some((dtype, op, div)) => unsafe {
-                    reduce::reduce(p.dst as *mut u8, &srcs, p.n, dtype, op, div)
+                    reduce::reduce(p.dst as *mut u8, &srcs, p.n, dtype, op, div);
+                    p.n * dtype.size().unwrap_or(0)
                 },
                 // SAFETY: as above, `n` bytes.
-                None => unsafe { std::ptr::copy(srcs[0], p.dst as *mut u8, p.n) },
+                None => unsafe {
+                    std::ptr::copy(srcs[0], p.dst as *mut u8, p.n);
+                    p.n
+                },
+            };
+            if p.also != 0 {
+                // SAFETY: `also` holds as many bytes as `dst` and overlaps no other part's
+                // `dst` or `also`, nor any source (this function's contract).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(p.dst as *const u8, p.also as *mut u8, bytes)
+                };
             }
         });
     }
@@ -906,6 +1026,11 @@ impl HeteroCore {
                 } else {
                     Some(stream()?)
                 },
+                collect: if host_addressable {
+                    None
+                } else {
+                    Some(stream()?)
+                },
             })
         })();
         let streams = match streams {
@@ -928,6 +1053,9 @@ impl HeteroCore {
         } else {
             Proxy::start(&device)
         };
+        // The collect stream's own proxy (a step there waits for peers while the bridge
+        // stream's proxy runs the next step).
+        let collector = proxy.as_ref().and_then(|_| Proxy::start(&device));
         tracing::debug!(
             clusters = topo.clusters.len(),
             world,
@@ -937,6 +1065,7 @@ impl HeteroCore {
             "bridge ready: {name}"
         );
         Ok(HeteroCore {
+            imports: Arc::new(inputs::Imports::new(device.clone())),
             device,
             ccl,
             comm,
@@ -964,8 +1093,16 @@ impl HeteroCore {
             inject: Mutex::new(None),
             hold: AtomicBool::new(false),
             proxy,
+            collector,
             backlog: Backlog::default(),
-            roles: plan::Roles::choose(&topo, std::env::var("FERROCX_BRIDGE_PLAN").ok().as_deref()),
+            roles: plan::Roles::choose(&topo, std::env::var("FERROCX_BRIDGE_PLAN").ok().as_deref())
+                .map(|mut r| {
+                    // `FERROCX_BRIDGE_DIRECT=0`: every flat rank publishes its chunks (for
+                    // comparisons; the same value must reach every rank).
+                    r.direct &=
+                        std::env::var("FERROCX_BRIDGE_DIRECT").map_or(true, |v| v.trim() != "0");
+                    r
+                }),
             groups: Mutex::new(HashMap::new()),
             topo,
         })
@@ -1081,9 +1218,13 @@ impl HeteroCore {
         self.staging.is_some()
     }
 
-    /// The plan of this rank's all-reduces past one step: `flat`, `hybrid flat` (a flat rank
-    /// of the hybrid plan), `hybrid through` (a rank through its cluster in the hybrid plan)
-    /// or `clusters`.
+    /// Peers' inputs this rank keeps mapped (the flat ranks' reads in place, module `inputs`).
+    pub fn inputs_mapped(&self) -> usize {
+        self.imports.kept()
+    }
+
+    /// The plan of this rank's all-reduces past one step: `clusters`, `flat`, `hybrid flat`
+    /// or `hybrid through` (see the module docs).
     pub fn all_reduce_plan_name(&self) -> &'static str {
         match self.roles() {
             None => "clusters",
@@ -1105,9 +1246,9 @@ impl HeteroCore {
     }
 
     /// Makes this rank's next all_reduce through the clusters (two chunks or more) hold the
-    /// bridge step of its second chunk until its cluster stream has gathered the first chunk
-    /// (at most the timeout, then the call fails): a test that a chunk's gather waits for its
-    /// own bridge step only, never for a later chunk's.
+    /// bridge step of its second chunk (in the hybrid plan: its step A) until its cluster
+    /// stream has gathered the first chunk (at most the timeout, then the call fails): a test
+    /// that a chunk's gather waits for its own bridge steps only, never for a later chunk's.
     pub fn inject_hold(&self) {
         self.hold.store(true, Ordering::Release);
     }
@@ -1302,6 +1443,44 @@ impl HeteroCore {
         })
     }
 
+    /// Issues `step` after the step `before` (issued by [`HeteroCore::issue_step`]) on the
+    /// collect stream, with its own proxy, where the device stages (so that a step that waits
+    /// for peers' results does not hold up the next step on the bridge stream); on the bridge
+    /// stream right after `before` otherwise. The two steps share a staging slot: `step`
+    /// publishes nothing.
+    ///
+    /// # Safety
+    /// As [`HeteroCore::issue_step`].
+    unsafe fn issue_collect(&self, before: Issued, mut step: Step) -> Result<Issued, HeteroError> {
+        debug_assert!(step.publish.is_empty() && before.back.is_empty());
+        let (Some(st), Some(_), Some(co)) =
+            (&self.staging, self.streams.copy, self.streams.collect)
+        else {
+            // Step A's end needs no mark: step B follows it on the bridge stream.
+            self.drop_mark(before.done);
+            // SAFETY: this function's contract.
+            return unsafe { self.issue_step(None, step) };
+        };
+        let (_, back) = step.stage(st.slot(step.staging_slot()), st.slot_bytes)?;
+        self.wait_mark(co, before.done)?;
+        let work: Work = Box::new(move |b: &Bridge| step.run(b));
+        match &self.collector {
+            Some(p) => p.enqueue(
+                &self.device,
+                co,
+                Job {
+                    shared: self.shared.clone(),
+                    work,
+                },
+            )?,
+            None => self.host(co, work)?,
+        }
+        Ok(Issued {
+            back,
+            done: self.mark(co)?,
+        })
+    }
+
     /// Orders `to` (the copy stream when `None`) after the step `issued` (not after the steps
     /// issued since: those overlap what `to` does next), with a staged step's copies back to
     /// the device between.
@@ -1471,6 +1650,29 @@ impl HeteroCore {
         let at = |ptr: DevicePtr, elems: usize| ptr.0 + (elems * es) as u64;
         let slot = |ep: u64| (ep % self.depth as u64) as usize;
         let mut steps = Vec::with_capacity(2 * plan.chunks);
+        // Every flat rank on the host device: the flat ranks read each other's inputs in place
+        // (see [`inputs`]); this rank's input is read there when the device exports it. Step A
+        // writes into step B's slot, so the two must differ (a pipeline of one slot does not
+        // take this way: its step A would wait for the reads of the slot it reads from).
+        let direct_ok = self.depth >= 2 && self.staging.is_none();
+        let inputs = self.roles().filter(|r| r.direct && direct_ok).map(|roles| {
+            // SAFETY: `send` is a valid range of this device (the call's contract).
+            let mine = unsafe { window::resources::ipc_export(&self.device, send) }
+                .ok()
+                .filter(|h| !h.is_empty() && h.len() <= bridge::MAX_HANDLE)
+                .unwrap_or_default();
+            Arc::new(inputs::CallInputs {
+                call: check.0,
+                mine,
+                mine_at: send.0,
+                flat: roles.flat.clone(),
+                at: std::sync::OnceLock::new(),
+            })
+        });
+        let flat_rank = |r: usize| {
+            self.roles()
+                .is_some_and(|ro| ro.flat.binary_search(&r).is_ok())
+        };
         for k in 0..plan.chunks {
             let (off, sh) = plan.chunk(k);
             let epoch = first + 2 * k as u64;
@@ -1492,28 +1694,59 @@ impl HeteroCore {
                     })
                     .collect()
             };
+            // Direct: step A publishes nothing where the input is read in place, and writes
+            // its reductions into the slot of step B (at the share's offset, where step B
+            // would publish them) and into the output; step B then publishes nothing.
+            let direct = inputs.as_ref().map(|inp| {
+                let f0 = sh.b.publish.0;
+                Direct {
+                    inputs: inp.clone(),
+                    imports: self.imports.clone(),
+                    chunk_at: off * es,
+                    inputs_of: sh
+                        .a
+                        .outs
+                        .iter()
+                        .map(|o| o.srcs.iter().map(|&(r, _)| flat_rank(r)).collect())
+                        .collect(),
+                    out_slot: slot(epoch + 1),
+                    out_free_at: free[2 * k + 1],
+                    out_at: sh.a.outs.iter().map(|o| (o.start - f0) * es).collect(),
+                }
+            });
+            let read_in_place = inputs.as_ref().is_some_and(|inp| !inp.mine.is_empty());
             steps.push(Step {
                 epoch,
                 slot: slot(epoch),
                 free_at: free[2 * k],
-                publish: publish(send, sh.a.publish),
+                publish: if read_in_place {
+                    Vec::new()
+                } else {
+                    publish(send, sh.a.publish)
+                },
                 outs: outs(&sh.a),
                 what: "the bridge step of an all_reduce",
                 fault: None,
                 check: (k == 0).then_some(check),
                 gate: None,
                 then: None,
+                direct,
             });
             steps.push(Step {
                 epoch: epoch + 1,
                 slot: slot(epoch + 1),
                 free_at: free[2 * k + 1],
-                publish: publish(recv, sh.b.publish),
+                publish: if inputs.is_some() {
+                    Vec::new()
+                } else {
+                    publish(recv, sh.b.publish)
+                },
                 outs: outs(&sh.b),
                 what: "the bridge step of an all_reduce",
                 fault: None,
                 check: None,
                 gate: None,
+                direct: None,
                 then: None,
             });
         }
@@ -1660,6 +1893,7 @@ impl HeteroCore {
                     fault: fault.map(injected),
                     check: None,
                     gate: None,
+                    direct: None,
                     then: None,
                 },
                 stream,
@@ -1879,7 +2113,7 @@ impl HeteroCore {
         // With `FERROCX_BRIDGE_TRACE=1`, a line from the cluster stream as each of its stages
         // starts and ends (a host function between them: for finding where a pipeline waits).
         let mark = |what: &'static str, k: usize| -> Result<(), HeteroError> {
-            if !step_trace() {
+            if !step_trace() || std::env::var("FERROCX_BRIDGE_TRACE").is_ok_and(|v| v == "steps") {
                 return Ok(());
             }
             self.host(
@@ -1989,12 +2223,14 @@ impl HeteroCore {
                         fault,
                         check,
                         gate,
+                        direct: None,
                         then: None,
                     }
                 }
                 ThroughPlan::Hybrid(plan) => {
                     // Step A publishes my share; step B copies its pieces from the flat ranks'
-                    // slots, where they wrote them reduced (one step on this rank).
+                    // slots, where they wrote them reduced: on the collect stream (its own
+                    // proxy), so that the next chunk's step A does not wait behind it.
                     let sh = plan.chunk(k).1;
                     let epoch = first + 2 * k as u64;
                     let (p0, p1) = sh.a.publish;
@@ -2007,37 +2243,64 @@ impl HeteroCore {
                         } else {
                             Vec::new()
                         },
-                        outs: sh
-                            .b
-                            .outs
-                            .iter()
-                            .map(|o| Out {
-                                dst: at(recv, off + o.start).0,
-                                n: o.len * es,
-                                srcs: o.srcs.iter().map(|&(r, x)| (r, x * es)).collect(),
-                                reduce: None,
-                            })
-                            .collect(),
+                        outs: Vec::new(),
                         what: "the bridge step of an all_reduce",
                         fault,
                         check,
                         gate,
+                        direct: None,
                         then: Some(Then {
-                            epoch: epoch + 1,
-                            slot: slot(epoch + 1),
-                            // A chunk's own staging slot: the next chunk's copies into staging
-                            // may run while this step does.
+                            epoch,
+                            slot: slot(epoch),
+                            // A chunk's own staging slot (steps A and B): the next chunk's
+                            // copies into staging may run while this chunk's steps do.
                             staging: k % self.depth.max(1),
                         }),
                     }
                 }
             };
             // SAFETY: the step's ranges are the chunk's share and pieces in `recv`.
-            unsafe { self.issue_step(Some(cs), step) }
+            let issued = unsafe { self.issue_step(Some(cs), step) }?;
+            let ThroughPlan::Hybrid(plan) = plan else {
+                return Ok(issued);
+            };
+            let (off, sh) = plan.chunk(k);
+            let epoch = first + 2 * k as u64 + 1;
+            let slot = slot(epoch);
+            let step_b = Step {
+                epoch,
+                slot,
+                free_at: free[2 * k + 1],
+                publish: Vec::new(),
+                outs: sh
+                    .b
+                    .outs
+                    .iter()
+                    .map(|o| Out {
+                        dst: at(recv, off + o.start).0,
+                        n: o.len * es,
+                        srcs: o.srcs.iter().map(|&(r, x)| (r, x * es)).collect(),
+                        reduce: None,
+                    })
+                    .collect(),
+                what: "the bridge step of an all_reduce",
+                fault: None,
+                check: None,
+                gate: None,
+                direct: None,
+                then: Some(Then {
+                    epoch,
+                    slot,
+                    staging: k % self.depth.max(1),
+                }),
+            };
+            // SAFETY: the step's ranges are the chunk's pieces in `recv`; it follows step A
+            // (`issued`), whose staging slot it shares.
+            unsafe { self.issue_collect(issued, step_b) }
         };
         let finish = |k: usize, issued: Issued| -> Result<(), HeteroError> {
             cell.set(Stage::Bridge);
-            // SAFETY: `issued` is chunk k's, of `issue`.
+            // SAFETY: `issued` is chunk k's, of `issue` (its step B in the hybrid plan).
             unsafe { self.finish_step(issued, Some(cs)) }?;
             cell.set(Stage::Gather);
             injected(Stage::Gather, k)?;
@@ -2256,6 +2519,7 @@ impl HeteroCore {
                     fault: None,
                     check: None,
                     gate: None,
+                    direct: None,
                     then: None,
                 }
             },
@@ -2317,6 +2581,7 @@ impl HeteroCore {
                     fault: None,
                     check: None,
                     gate: None,
+                    direct: None,
                     then: None,
                 }
             },
@@ -2388,6 +2653,7 @@ impl HeteroCore {
                     fault: None,
                     check: None,
                     gate: None,
+                    direct: None,
                     then: None,
                 }
             },
@@ -2483,6 +2749,7 @@ impl HeteroCore {
                     fault: None,
                     check: None,
                     gate: None,
+                    direct: None,
                     then: None,
                 }
             },
@@ -2810,7 +3077,7 @@ impl HeteroCore {
     /// Releases the streams and events (after draining them).
     fn release(&mut self) {
         let _ = self.drain();
-        if let Some(p) = &mut self.proxy {
+        for p in [&mut self.proxy, &mut self.collector].into_iter().flatten() {
             p.stop(&self.device);
         }
         self.events
@@ -3039,6 +3306,11 @@ impl Hetero {
     /// Plans in the shared-memory bridge's cache (none over MPI).
     pub fn plans_cached(&self) -> usize {
         self.shm().map_or(0, |c| c.plans_cached())
+    }
+
+    /// Peers' inputs this rank keeps mapped ([`HeteroCore::inputs_mapped`]; 0 over MPI).
+    pub fn inputs_mapped(&self) -> usize {
+        self.shm().map_or(0, HeteroCore::inputs_mapped)
     }
 
     /// The plan of this rank's all-reduces past one step over the shared-memory bridge

@@ -222,6 +222,11 @@ pub struct Roles {
     pub flat: Vec<usize>,
     /// Per cluster through its CCL: its global ranks in local order.
     pub through: Vec<Vec<usize>>,
+    /// Every flat rank is on the host device: a flat rank's step A reads the other flat ranks'
+    /// inputs where they lie (their IPC handles go with the call's descriptor) instead of a
+    /// copy published in their slots, and writes its reduced share straight into its slot of
+    /// step B (see the module docs of `hetero`).
+    pub direct: bool,
 }
 
 impl Roles {
@@ -241,11 +246,13 @@ impl Roles {
         let by = |through: &dyn Fn(&super::topo::ClusterRanks) -> bool| {
             let mut flat = Vec::new();
             let mut thr = Vec::new();
+            let mut direct = true;
             for c in &topo.clusters {
                 if through(c) {
                     thr.push(c.ranks.clone());
                 } else {
                     flat.extend_from_slice(&c.ranks);
+                    direct &= c.host;
                 }
             }
             flat.sort_unstable();
@@ -253,6 +260,7 @@ impl Roles {
                 world: topo.world(),
                 flat,
                 through: thr,
+                direct,
             })
         };
         match choice.map(str::trim) {
@@ -740,6 +748,7 @@ mod tests {
             world,
             flat,
             through: thr,
+            direct: false,
         };
         let word = |r: usize, i: usize| {
             let mut x = (r as u64) << 32 ^ i as u64 ^ 0x9e37_79b9_7f4a_7c15;

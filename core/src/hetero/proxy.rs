@@ -161,7 +161,12 @@ fn serve(inner: &Inner) {
         };
         let mut polls = 0u32;
         let mut nap = Duration::from_micros(1);
+        super::ring::note(u64::from(seq), "proxy waits for its stream");
+        let since = std::time::Instant::now();
         while (req.load(Ordering::Acquire).wrapping_sub(seq) as i32) < 0 {
+            if since.elapsed() > Duration::from_secs(3) {
+                super::ring::dump("the proxy's stream has not reached a step for 3 s");
+            }
             polls = polls.wrapping_add(1);
             if polls < 4_000 {
                 std::hint::spin_loop();
@@ -175,7 +180,9 @@ fn serve(inner: &Inner) {
                 nap = (nap * 2).min(Duration::from_micros(20));
             }
         }
+        super::ring::note(u64::from(seq), "proxy runs");
         job.execute();
         ack.store(seq, Ordering::Release);
+        super::ring::note(u64::from(seq), "proxy acknowledged");
     }
 }

@@ -14,6 +14,9 @@ pub struct ClusterRanks {
     /// `true` when reducing inside the cluster first gains nothing over the bridge: one rank,
     /// or the host device (whose CCL moves the same host memory the bridge does).
     pub flat: bool,
+    /// `true` when the cluster is on the host device (its buffers are host memory that
+    /// another rank of the host can map).
+    pub host: bool,
 }
 
 /// The clusters of a job and this rank's place in them.
@@ -44,6 +47,7 @@ impl Topology {
             clusters.push(ClusterRanks {
                 name: c.name.clone(),
                 flat: ranks.len() == 1 || c.device == "host",
+                host: c.device == "host",
                 ranks,
             });
         }

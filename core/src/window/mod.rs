@@ -66,7 +66,7 @@ pub mod fdpass;
 mod heap;
 mod policy;
 mod register;
-mod resources;
+pub(crate) mod resources;
 
 use std::fmt;
 use std::time::Duration;
