@@ -1209,3 +1209,48 @@ fn hybrid_plan_many_chunks_back_to_back_on_the_proxy() {
         .timeout_ms(5000)
         .run();
 }
+
+#[test]
+fn a_rank_that_chose_another_plan_fails_alike_everywhere() {
+    const TEST: &str = "a_rank_that_chose_another_plan_fails_alike_everywhere";
+    if rank_of(TEST).is_some() {
+        let comm = communicator();
+        // Past one step (64 KiB) so that the plan runs.
+        let n = 40_000;
+        let send = Buf::new(&comm, input(DataType::F32, 5, comm.rank(), n));
+        let recv = Buf::zeros(&comm, n * 4);
+        // SAFETY: n f32 each, kept until the synchronize.
+        let r = unsafe { comm.all_reduce(send.ptr(), recv.ptr(), n, DataType::F32, ReduceOp::SUM) }
+            .and_then(|()| comm.synchronize());
+        match r {
+            Err(e) => println!("ERROR {e}"),
+            Ok(()) => panic!("an all-reduce of two plans ran"),
+        }
+        println!("RANK OK");
+        return;
+    }
+    // Rank 2 turned the reads in place off: it would publish its chunks and read the others'
+    // slots, which they never write.
+    let done = Job::new(TEST, 4)
+        .clusters(&[("a", "0,1"), ("b", "2,3")])
+        .env("TEST_BUFFERS", "device")
+        .env_of(2, "FERROCX_BRIDGE_DIRECT", "0")
+        .bridge_key("chunk_bytes", "65536")
+        .timeout_ms(5000)
+        .run();
+    let errors: Vec<String> = done.iter().map(|f| f.lines("ERROR ").join("")).collect();
+    println!("every rank: {}", errors[0]);
+    for e in &errors {
+        assert_eq!(e, &errors[0], "the same error on every rank: {errors:?}");
+    }
+    assert!(
+        errors[0].contains("inputs read in place") && errors[0].contains("inputs published"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[0].contains("rank 2 (cluster \"b\")") && errors[0].contains("FERROCX_BRIDGE_DIRECT"),
+        "{}",
+        errors[0]
+    );
+}

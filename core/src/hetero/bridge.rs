@@ -599,9 +599,18 @@ impl Bridge {
             });
         }
         if let Some(r) = (1..self.world).find(|&r| all[r] != all[0]) {
+            // Bits 24..31 of the kind: the all-reduce's plan (see the hetero module).
+            let plan_only =
+                all[r].count == all[0].count && (all[r].kind ^ all[0].kind) & !(0xff << 24) == 0;
+            let rule = if plan_only {
+                "every rank must take the same all-reduce plan (FERROCX_BRIDGE_PLAN and \
+                 FERROCX_BRIDGE_DIRECT the same on every rank)"
+            } else {
+                "every rank of every cluster must call the same collective with the same \
+                 count and dtype"
+            };
             return Err(HeteroError::Mismatch(format!(
-                "{} called {} but {} called {}: every rank of every cluster must call the same \
-                 collective with the same count and dtype",
+                "{} called {} but {} called {}: {rule}",
                 self.who(0),
                 describe(all[0]),
                 self.who(r),

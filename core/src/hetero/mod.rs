@@ -955,6 +955,24 @@ fn kind_word(op: Collective, dtype: DataType, redop: Option<ReduceOp>, root: Opt
         | (root.map_or(0xffff_ffff, |r| r as u64 & 0xffff_ffff) << 32)
 }
 
+/// Bits 24..31 of an all-reduce's descriptor word past one step: its plan (bits 24–25: 1
+/// through the clusters, 2 flat or hybrid with the inputs published, 3 with the inputs read in
+/// place) and six bits of a hash of the flat ranks, so that ranks that chose different plans
+/// (`FERROCX_BRIDGE_PLAN`, `FERROCX_BRIDGE_DIRECT` not the same everywhere) fail alike at the
+/// call's check instead of reading slots the others never wrote.
+fn plan_word(roles: Option<&plan::Roles>, depth: usize) -> u64 {
+    let (kind, hash) = match roles {
+        None => (1u64, 0u64),
+        Some(r) => (
+            if r.direct && depth >= 2 { 3 } else { 2 },
+            r.flat.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+                (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+            }),
+        ),
+    };
+    (kind | (hash & 0x3f) << 2) << 24
+}
+
 fn describe(d: Descriptor) -> String {
     let op = Collective::ALL
         .get((d.kind & 0xff) as usize)
@@ -971,6 +989,17 @@ fn describe(d: Descriptor) -> String {
     let root = d.kind >> 32;
     if root != 0xffff_ffff {
         s.push_str(&format!(" to/from root {root}"));
+    }
+    let plan = (d.kind >> 24) & 0xff;
+    if plan != 0 {
+        s.push_str(match plan & 3 {
+            1 => " through the clusters",
+            2 => " flat or hybrid, inputs published",
+            _ => " flat or hybrid, inputs read in place",
+        });
+        if plan & 3 != 1 {
+            s.push_str(&format!(" (flat ranks #{})", plan >> 2));
+        }
     }
     s
 }
@@ -1221,6 +1250,11 @@ impl HeteroCore {
     /// Peers' inputs this rank keeps mapped (the flat ranks' reads in place, module `inputs`).
     pub fn inputs_mapped(&self) -> usize {
         self.imports.kept()
+    }
+
+    /// This communicator's [`plan_word`] (the same on every rank that chose the same plan).
+    fn plan_bits(&self) -> u64 {
+        plan_word(self.roles(), self.depth)
     }
 
     /// The plan of this rank's all-reduces past one step: `clusters`, `flat`, `hybrid flat`
@@ -2010,7 +2044,7 @@ impl HeteroCore {
         let (call, first, free) = self.reserve(2 * chunks, &|j| plan.readers(j));
         let d = Descriptor {
             count: count as u64,
-            kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
+            kind: kind_word(Collective::AllReduce, dtype, Some(op), None) | self.plan_bits(),
         };
         let steps = move |core: &HeteroCore| {
             let mut steps =
@@ -2184,7 +2218,8 @@ impl HeteroCore {
                 call,
                 Descriptor {
                     count: count as u64,
-                    kind: kind_word(Collective::AllReduce, dtype, Some(op), None),
+                    kind: kind_word(Collective::AllReduce, dtype, Some(op), None)
+                        | self.plan_bits(),
                 },
             ));
             let gate = if k == 1 { gate.clone() } else { None };
