@@ -60,6 +60,8 @@ pub struct HostComm {
     pub moved: AtomicU64,
     /// Set when the handle is destroyed (handle caches check it).
     pub destroyed: AtomicBool,
+    /// The peers' inputs mapped for the reads in place (see `direct`).
+    pub peers: super::direct::PeerInputs,
 }
 
 impl HostComm {
@@ -91,6 +93,7 @@ impl HostComm {
             aborted: AtomicBool::new(false),
             moved: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
+            peers: Default::default(),
         }
     }
 

@@ -28,6 +28,7 @@ mod algo;
 mod comm;
 mod cores;
 mod ctx;
+mod direct;
 mod group;
 mod handles;
 mod helpers;

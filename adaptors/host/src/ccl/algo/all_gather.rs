@@ -33,6 +33,25 @@ pub unsafe fn all_gather(
     };
     let chunk = Ctx::fit(ctx.slot_bytes(), es);
     let bytes = count * es;
+    if root.is_none() && bytes >= super::super::direct::DIRECT_MIN {
+        // Every block copied straight from its rank's input (see `direct`), unless some
+        // rank's input cannot be mapped; a rank whose input overlaps its output other than as
+        // its own block offers nothing.
+        let n = ctx.n();
+        let own = std::ptr::eq(send, recv.wrapping_add(ctx.me() * bytes));
+        let (lo, hi) = (recv as usize, recv as usize + bytes * n);
+        let apart = (send as usize) >= hi || (send as usize) + bytes <= lo;
+        let offer = if own || apart { send } else { std::ptr::null() };
+        // SAFETY: `send` is the call's input (or null: no offer).
+        if let Some(ins) = unsafe { super::super::direct::agree_inputs(ctx, &desc, offer) }? {
+            // SAFETY: every rank's input holds `bytes` and is not written until the barrier;
+            // `recv` holds n blocks, none overlapping an input but this rank's own block
+            // (which is then not written).
+            unsafe { super::super::direct::par_gather(ctx, recv, &ins, bytes) }?;
+            ctx.barrier(kind.name())?;
+            return Ok(());
+        }
+    }
     if bytes > chunk {
         // SAFETY: the caller's contract.
         return unsafe { pipelined(ctx, &desc, send, recv, bytes, chunk, root) };

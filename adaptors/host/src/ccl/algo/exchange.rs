@@ -44,6 +44,25 @@ pub unsafe fn exchange(
         return Err(Error::internal("slot too small for this many ranks"));
     }
     let block = count * es;
+    if kind == Kind::ReduceScatter && block >= super::super::direct::DIRECT_MIN {
+        // Every block read where it lies (see `direct`), unless some rank's input cannot be
+        // mapped; a rank whose output overlaps its input other than as its own block offers
+        // nothing (the peers read that input while it writes).
+        let (lo, hi) = (send as usize, send as usize + block * n);
+        let own = std::ptr::eq(recv, send.wrapping_add(ctx.me() * block));
+        let apart = (recv as usize) >= hi || (recv as usize) + block <= lo;
+        let offer = if own || apart { send } else { std::ptr::null() };
+        // SAFETY: `send` is the call's input (or null: no offer).
+        if let Some(ins) = unsafe { super::super::direct::agree_inputs(ctx, &desc, offer) }? {
+            let at = ctx.me() * block;
+            // SAFETY: every rank's input holds n blocks and is not written until the barrier;
+            // `recv` holds a block and overlaps no input but possibly this rank's own block
+            // exactly (offered only then).
+            unsafe { super::super::direct::par_reduce(ctx, recv, &ins, at, block, dtype, op) }?;
+            ctx.barrier(kind.name())?;
+            return Ok(());
+        }
+    }
     // The whole input of reduce-scatter and all-to-all is read before any output is written, so
     // in place works chunk by chunk only when recv is not send: stage the input when it is.
     // The pipelined reduce-scatter reads chunk k of every block while it writes chunk k - 1 of
