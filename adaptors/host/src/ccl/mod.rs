@@ -20,6 +20,7 @@
 //! operations run in), `task` (an operation as queued on a stream), `group` (point-to-point
 //! calls and their grouping), `ctx` (what an algorithm runs with, and the agreement on each
 //! operation), `algo/` (one collective algorithm a file), `p2p` (the transfers over rings),
+//! `direct` (large reduce-scatters and all-gathers reading the peers' buffers in place),
 //! `segment` (the shared-memory layout), `sync` (waits on peers), `reduce` (element
 //! reductions), `cores` (the cores a rank's collective threads are bound to and how many it
 //! uses) and `helpers` (the threads that share a large collective's copies and reductions).
