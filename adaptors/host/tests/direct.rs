@@ -1,5 +1,5 @@
-//! Large reduce-scatters and all-gathers of the host CCL that read the peers' buffers where
-//! they lie (device memory of the host device: shared-memory segments), on random data
+//! Large reduce-scatters, all-gathers and all-reduces of the host CCL that read the peers'
+//! buffers where they lie (device memory of the host device: shared-memory segments), on random data
 //! checked exactly against a reference each rank computes from every rank's inputs: blocks of
 //! 256 KiB and odd sizes past it, out of place and in place (the own block), the output
 //! overlapping the input otherwise (no rank reads in place then), one rank's input in C-heap
@@ -157,6 +157,41 @@ fn run_worker(rank: usize, world: usize) {
             }
             send.free(&dev);
             recv.free(&dev);
+        }
+    }
+    // All-reduce: out of place and in place, 256 KiB a share and odd sizes past it.
+    for count in [65_536 * world, 65_536 * world + 5, 90_001 * world + 3] {
+        for op in [ReduceOp::SUM, ReduceOp::MAX] {
+            for place in 0..2 {
+                tag += 1;
+                let what = format!("rank {rank}: all_reduce {op:?} count={count} place={place}");
+                let ins: Vec<Vec<i32>> = (0..world).map(|r| input(tag, r, count)).collect();
+                let send = Buf::new(&dev, count, heap_rank == Some(rank));
+                let recv = Buf::new(&dev, count, false);
+                let (sp, rp) = match place {
+                    0 => (send.ptr, recv.ptr),
+                    _ => (send.ptr, send.ptr),
+                };
+                for call in 0..2 {
+                    send.set(0, &ins[rank]);
+                    // SAFETY: `sp` and `rp` hold `count` i32 each, in this process.
+                    unsafe { ccl.all_reduce(sp, rp, count, DataType::I32, op, c, s) }
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    dev.stream_synchronize(s)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    // SAFETY: `rp` holds `count` i32 written by the call.
+                    let got = unsafe { std::slice::from_raw_parts(rp.0 as *const i32, count) };
+                    for (i, g) in got.iter().enumerate() {
+                        let want = ins.iter().skip(1).fold(ins[0][i], |a, v| match op {
+                            ReduceOp::MAX => a.max(v[i]),
+                            _ => a.wrapping_add(v[i]),
+                        });
+                        assert_eq!(*g, want, "{what}, call {call}: element {i}");
+                    }
+                }
+                send.free(&dev);
+                recv.free(&dev);
+            }
         }
     }
     ccl.comm_finalize(c).unwrap();

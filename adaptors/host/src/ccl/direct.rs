@@ -82,43 +82,83 @@ pub(super) unsafe fn agree_inputs(
     desc: &Desc,
     send: *const u8,
 ) -> Result<Option<Vec<u64>>> {
-    let offered = !send.is_null() && std::env::var(DIRECT_ENV).map_or(true, |v| v.trim() != "0");
-    let handle = offered
-        .then(|| crate::ipc::export(DevicePtr(send as u64)).ok())
-        .flatten()
-        .filter(|h| h.len() + 2 <= LINE_BYTES);
-    let mut line = vec![0u8; 2];
-    if let Some(h) = &handle {
-        line[..2].copy_from_slice(&(h.len() as u16).to_le_bytes());
-        line.extend_from_slice(h);
+    // SAFETY: this function's contract.
+    let all = unsafe { agree_buffers(ctx, desc, &[send]) }?;
+    Ok(all.map(|v| v.into_iter().map(|b| b[0]).collect()))
+}
+
+/// As [`agree_inputs`] for several buffers of each rank (an all-reduce's input and output):
+/// per rank, its buffers as this process sees them, or `None` unless every rank gave a handle
+/// for every buffer. A rank offers nothing when any of its buffers is null or cannot be
+/// exported, or the handles do not fit its line.
+///
+/// # Safety
+/// Each buffer lies in memory of this device (a valid range of the call), or is null.
+pub(super) unsafe fn agree_buffers(
+    ctx: &mut Ctx<'_>,
+    desc: &Desc,
+    bufs: &[*const u8],
+) -> Result<Option<Vec<Vec<u64>>>> {
+    let offered = bufs.iter().all(|b| !b.is_null())
+        && std::env::var(DIRECT_ENV).map_or(true, |v| v.trim() != "0");
+    let handles: Option<Vec<Vec<u8>>> = offered
+        .then(|| {
+            bufs.iter()
+                .map(|&b| crate::ipc::export(DevicePtr(b as u64)).ok())
+                .collect()
+        })
+        .flatten();
+    let mut line = Vec::with_capacity(LINE_BYTES);
+    if let Some(hs) = &handles {
+        for h in hs {
+            line.extend_from_slice(&(h.len() as u16).to_le_bytes());
+            line.extend_from_slice(h);
+        }
+    }
+    if line.len() > LINE_BYTES || line.is_empty() {
+        line = vec![0u8; 2];
     }
     ctx.agree(desc, Some(&line))?;
     let me = ctx.me();
-    let mut handles = Vec::with_capacity(ctx.n());
+    let mut all: Vec<Vec<Vec<u8>>> = Vec::with_capacity(ctx.n());
     for r in 0..ctx.n() {
         let at = ctx.line_data(r);
-        let mut len = [0u8; 2];
-        // SAFETY: every rank's line of this generation holds at least 2 published bytes (its
-        // handle's length), readable until the line is rewritten LINES generations later.
-        unsafe { std::ptr::copy_nonoverlapping(at, len.as_mut_ptr(), 2) };
-        let len = usize::from(u16::from_le_bytes(len)).min(LINE_BYTES - 2);
-        if len == 0 {
-            return Ok(None);
+        let mut pos = 0usize;
+        let mut mine = Vec::with_capacity(bufs.len());
+        for _ in bufs {
+            if pos + 2 > LINE_BYTES {
+                return Ok(None);
+            }
+            let mut len = [0u8; 2];
+            // SAFETY: every rank's line of this generation holds what it published (at least
+            // the first length), readable until it is rewritten LINES generations later; the
+            // reads stay within the line.
+            unsafe { std::ptr::copy_nonoverlapping(at.add(pos), len.as_mut_ptr(), 2) };
+            let len = usize::from(u16::from_le_bytes(len));
+            if len == 0 || pos + 2 + len > LINE_BYTES {
+                return Ok(None);
+            }
+            let mut h = vec![0u8; len];
+            // SAFETY: as above, `len` bytes within the line.
+            unsafe { std::ptr::copy_nonoverlapping(at.add(pos + 2), h.as_mut_ptr(), len) };
+            mine.push(h);
+            pos += 2 + len;
         }
-        let mut h = vec![0u8; len];
-        // SAFETY: as above, `len` bytes after the length, within the line.
-        unsafe { std::ptr::copy_nonoverlapping(at.add(2), h.as_mut_ptr(), len) };
-        handles.push(h);
+        all.push(mine);
     }
-    let mut at = Vec::with_capacity(ctx.n());
-    for (r, h) in handles.iter().enumerate() {
-        at.push(if r == me {
-            send as u64
-        } else {
-            ctx.comm.peers.open(r, h)?
-        });
+    let mut out = Vec::with_capacity(ctx.n());
+    for (r, hs) in all.iter().enumerate() {
+        let mut ptrs = Vec::with_capacity(hs.len());
+        for (i, h) in hs.iter().enumerate() {
+            ptrs.push(if r == me {
+                bufs[i] as u64
+            } else {
+                ctx.comm.peers.open(r, h)?
+            });
+        }
+        out.push(ptrs);
     }
-    Ok(Some(at))
+    Ok(Some(out))
 }
 
 /// Bytes of the blocks a reduction goes through (in the first level cache): every source of a
@@ -223,5 +263,27 @@ pub(super) unsafe fn par_gather(
                 )
             };
         }
+    })
+}
+
+/// Copies `(dst, src, bytes)` jobs over the helper threads, each cut into pieces.
+///
+/// # Safety
+/// Every destination holds its bytes, writable, overlapping no other job's destination nor any
+/// source; every source holds its bytes, readable, not written during the call.
+pub(super) unsafe fn par_copies(ctx: &Ctx<'_>, jobs: &[(usize, usize, usize)]) -> Result<()> {
+    let h = &ctx.comm.helpers;
+    let total: usize = jobs.iter().map(|j| j.2).sum();
+    let per = (total.div_ceil(h.parts() * 4) / BLOCK + 1) * BLOCK;
+    let units: Vec<(usize, usize, usize)> = jobs
+        .iter()
+        .flat_map(|&(d, s, n)| {
+            (0..n.div_ceil(per)).map(move |p| (d + p * per, s + p * per, per.min(n - p * per)))
+        })
+        .collect();
+    h.run(units.len(), &|u| {
+        let (d, s, n) = units[u];
+        // SAFETY: this function's contract; the pieces of a job are disjoint.
+        unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, n) };
     })
 }

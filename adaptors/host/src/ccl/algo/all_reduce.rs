@@ -94,6 +94,54 @@ pub unsafe fn all_reduce(
         }
         return Ok(());
     }
+    if root.is_none() && bytes >= super::super::direct::DIRECT_MIN * ctx.n() {
+        // Every share reduced from the inputs where they lie, then every other share copied
+        // from its owner's output (see `direct`), unless some rank's buffers cannot be mapped
+        // or its output overlaps its input other than exactly (in place).
+        let (s0, r0) = (send as usize, recv as usize);
+        let apart = r0 >= s0 + bytes || r0 + bytes <= s0;
+        let ok = apart || s0 == r0;
+        let bufs = if ok {
+            [send, recv.cast_const()]
+        } else {
+            [std::ptr::null(); 2]
+        };
+        // SAFETY: `send` and `recv` are the call's buffers (or null: no offer).
+        if let Some(all) = unsafe { super::super::direct::agree_buffers(ctx, &desc, &bufs) }? {
+            let (n, me) = (ctx.n(), ctx.me());
+            let ins: Vec<u64> = all.iter().map(|b| b[0]).collect();
+            let (a, b) = share(count, n, me);
+            // SAFETY: every rank's input holds `count` elements and is not written until the
+            // first barrier but by its owner's reduction of its own share (in place), which
+            // no other rank reads; `recv`'s share overlaps no input but its own, exactly.
+            unsafe {
+                super::super::direct::par_reduce(
+                    ctx,
+                    recv.add(a * es),
+                    &ins,
+                    a * es,
+                    (b - a) * es,
+                    dtype,
+                    op,
+                )
+            }?;
+            ctx.barrier(kind.name())?;
+            let jobs: Vec<(usize, usize, usize)> = (0..n)
+                .filter(|&r| r != me)
+                .map(|r| {
+                    let (a, b) = share(count, n, r);
+                    (r0 + a * es, all[r][1] as usize + a * es, (b - a) * es)
+                })
+                .filter(|j| j.2 > 0)
+                .collect();
+            // SAFETY: every rank's output holds its reduced share (published by the barrier)
+            // and nobody writes that share until the last barrier; this rank writes only the
+            // other shares of its own output, which nobody reads.
+            unsafe { super::super::direct::par_copies(ctx, &jobs) }?;
+            ctx.barrier(kind.name())?;
+            return Ok(());
+        }
+    }
     // Chunks of a slot, software-pipelined: step k reduces this rank's share of chunk k - 1
     // (every rank's slot, published by the barrier before) into the result buffer, copies
     // chunk k of `send` into this rank's slot and copies the result of chunk k - 2 (reduced
