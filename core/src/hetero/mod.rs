@@ -1334,7 +1334,17 @@ impl HeteroCore {
     /// Enqueues a bridge step on `stream`: handed to the proxy thread where there is one
     /// (the stream signals it and waits for it through host memory), else a host function.
     fn step(&self, stream: Stream, work: Work) -> Result<(), HeteroError> {
-        match &self.proxy {
+        self.step_via(self.proxy.as_ref(), stream, work)
+    }
+
+    /// [`HeteroCore::step`] with `proxy` (the bridge stream's or the collect stream's).
+    fn step_via(
+        &self,
+        proxy: Option<&Proxy>,
+        stream: Stream,
+        work: Work,
+    ) -> Result<(), HeteroError> {
+        match proxy {
             Some(p) => p.enqueue(
                 &self.device,
                 stream,
@@ -1497,18 +1507,11 @@ impl HeteroCore {
         };
         let (_, back) = step.stage(st.slot(step.staging_slot()), st.slot_bytes)?;
         self.wait_mark(co, before.done)?;
-        let work: Work = Box::new(move |b: &Bridge| step.run(b));
-        match &self.collector {
-            Some(p) => p.enqueue(
-                &self.device,
-                co,
-                Job {
-                    shared: self.shared.clone(),
-                    work,
-                },
-            )?,
-            None => self.host(co, work)?,
-        }
+        self.step_via(
+            self.collector.as_ref(),
+            co,
+            Box::new(move |b: &Bridge| step.run(b)),
+        )?;
         Ok(Issued {
             back,
             done: self.mark(co)?,
