@@ -240,30 +240,13 @@ pub(super) unsafe fn par_gather(
     srcs: &[u64],
     bytes: usize,
 ) -> Result<()> {
-    let h = &ctx.comm.helpers;
-    let n = srcs.len();
-    let per = (bytes.div_ceil(h.parts().div_ceil(n.max(1)) * 2).max(1) / BLOCK + 1) * BLOCK;
-    let pieces = bytes.div_ceil(per).max(1);
     let recv_at = recv as usize;
-    let jobs: Vec<(usize, usize)> = (0..n)
-        .filter(|&r| srcs[r] as usize != recv_at + r * bytes)
-        .flat_map(|r| (0..pieces).map(move |p| (r, p)))
+    let jobs: Vec<(usize, usize, usize)> = (0..srcs.len())
+        .map(|r| (recv_at + r * bytes, srcs[r] as usize, bytes))
+        .filter(|&(d, s, n)| d != s && n > 0)
         .collect();
-    h.run(jobs.len(), &|u| {
-        let (r, p) = jobs[u];
-        let lo = p * per;
-        let len = per.min(bytes.saturating_sub(lo));
-        if len > 0 {
-            // SAFETY: this function's contract: block r of `recv` and `srcs[r]` hold `bytes`.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (srcs[r] as usize + lo) as *const u8,
-                    (recv_at + r * bytes + lo) as *mut u8,
-                    len,
-                )
-            };
-        }
-    })
+    // SAFETY: this function's contract.
+    unsafe { par_copies(ctx, &jobs) }
 }
 
 /// Copies `(dst, src, bytes)` jobs over the helper threads, each cut into pieces.
