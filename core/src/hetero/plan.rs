@@ -354,6 +354,16 @@ impl HybridPlan {
     }
 }
 
+/// `lo`, `hi` and the `points` strictly between them, ascending, each once: where a share
+/// `lo..hi` is cut by the share boundaries (`points`) of other ranks.
+fn cut(lo: usize, hi: usize, points: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut bounds = vec![lo, hi];
+    bounds.extend(points.filter(|&b| b > lo && b < hi));
+    bounds.sort_unstable();
+    bounds.dedup();
+    bounds
+}
+
 /// Rank `r`'s steps A and B in an `e`-element chunk, without the readers.
 fn hybrid_steps_of(e: usize, roles: &Roles, r: usize) -> (HybridStep, HybridStep) {
     let f = roles.flat.len();
@@ -365,18 +375,14 @@ fn hybrid_steps_of(e: usize, roles: &Roles, r: usize) -> (HybridStep, HybridStep
     };
     if let Some(j) = roles.flat.iter().position(|&x| x == r) {
         let (f0, f1) = share_of(e, f, j);
-        let mut bounds = vec![f0, f1];
-        for ranks in &roles.through {
-            let p = ranks.len();
-            for i in 1..p {
-                let b = i * (e / p);
-                if b > f0 && b < f1 {
-                    bounds.push(b);
-                }
-            }
-        }
-        bounds.sort_unstable();
-        bounds.dedup();
+        let bounds = cut(
+            f0,
+            f1,
+            roles
+                .through
+                .iter()
+                .flat_map(|ranks| (1..ranks.len()).map(move |i| i * (e / ranks.len()))),
+        );
         let reduce_outs = bounds
             .windows(2)
             .filter(|w| w[1] > w[0])
@@ -428,15 +434,7 @@ fn hybrid_steps_of(e: usize, roles: &Roles, r: usize) -> (HybridStep, HybridStep
         .expect("a rank flat or through its cluster");
     let p = roles.through[c].len();
     let (s0, s1) = share_of(e, p, i);
-    let mut bounds = vec![s0, s1];
-    for y in 1..f {
-        let b = y * (e / f);
-        if b > s0 && b < s1 {
-            bounds.push(b);
-        }
-    }
-    bounds.sort_unstable();
-    bounds.dedup();
+    let bounds = cut(s0, s1, (1..f).map(|y| y * (e / f)));
     let copies = bounds
         .windows(2)
         .filter(|w| w[1] > w[0])
