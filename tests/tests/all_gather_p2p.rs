@@ -17,7 +17,9 @@
 //! window (`Call::output_window`: symmetric memory registered on every rank, the output at an
 //! offset in it), the window-copies route pushes: every case again, pieces of several sizes
 //! (hooks counted, the 4095-piece cap), back to back with streams and pieces changing call by
-//! call, an output outside its window refused, and a missing peer a timeout.
+//! call, an output outside its window refused, and a missing peer a timeout. A short gather
+//! the router takes whole, with no hook, waits for a late rank through every way of asking for
+//! its (lazily recorded) event.
 
 mod window_ranks;
 
@@ -753,6 +755,96 @@ fn a_slice_arrives_before_a_late_rank_joins_4_ranks() {
             Job::new(T, 4)
                 .env(ferrocx::comm::p2p::ROUNDS_PER_GROUP_ENV, "1")
                 .run();
+        }
+    }
+}
+
+/// A short gather the router takes whole (the CCL's all_gather in one call) with no hook
+/// leaves its event unrecorded until somebody asks: every way of asking must still wait for
+/// the gather. One rank (the last) joins each call late, so a wait that did not wait would let
+/// the reader below see the slice before it arrived: through `wait_slice` on another stream,
+/// through the public `Slice::event` waited on directly, through `synchronize_slice`, and,
+/// asking nothing, through `join` of the caller's own stream.
+fn short_main() {
+    let comm = communicator();
+    let (me, world) = (comm.rank(), comm.world());
+    let late = world - 1;
+    let dev = comm.device();
+    let other = dev.stream_create().expect("stream");
+    let count = 1001;
+    for (k, way) in ["wait_slice", "event", "synchronize_slice", "join"]
+        .into_iter()
+        .enumerate()
+    {
+        let all: Vec<Vec<u8>> = (0..world)
+            .map(|r| input(80 + k as u64, r, count * 4))
+            .collect();
+        let send = DeviceBuffer::from_host(dev, &all[me], MemKind::DEVICE).expect("upload");
+        let recv = DeviceBuffer::from_host(dev, &vec![0xA5; world * count * 4], MemKind::DEVICE)
+            .expect("upload");
+        comm.barrier().expect("barrier");
+        if me == late {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        // SAFETY: both buffers live past the waits below.
+        let h = unsafe { comm.all_gather_p2p(send.ptr(), recv.ptr(), count, DataType::F32, 2) }
+            .expect("all_gather_p2p");
+        assert_eq!(h.route(), Route::Ccl, "{way}");
+        let at = recv.ptr().0 + (late * count * 4) as u64;
+        let got: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let read = |stream| {
+            let got = got.clone();
+            launch_host(dev, stream, move || {
+                // SAFETY: on the host device a device address is this process's; `recv` lives
+                // past the stream's synchronize below.
+                let s = unsafe { std::slice::from_raw_parts(at as *const u8, count * 4) };
+                *got.lock().unwrap() = s.to_vec();
+            })
+            .expect("launch_host");
+        };
+        match way {
+            "wait_slice" => {
+                h.wait_slice(late, other).expect("wait_slice");
+                read(other);
+                dev.stream_synchronize(other).expect("stream");
+            }
+            "event" => {
+                dev.stream_wait_event(other, h.slice(late).event)
+                    .expect("wait");
+                read(other);
+                dev.stream_synchronize(other).expect("stream");
+            }
+            "synchronize_slice" => {
+                h.synchronize_slice(late).expect("synchronize_slice");
+                *got.lock().unwrap() = recv.to_vec().expect("download")
+                    [late * count * 4..(late + 1) * count * 4]
+                    .to_vec();
+            }
+            _ => {
+                h.join(comm.stream()).expect("join");
+                read(comm.stream());
+                dev.stream_synchronize(comm.stream()).expect("stream");
+            }
+        }
+        assert!(
+            *got.lock().unwrap() == all[late],
+            "{way}: rank {me} read slice {late} before it arrived"
+        );
+        h.synchronize().expect("synchronize");
+        drop(h);
+        assert_eq!(recv.to_vec().expect("download"), all.concat(), "{way}");
+    }
+    comm.barrier().expect("barrier");
+    println!("RANK OK");
+}
+
+#[test]
+fn a_short_gather_records_its_event_when_asked_3_ranks() {
+    const T: &str = "a_short_gather_records_its_event_when_asked_3_ranks";
+    match rank_of(T) {
+        Some(_) => short_main(),
+        None => {
+            Job::new(T, 3).run();
         }
     }
 }

@@ -39,7 +39,11 @@
 //! - [`Route::Ccl`]: the CCL's `send` and `recv` in groups (`group_start`/`group_end`); when
 //!   the router chose it (nothing forced) for an output below [`WHOLE_BELOW_ENV`] (4 MiB),
 //!   the CCL's `all_gather` in one call instead, every slice's event after it (so for the
-//!   window-copies route the router would choose);
+//!   window-copies route the router would choose); without a hook ([`Call::all_gather_p2p`])
+//!   that event is recorded only when the handle is first asked for a slice or a wait (on the
+//!   call's stream, then after whatever the caller enqueued there since): a caller that only
+//!   orders its stream after the gather ([`AllGatherP2p::join`]) costs the stream one
+//!   operation less per call;
 //! - [`Route::WindowReads`], where the CCL has no point-to-point and the device's memory is
 //!   host-addressable with host functions (the host device): each rank copies its slice into
 //!   a staging window of the communicator and publishes it with a round number; the copy of
@@ -129,6 +133,7 @@
 //! events come from a pool of the communicator and go back when the handle
 //! ([`AllGatherP2p`]) drops.
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -236,6 +241,9 @@ pub fn rounds(world: usize, rank: usize) -> Vec<Option<usize>> {
     peers
 }
 
+/// A per-slice hook of [`Call::all_gather_p2p_each`].
+type SliceHook<'h> = dyn FnMut(&Slice) -> Result<(), CommError> + 'h;
+
 /// One slice of an all-gather's output: where it lies, the stream that fills it and the event
 /// that fires once it is in place.
 #[derive(Clone, Copy, Debug)]
@@ -248,7 +256,8 @@ pub struct Slice {
     pub count: usize,
     /// The communicator's stream that fills it (stream `rank mod S`).
     pub stream: Stream,
-    /// Recorded on `stream` right after the slice is in place. It belongs to the
+    /// Recorded on `stream` right after the slice is in place (a short gather without a hook:
+    /// when the handle first hands out a slice or waits, see the module docs). It belongs to the
     /// [`AllGatherP2p`] handle: once the handle drops, a later call may record it again (waits
     /// enqueued before then still see this call's record).
     pub event: Event,
@@ -264,6 +273,10 @@ pub struct AllGatherP2p<'a> {
     route: Route,
     /// The events of the pieces before each slice's last ([`Call::pieces`]).
     pieces: Vec<Event>,
+    /// A gather in one collective whose (shared) event is not recorded yet: the stream to
+    /// record it on when somebody first asks for a slice or waits (see [`AllGatherP2p::new`]'s
+    /// callers: the short gather nobody hooked).
+    unrecorded: Cell<Option<Stream>>,
 }
 
 impl<'a> AllGatherP2p<'a> {
@@ -295,16 +308,35 @@ impl<'a> AllGatherP2p<'a> {
             order: Vec::with_capacity(world),
             route,
             pieces: Vec::new(),
+            unrecorded: Cell::new(None),
         }
+    }
+
+    /// Records the slices' shared event now if the call left it for later; a failure is the
+    /// communicator's transfer failure (reported by every later call and synchronize).
+    fn recorded(&self) -> Result<(), CommError> {
+        if let Some(stream) = self.unrecorded.take() {
+            if let Err(e) = self.comm.device.event_record(self.slices[0].event, stream) {
+                let e = CommError::from(e);
+                self.comm
+                    .p2p
+                    .failure
+                    .set(format!("all_gather_p2p: recording its event: {e}"));
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Slice `rank` (panics when `rank` is not below the world size).
     pub fn slice(&self, rank: usize) -> Slice {
+        let _ = self.recorded();
         self.slices[rank]
     }
 
     /// Every slice, by rank.
     pub fn slices(&self) -> &[Slice] {
+        let _ = self.recorded();
         &self.slices
     }
 
@@ -321,12 +353,14 @@ impl<'a> AllGatherP2p<'a> {
 
     /// Orders work enqueued on `stream` from now on after slice `rank`'s arrival.
     pub fn wait_slice(&self, rank: usize, stream: Stream) -> Result<(), CommError> {
+        self.recorded()?;
         let s = self.get(rank)?;
         Ok(self.comm.device.stream_wait_event(stream, s.event)?)
     }
 
     /// Orders work enqueued on `stream` from now on after every slice's arrival.
     pub fn wait_all(&self, stream: Stream) -> Result<(), CommError> {
+        self.recorded()?;
         for s in &self.slices {
             self.comm.device.stream_wait_event(stream, s.event)?;
         }
@@ -356,6 +390,7 @@ impl<'a> AllGatherP2p<'a> {
     /// [`Route::WindowCopies`] the wait is bounded by the communicator's timeout (see
     /// [`AllGatherP2p::synchronize`]).
     pub fn synchronize_slice(&self, rank: usize) -> Result<(), CommError> {
+        self.recorded()?;
         let s = *self.get(rank)?;
         let deadline = Instant::now() + self.comm.timeout();
         self.settle(&s, deadline)?;
@@ -372,6 +407,7 @@ impl<'a> AllGatherP2p<'a> {
     /// that nothing enqueued on them waits forever; data that arrives after that is not to be
     /// trusted, and every later call fails.
     pub fn synchronize(&self) -> Result<(), CommError> {
+        self.recorded()?;
         let deadline = Instant::now() + self.comm.timeout();
         for s in &self.slices {
             self.settle(s, deadline)?;
@@ -1061,7 +1097,7 @@ impl<'a> Call<'a> {
         streams: usize,
     ) -> Result<AllGatherP2p<'a>, CommError> {
         // SAFETY: the caller's contract.
-        unsafe { self.all_gather_p2p_each(send, recv, send_count, dtype, streams, |_| Ok(())) }
+        unsafe { self.gather_p2p(send, recv, send_count, dtype, streams, None) }
     }
 
     /// As [`Call::all_gather_p2p`], and calls `each` with every slice right after its
@@ -1082,6 +1118,30 @@ impl<'a> Call<'a> {
         streams: usize,
         mut each: impl FnMut(&Slice) -> Result<(), CommError>,
     ) -> Result<AllGatherP2p<'a>, CommError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.gather_p2p(send, recv, send_count, dtype, streams, Some(&mut each)) }
+    }
+
+    /// [`Call::all_gather_p2p_each`], with the hook optional: without one, a gather in one
+    /// collective leaves its event unrecorded until somebody asks for it (one stream
+    /// operation less per call, where the caller only orders its stream after the gather).
+    ///
+    /// # Safety
+    /// As [`Call::all_gather_p2p`].
+    unsafe fn gather_p2p(
+        &self,
+        send: DevicePtr,
+        recv: DevicePtr,
+        send_count: usize,
+        dtype: DataType,
+        streams: usize,
+        mut hook: Option<&mut SliceHook<'_>>,
+    ) -> Result<AllGatherP2p<'a>, CommError> {
+        let hooked = hook.is_some();
+        let mut each = |s: &Slice| match hook.as_mut() {
+            Some(f) => f(s),
+            None => Ok(()),
+        };
         let c = self.comm;
         let es = dtype.size().ok_or_else(|| {
             CommError::PointToPoint(format!("all_gather_p2p: unknown data type {dtype:?}"))
@@ -1161,9 +1221,16 @@ impl<'a> Call<'a> {
                 AllGatherP2p::new(c, route, recv, bytes, send_count, |_| (self.stream, event));
             // SAFETY: the caller's contract is the gather's.
             unsafe { self.all_gather(send, recv, send_count, dtype) }?;
+            handle.order.push(me);
+            handle.order.extend(schedule(world, me));
+            if !hooked {
+                // Nobody looks at the event yet: recorded when first asked for (a caller that
+                // only orders this stream after the gather never needs it).
+                handle.unrecorded.set(Some(self.stream));
+                return Ok(handle);
+            }
             c.device.event_record(event, self.stream)?;
             for r in std::iter::once(me).chain(schedule(world, me)) {
-                handle.order.push(r);
                 each(&handle.slices[r])?;
             }
             return Ok(handle);
