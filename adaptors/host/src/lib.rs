@@ -22,7 +22,7 @@ mod shm;
 mod stream;
 mod vmm;
 
-pub use ccl::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, HostCcl};
+pub use ccl::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, reads_in_place, HostCcl};
 pub use device::HostDevice;
 
 use ferrocx::abi::{

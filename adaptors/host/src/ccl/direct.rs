@@ -31,6 +31,16 @@ pub const DIRECT_MIN: usize = 256 << 10;
 /// The environment variable that turns the reads in place off (`0`) for this rank.
 pub const DIRECT_ENV: &str = "FERROCX_HOST_DIRECT";
 
+/// Calls of this process that read the peers' buffers in place ([`reads_in_place`]).
+static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many calls of this process's host communicators have read the peers' buffers in place
+/// so far. For tests and diagnostics: the slot path gives the same results, so only this
+/// count tells which path a call took.
+pub fn reads_in_place() -> u64 {
+    CALLS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// One peer's mappings: (handle, pointer here), latest first.
 type Kept = VecDeque<(Vec<u8>, u64)>;
 
@@ -158,6 +168,7 @@ pub(super) unsafe fn agree_buffers(
         }
         out.push(ptrs);
     }
+    CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     Ok(Some(out))
 }
 

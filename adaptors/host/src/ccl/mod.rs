@@ -56,6 +56,7 @@ use task::{enqueue, enqueue_rooted, Coll};
 
 pub(crate) use task::CollTask;
 
+pub use direct::reads_in_place;
 pub use reduce::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 
 /// The shared-memory CCL.
