@@ -5,20 +5,7 @@
 //! or to the window algorithms. Nothing else in ferrocx calls a CCL entry with a communicator
 //! handle.
 //!
-//! # Safety of the buffer arguments
-//!
-//! Collectives are asynchronous: they return once enqueued, and the adaptor reads and writes
-//! the buffers later, in stream order. So every method that takes a [`DevicePtr`] is an
-//! `unsafe fn` with one contract, stated once here:
-//!
-//! - each buffer is memory of this communicator's device adaptor (from its `mem_alloc`, the
-//!   symmetric heap, or memory the adaptor documents as addressable, such as host memory on the
-//!   host device), valid for the bytes the operation touches (`count` elements of `dtype`, or
-//!   as the method says);
-//! - it stays valid, and no other work writes a buffer the operation reads or reads a buffer it
-//!   writes, until the operation has completed on the stream (after a synchronize of the
-//!   stream, or an event recorded after it);
-//! - `send` and `recv` are equal (in place) or do not overlap.
+//! The safety contract of every buffer argument is stated once, on [`Call`].
 
 use crate::abi::{DataType, DevicePtr, ReduceOp, Stream};
 use crate::route::{Collective, Route};
@@ -30,6 +17,21 @@ use super::{CommError, Communicator};
 /// A collective call of one communicator on one stream, optionally on a forced route: made by
 /// [`Communicator::on`] (a caller's stream) or [`Communicator::call`] (the communicator's).
 /// Cheap to make: it borrows the communicator.
+///
+/// # Safety of the buffer arguments
+///
+/// Collectives are asynchronous: they return once enqueued, and the adaptor reads and writes
+/// the buffers later, in stream order. So every method that takes a [`DevicePtr`] is an
+/// `unsafe fn` with one contract, stated once here (every method's `# Safety` refers to it):
+///
+/// - each buffer is memory of this communicator's device adaptor (from its `mem_alloc`, the
+///   symmetric heap, or memory the adaptor documents as addressable, such as host memory on the
+///   host device), valid for the bytes the operation touches (`count` elements of `dtype`, or
+///   as the method says);
+/// - it stays valid, and no other work writes a buffer the operation reads or reads a buffer it
+///   writes, until the operation has completed on the stream (after a synchronize of the
+///   stream, or an event recorded after it);
+/// - `send` and `recv` are equal (in place) or do not overlap.
 #[derive(Clone, Copy)]
 pub struct Call<'a> {
     pub(super) comm: &'a Communicator,
@@ -163,7 +165,7 @@ impl<'a> Call<'a> {
     /// Enqueues `recv[i] = op over ranks of send[i]` for `count` elements of `dtype`.
     ///
     /// # Safety
-    /// `send` and `recv` hold `count` elements of `dtype`, as the [module docs](self) say.
+    /// `send` and `recv` hold `count` elements of `dtype`, as the [`Call`] docs say.
     pub unsafe fn all_reduce(
         &self,
         send: DevicePtr,
@@ -231,7 +233,7 @@ impl<'a> Call<'a> {
     ///
     /// # Safety
     /// `send` holds `count` elements on every rank, `recv` on the root (ignored elsewhere), as
-    /// the [module docs](self) say.
+    /// the [`Call`] docs say.
     pub unsafe fn reduce(
         &self,
         send: DevicePtr,
@@ -270,7 +272,7 @@ impl<'a> Call<'a> {
     ///
     /// # Safety
     /// `send` (read on the root) and `recv` hold `count` elements, as the
-    /// [module docs](self) say.
+    /// [`Call`] docs say.
     pub unsafe fn broadcast(
         &self,
         send: DevicePtr,
@@ -300,7 +302,7 @@ impl<'a> Call<'a> {
     ///
     /// # Safety
     /// `send` holds `send_count` elements and `recv` `world * send_count`, as the
-    /// [module docs](self) say.
+    /// [`Call`] docs say.
     pub unsafe fn all_gather(
         &self,
         send: DevicePtr,
@@ -330,7 +332,7 @@ impl<'a> Call<'a> {
     ///
     /// # Safety
     /// `send` holds `world * recv_count` elements and `recv` `recv_count`, as the
-    /// [module docs](self) say.
+    /// [`Call`] docs say.
     pub unsafe fn reduce_scatter(
         &self,
         send: DevicePtr,
@@ -371,7 +373,7 @@ impl<'a> Call<'a> {
     ///
     /// # Safety
     /// `send` holds `send_count` elements, the root's `recv` `world * send_count`, as the
-    /// [module docs](self) say.
+    /// [`Call`] docs say.
     pub unsafe fn gather(
         &self,
         send: DevicePtr,
@@ -408,7 +410,7 @@ impl<'a> Call<'a> {
     ///
     /// # Safety
     /// The root's `send` holds `world * recv_count` elements, every `recv` `recv_count`, as
-    /// the [module docs](self) say.
+    /// the [`Call`] docs say.
     pub unsafe fn scatter(
         &self,
         send: DevicePtr,
@@ -456,7 +458,7 @@ impl<'a> Call<'a> {
     /// `recv` from rank r.
     ///
     /// # Safety
-    /// `send` and `recv` hold `world * count` elements, as the [module docs](self) say.
+    /// `send` and `recv` hold `world * count` elements, as the [`Call`] docs say.
     pub unsafe fn all_to_all(
         &self,
         send: DevicePtr,
@@ -497,7 +499,7 @@ impl<'a> Call<'a> {
     ///
     /// # Safety
     /// `send` holds the elements `send_displs[r]..send_displs[r] + send_counts[r]` for every
-    /// rank r, `recv` likewise for the receive arrays, as the [module docs](self) say.
+    /// rank r, `recv` likewise for the receive arrays, as the [`Call`] docs say.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn all_to_allv(
         &self,
@@ -551,7 +553,7 @@ impl<'a> Call<'a> {
     /// are issued together, so any order of them cannot deadlock.
     ///
     /// # Safety
-    /// `buf` holds `count` elements, as the [module docs](self) say.
+    /// `buf` holds `count` elements, as the [`Call`] docs say.
     pub unsafe fn send(
         &self,
         buf: DevicePtr,
@@ -566,7 +568,7 @@ impl<'a> Call<'a> {
     /// Enqueues a receive of `count` elements from `peer` (see [`Call::send`] for groups).
     ///
     /// # Safety
-    /// `buf` holds `count` elements, as the [module docs](self) say.
+    /// `buf` holds `count` elements, as the [`Call`] docs say.
     pub unsafe fn recv(
         &self,
         buf: DevicePtr,

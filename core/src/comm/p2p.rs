@@ -89,7 +89,7 @@
 //! **Into an output window** ([`Call::output_window`]: the output `recv` lies in a window
 //! registered on every rank, at the same offset): no staging. Each rank pushes its input
 //! straight into every peer's output by the copy engines, on one of the communicator's
-//! [`PUSH_STREAMS`] push streams (peer `q` on stream `q mod 4`, whatever `streams` says, so a
+//! 4 push streams (peer `q` on stream `q mod 4`, whatever `streams` says, so a
 //! rank's signal words to a peer land in order), cut into pieces when [`Call::pieces`] asks:
 //!
 //! ```text

@@ -369,9 +369,9 @@ impl Bridge {
     /// The failure another rank recorded, if one.
     ///
     /// The recording rank claims the record before it writes the text: a reader that finds it
-    /// claimed waits (briefly: the text is a copy of at most [`TEXT`] bytes) until the text is
+    /// claimed waits (briefly: the text is a copy of at most 1024 bytes) until the text is
     /// published, so that it never reports an empty message. If the recorder died in between,
-    /// the failure is reported without its text after [`TEXT_WAIT`].
+    /// the failure is reported without its text after 200 ms.
     pub fn failure(&self) -> Option<HeteroError> {
         let failed = self.u64_at(H_FAILED).load(Ordering::Acquire);
         if failed == 0 {
