@@ -23,6 +23,14 @@ fn input(tag: u64, rank: usize, n: usize) -> Vec<i32> {
         .collect()
 }
 
+/// Element `at` reduced over every rank's input by `op` (the reference).
+fn reduced(ins: &[Vec<i32>], at: usize, op: ReduceOp) -> i32 {
+    ins.iter().skip(1).fold(ins[0][at], |a, v| match op {
+        ReduceOp::MAX => a.max(v[at]),
+        _ => a.wrapping_add(v[at]),
+    })
+}
+
 /// A buffer of `n` i32: device memory of the host device, or C-heap memory (`heap`).
 struct Buf {
     ptr: DevicePtr,
@@ -119,11 +127,11 @@ fn run_worker(rank: usize, world: usize) {
                     let got = unsafe { std::slice::from_raw_parts(out.0 as *const i32, block) };
                     for (i, g) in got.iter().enumerate() {
                         let at = rank * block + i;
-                        let want = ins.iter().skip(1).fold(ins[0][at], |a, v| match op {
-                            ReduceOp::MAX => a.max(v[at]),
-                            _ => a.wrapping_add(v[at]),
-                        });
-                        assert_eq!(*g, want, "{what}, call {call}: element {i}");
+                        assert_eq!(
+                            *g,
+                            reduced(&ins, at, op),
+                            "{what}, call {call}: element {i}"
+                        );
                     }
                 }
                 send.free(&dev);
@@ -184,11 +192,7 @@ fn run_worker(rank: usize, world: usize) {
                     // SAFETY: `rp` holds `count` i32 written by the call.
                     let got = unsafe { std::slice::from_raw_parts(rp.0 as *const i32, count) };
                     for (i, g) in got.iter().enumerate() {
-                        let want = ins.iter().skip(1).fold(ins[0][i], |a, v| match op {
-                            ReduceOp::MAX => a.max(v[i]),
-                            _ => a.wrapping_add(v[i]),
-                        });
-                        assert_eq!(*g, want, "{what}, call {call}: element {i}");
+                        assert_eq!(*g, reduced(&ins, i, op), "{what}, call {call}: element {i}");
                     }
                 }
                 send.free(&dev);
