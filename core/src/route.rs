@@ -313,6 +313,7 @@ mod tests {
             two_shot_max: 256 << 10,
         },
         window_faster: true,
+        all_gather_below: 0,
     };
 
     fn config(small: SmallMessage, fallback: Fallback) -> WindowCollectivesConfig {

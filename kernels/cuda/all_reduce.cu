@@ -359,3 +359,33 @@ __device__ void fx_ring(const FxArgs& a, const FxRound& r) {
 FX_TYPES(one_shot)
 FX_TYPES(two_shot)
 FX_TYPES(ring)
+
+// All-gather of a.count bytes per rank (at most a.chunk): block b pushes its part of this rank's
+// input into slot `rank` of every peer's chunk slots (this round's parity) and copies it into
+// this rank's place in the output, signals every peer's block b, waits for theirs, then copies
+// its part of every peer's input from its own slots into the output. Bytes, so every element
+// type takes it; vector moves when the buffers and the size are 16-byte multiples.
+struct U8 {
+    typedef unsigned char T;
+};
+
+extern "C" __global__ void __launch_bounds__(FX_THREADS) fx_all_gather(FxArgs a) {
+    FxRound r = fx_begin(a);
+    u64 lo, hi;
+    fx_part(a.count, gridDim.x, blockIdx.x, 16, &lo, &hi);
+    u64 dsts[FX_MAX_RANKS];
+    for (u32 q = 0; q < a.world; q++) dsts[q] = a.peers[q] + r.parity + (u64)a.rank * a.chunk;
+    const u32 peer_mask = ((1u << a.world) - 1u) & ~(1u << a.rank);
+    fx_push<U8>(dsts, peer_mask, a.world, a.send, lo, hi, a.vec);
+    const u64 own = a.recv + (u64)a.rank * a.count;
+    if (own != a.send) fx_copy<U8>(own, a.send, lo, hi, a.vec, false);
+    if (fx_signal_all_and_wait(a, r.epoch, FX_ARRIVE, r.epoch)) {
+        // The peers' slots are this GPU's memory written over NVLink: read around L1 too.
+        for (u32 q = 0; q < a.world; q++) {
+            if (q == a.rank) continue;
+            fx_copy<U8>(a.recv + (u64)q * a.count, a.peers[a.rank] + r.parity + (u64)q * a.chunk,
+                        lo, hi, a.vec, true);
+        }
+    }
+    fx_end(a, r);
+}

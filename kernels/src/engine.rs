@@ -7,12 +7,15 @@ use std::sync::Mutex;
 use ferrocx::abi::{Capabilities, ImageFormat};
 use ferrocx::adaptor::Device;
 use ferrocx::window::collectives::{
-    AllReduceCall, CollectiveError, Measured, Scratch, WindowAlgo, WindowCollectives,
-    WindowCollectivesProvider, WindowContext,
+    AllGatherCall, AllReduceCall, CollectiveError, Measured, Scratch, WindowAlgo,
+    WindowCollectives, WindowCollectivesProvider, WindowContext,
 };
 
 use crate::element::{self, Elem, Op};
-use crate::host::{algo::Call, Host};
+use crate::host::{
+    algo::{Call, Gather},
+    Host,
+};
 use crate::layout::Layout;
 use crate::{cuda, select};
 
@@ -202,6 +205,53 @@ impl WindowCollectives for Engine {
         *next += rounds;
         if let Err(e) = &enqueued {
             // This rank's rounds are now out of step with its peers': later calls fail too.
+            let mut slot = self.enqueue_error.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert_with(|| e.clone());
+        }
+        enqueued
+    }
+
+    fn all_gather_max(&self) -> usize {
+        // The CUDA kernel pushes each rank's input into one chunk slot of every peer; the host
+        // algorithm publishes it in its own parity. A chunk slot either way.
+        self.layout.chunk()
+    }
+
+    fn all_gather(&self, call: &AllGatherCall) -> Result<(), CollectiveError> {
+        self.check()
+            .map_err(|e| CollectiveError::Poisoned(Box::new(e)))?;
+        let es = call.dtype.size().ok_or_else(|| {
+            CollectiveError::Unsupported(format!("all-gather of {:?}: unknown size", call.dtype))
+        })?;
+        let bytes = call.count.checked_mul(es).ok_or_else(|| {
+            CollectiveError::Unsupported(format!("{} elements overflow a size", call.count))
+        })?;
+        if bytes > self.all_gather_max() {
+            return Err(CollectiveError::Unsupported(format!(
+                "all-gather of {bytes} bytes a rank: the window takes at most {}",
+                self.all_gather_max()
+            )));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut next = self.next_epoch.lock().unwrap_or_else(|p| p.into_inner());
+        let epoch = *next;
+        let enqueued = match &self.backend {
+            Backend::Host(h) => h.enqueue_all_gather(
+                call.stream,
+                Gather {
+                    send: call.send.0,
+                    recv: call.recv.0,
+                    len: bytes,
+                },
+                epoch,
+            ),
+            Backend::Cuda(c) => c.launch_all_gather(call),
+        };
+        *next += 1;
+        if let Err(e) = &enqueued {
+            // As `all_reduce`: this rank's rounds are out of step with its peers' from now on.
             let mut slot = self.enqueue_error.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert_with(|| e.clone());
         }

@@ -23,6 +23,9 @@ pub fn host(world: usize) -> Measured {
             two_shot_max: 1 << 20,
         },
         window_faster: false,
+        // The host CCL's all-gather (reading in place) beat the window's on the VM: 2 MiB of
+        // output on 2 ranks 139 against 206 µs, in place 36 against 145.
+        all_gather_below: 0,
     }
 }
 
@@ -43,6 +46,11 @@ pub fn host(world: usize) -> Measured {
 /// - 3 GPUs take the 4-GPU thresholds but keep NCCL (not measured); more than 4 keep the
 ///   earlier published crossovers and NCCL.
 ///
+/// The window all-gather (each rank's input pushed into every peer's chunk slot, one launch):
+/// on **2 GPUs** (2 H200, NVLink) 1.5-2.1x NCCL's all_gather from 256 KiB to 16 MiB of output
+/// (every size it takes: a rank's input fills at most a chunk slot, 8 MiB), so the router's
+/// short point-to-point all-gathers take it there; more GPUs were not measured and keep NCCL.
+///
 /// The window kernels take up to [`crate::layout::MAX_BLOCKS`] (128) thread blocks, more SMs
 /// than NCCL's channels: a job that overlaps its all-reduces with compute may prefer
 /// `small_message = "ccl"` or a lower `window_two_shot_max` for its mid-size messages.
@@ -59,5 +67,6 @@ pub fn cuda(world: usize) -> Measured {
             two_shot_max,
         },
         window_faster,
+        all_gather_below: if world <= 2 { usize::MAX } else { 0 },
     }
 }

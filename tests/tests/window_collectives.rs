@@ -14,6 +14,7 @@ use ferrocx::abi::{DataType, ReduceOp};
 use ferrocx::comm::{CommError, Communicator};
 use ferrocx::route::Route;
 use ferrocx::window::collectives::{CollectiveError, WindowAlgo};
+use window_ranks::all_gather::all_gather_cases;
 use window_ranks::all_reduce::{
     back_to_back, check, every_type_op_and_algorithm, input, large, run_case, same_digests, Buffers,
 };
@@ -22,6 +23,12 @@ use window_ranks::{communicator, host_ptr, host_ptr_mut, rank_of, Job};
 fn window_comm() -> Communicator {
     ferrocx_kernels::link();
     communicator()
+}
+
+/// How far the router takes short point-to-point all-gathers onto the window on the host
+/// backend (its measurement: not at all).
+fn host_reach(world: usize) -> usize {
+    ferrocx_kernels::select::host(world).all_gather_below
 }
 
 /// The host backend's chunk slot.
@@ -240,4 +247,87 @@ fn small_messages_follow_the_cluster_keys() {
         );
     }
     println!("RANK OK");
+}
+
+#[test]
+fn all_gather_on_the_window_2_ranks() {
+    const T: &str = "all_gather_on_the_window_2_ranks";
+    match rank_of(T) {
+        Some(_) => all_gather_cases(&window_comm(), T, CHUNK, host_reach(2)),
+        None => drop(Job::new(T, 2).run()),
+    }
+}
+
+#[test]
+fn all_gather_on_the_window_3_ranks() {
+    const T: &str = "all_gather_on_the_window_3_ranks";
+    match rank_of(T) {
+        Some(_) => all_gather_cases(&window_comm(), T, CHUNK, host_reach(3)),
+        None => drop(Job::new(T, 3).run()),
+    }
+}
+
+/// Rank 2 leaves after one gather; ranks 0 and 1 gather again and fail within the timeout
+/// (1.5 s) naming rank 2 and what it did not send.
+#[test]
+fn a_dead_peer_of_a_window_all_gather_is_named() {
+    const T: &str = "a_dead_peer_of_a_window_all_gather_is_named";
+    let Some(me) = rank_of(T) else {
+        let out = Job::new(T, 3).env("FERROCX_TIMEOUT_MS", "1500").run();
+        for f in &out[..2] {
+            assert_eq!(f.lines("FAILED ").len(), 1, "{}", f.stdout);
+        }
+        return;
+    };
+    let comm = window_comm();
+    let bufs = Buffers::new(&comm, 3 * 400);
+    let gather = || {
+        // SAFETY: the buffers hold 3 * 100 f32 and outlive the synchronize below.
+        unsafe {
+            comm.call()
+                .via(Route::Window(WindowAlgo::OneShot))
+                .all_gather_p2p(bufs.send, bufs.recv, 100, DataType::F32, 1)
+        }
+        .expect("enqueued")
+    };
+    let h = gather();
+    h.synchronize().expect("first gather");
+    drop(h);
+    comm.barrier().expect("barrier");
+    if me == 2 {
+        println!("RANK OK");
+        return;
+    }
+    let start = Instant::now();
+    let h = gather();
+    let e = h.synchronize().err();
+    drop(h);
+    let e = e.unwrap_or_else(|| comm.synchronize().expect_err("rank 2 is gone"));
+    let waited = start.elapsed();
+    let text = e.to_string();
+    assert!(
+        text.contains("rank 2 did not signal its all-gather input"),
+        "{text}"
+    );
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_millis(6000),
+        "failed after {waited:?}"
+    );
+    println!("FAILED rank {me} after {waited:?}: {text}");
+    println!("RANK OK");
+}
+
+/// `FERROCX_P2P_WINDOW_BELOW` overrides the measurement: with 2 MiB, the router takes every
+/// short gather below 2 MiB of output onto the window on the host backend too.
+#[test]
+fn the_window_all_gather_reach_follows_the_environment() {
+    const T: &str = "the_window_all_gather_reach_follows_the_environment";
+    match rank_of(T) {
+        Some(_) => all_gather_cases(&window_comm(), T, CHUNK, 2 << 20),
+        None => drop(
+            Job::new(T, 2)
+                .env(ferrocx::comm::p2p::WINDOW_BELOW_ENV, "2097152")
+                .run(),
+        ),
+    }
 }

@@ -1,8 +1,9 @@
 //! Window collectives on GPUs: the CUDA kernels compiled by NVRTC (and read back from the
 //! cache), then one-shot, two-shot and ring all-reduce on 2 processes (and on every GPU when
 //! there are more) against the references of `window_ranks::all_reduce`, NCCL's all-reduce of
-//! the same inputs checked against the same references, 64 MiB of f32, and 1000 calls back to
-//! back in one window.
+//! the same inputs checked against the same references, 64 MiB of f32, 1000 calls back to
+//! back in one window, and the window all-gather (`all_gather_p2p` forced onto it and by the
+//! router's choice) against every rank's input.
 //!
 //! The compile test needs only NVRTC (no GPU, no driver): `FERROCX_NVRTC_LIBRARY` names it
 //! where it is not on the loader's path.
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 use ferrocx::comm::Communicator;
 use ferrocx::route::Route;
 use ferrocx::window::collectives::WindowAlgo;
+use window_ranks::all_gather::all_gather_cases;
 use window_ranks::all_reduce::{
     back_to_back, check, every_type_op_and_algorithm, input, large, same_digests, size_of, Buffers,
     OPS, TYPES,
@@ -105,7 +107,8 @@ fn gpu_rank(test: &str) {
     against_nccl(&comm);
     large(&comm, test, CHUNK);
     back_to_back(&comm, test);
-    println!("RANK OK");
+    let reach = ferrocx_kernels::select::cuda(comm.world()).all_gather_below;
+    all_gather_cases(&comm, test, CHUNK, reach);
 }
 
 /// NCCL's all-reduce of the same inputs as the window's, checked against the same references

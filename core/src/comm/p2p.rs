@@ -44,6 +44,20 @@
 //!   call's stream, then after whatever the caller enqueued there since): a caller that only
 //!   orders its stream after the gather ([`AllGatherP2p::join`]) costs the stream one
 //!   operation less per call;
+//! - [`Route::Window`] (shown as `window(one-shot)`): the window collectives' all-gather
+//!   ([`WindowCollectives::all_gather`](crate::window::collectives::WindowCollectives::all_gather))
+//!   in one call on the call's stream, every slice's event after it as on the whole path: each
+//!   rank's input pushed into a slot of every peer's scratch window, then copied out (on CUDA
+//!   one kernel). The router takes it, for a gather it would otherwise take whole or on the
+//!   CCL's send/recv, where a window provider runs on the device, each rank's input fits a
+//!   chunk slot of the scratch window, and the whole output is below the provider's measured
+//!   reach for the device and world (`Measured::all_gather_below`; [`WINDOW_BELOW_ENV`]
+//!   overrides it): on 2 GPUs every size it takes (1.4–2.1× NCCL's all_gather from 1 to
+//!   16 MiB on 2 H200), elsewhere none yet. A gather with a hook (its consumers overlap the
+//!   slices) takes it only below [`WHOLE_BELOW_ENV`]. Forced with `via(Route::Window(_))`
+//!   anywhere a provider runs; a rank's input past the chunk slot is then refused, naming the
+//!   limit. The first window call of a communicator registers its scratch window: every rank
+//!   decides alike (size, device, provider), so that step is collective as it must be;
 //! - [`Route::WindowReads`], where the CCL has no point-to-point and the device's memory is
 //!   host-addressable with host functions (the host device): each rank copies its slice into
 //!   a staging window of the communicator and publishes it with a round number; the copy of
@@ -162,6 +176,24 @@ pub const WHOLE_BELOW_ENV: &str = "FERROCX_P2P_WHOLE_BELOW";
 /// for the pushes into an output window, and a gather that short hides nothing from a
 /// consumer pipelined with it; from 4 MiB both were level or ahead (1.0–1.2).
 pub const DEFAULT_WHOLE_BELOW: usize = 4 << 20;
+
+/// Environment variable: a short gather (below [`WHOLE_BELOW_ENV`], or below this) whose whole
+/// output is below this many bytes runs the window collectives' all-gather in one call
+/// instead of the CCL's, where a provider runs on the device and each rank's input fits its
+/// scratch window; `0` never. Unset, the provider's measurement for the device and world
+/// decides (`Measured::all_gather_below`: on 2 GPUs every size the window takes, elsewhere
+/// none). Read once per process.
+pub const WINDOW_BELOW_ENV: &str = "FERROCX_P2P_WINDOW_BELOW";
+
+/// [`WINDOW_BELOW_ENV`], read once (`None` when unset or not a number).
+fn window_below() -> Option<usize> {
+    static BELOW: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *BELOW.get_or_init(|| {
+        std::env::var(WINDOW_BELOW_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
 
 /// [`WHOLE_BELOW_ENV`], read once.
 fn whole_below() -> usize {
@@ -1162,10 +1194,12 @@ impl<'a> Call<'a> {
         let reads = runs.reads;
         let route = match self.route {
             Some(_) if c.router.clusters > 1 => Route::Clusters,
-            Some(forced @ (Route::Ccl | Route::WindowReads | Route::WindowCopies)) => forced,
+            Some(
+                forced @ (Route::Ccl | Route::WindowReads | Route::WindowCopies | Route::Window(_)),
+            ) => forced,
             Some(other) => {
                 return Err(CommError::PointToPoint(format!(
-                    "all_gather_p2p cannot take the route `{other}`: only `ccl`, \
+                    "all_gather_p2p cannot take the route `{other}`: only `ccl`, `window`, \
                      `window-reads` and `window-copies`"
                 )))
             }
@@ -1174,11 +1208,36 @@ impl<'a> Call<'a> {
                 runs.copies_chosen || (self.out.is_some() && c.world == 2 && runs.pushes_chosen),
             ),
         };
-        // The router's route for a short gather: the CCL's all-gather in one call.
-        let whole = self.route.is_none()
+        // The router's route for a short gather: the window collectives' all-gather in one
+        // call where it runs and the output is short enough, else the CCL's. Every rank
+        // decides alike (the size, the cluster's device and provider), so the first window
+        // call, which registers the scratch window, is collective as it must be.
+        let output = bytes.saturating_mul(c.world);
+        let windowed = match route {
+            Route::Window(_) => true,
+            _ => {
+                self.route.is_none()
+                    && route != Route::Clusters
+                    && c.router.window.is_some_and(|w| {
+                        output < window_below().unwrap_or(w.measured.all_gather_below)
+                    })
+                    // A hooked gather's consumers overlap its slices: the window (one launch,
+                    // every slice at its end) takes it only where the CCL would run whole too.
+                    && (!hooked || output < whole_below())
+                    && c.window_backend()
+                        .is_ok_and(|b| bytes <= b.all_gather_max())
+            }
+        };
+        let whole = !windowed
+            && self.route.is_none()
             && route != Route::Clusters
             && c.router.ccl.has(crate::route::Collective::AllGather)
-            && bytes.saturating_mul(c.world) < whole_below();
+            && output < whole_below();
+        let route = if windowed {
+            Route::Window(crate::window::collectives::WindowAlgo::OneShot)
+        } else {
+            route
+        };
         let _span = tracing::debug_span!(
             target: "ferrocx::route",
             "collective",
@@ -1213,14 +1272,26 @@ impl<'a> Call<'a> {
             }
             _ => None,
         };
-        if route == Route::Clusters || whole {
+        if route == Route::Clusters || whole || windowed {
             // One collective on the call's stream: every slice shares one event, recorded
             // after it (no stream of the communicator, no start event).
             let event = c.p2p.take(1)?[0];
             let mut handle =
                 AllGatherP2p::new(c, route, recv, bytes, send_count, |_| (self.stream, event));
-            // SAFETY: the caller's contract is the gather's.
-            unsafe { self.all_gather(send, recv, send_count, dtype) }?;
+            if windowed {
+                let backend = c.window_backend()?;
+                let call = crate::window::collectives::AllGatherCall {
+                    send,
+                    recv,
+                    count: send_count,
+                    dtype,
+                    stream: self.stream,
+                };
+                backend.all_gather(&call)?;
+            } else {
+                // SAFETY: the caller's contract is the gather's.
+                unsafe { self.all_gather(send, recv, send_count, dtype) }?;
+            }
             handle.order.push(me);
             handle.order.extend(schedule(world, me));
             if !hooked {

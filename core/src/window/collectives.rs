@@ -82,6 +82,10 @@ pub struct Measured {
     /// `true` when the window algorithms below `two_shot_max` were measured faster than the
     /// device's usual CCL: what `small_message = "auto"` follows.
     pub window_faster: bool,
+    /// Bytes of an all-gather's whole output below which the window all-gather
+    /// ([`WindowCollectives::all_gather`]) was measured faster than the device's usual CCL;
+    /// 0 where it was not (the router's short point-to-point all-gathers then stay on the CCL).
+    pub all_gather_below: usize,
 }
 
 /// The cluster's choices about window collectives, from its configuration.
@@ -130,11 +134,28 @@ pub struct AllReduceCall {
     pub stream: Stream,
 }
 
+/// One all-gather handed to a backend: `count` elements of `dtype` at `send` on every rank,
+/// every rank's in rank order at `recv` (`world * count` elements; this rank's place in it may
+/// be `send`), enqueued on `stream`.
+#[derive(Clone, Copy, Debug)]
+pub struct AllGatherCall {
+    /// Input of this rank.
+    pub send: DevicePtr,
+    /// Output of `world * count` elements.
+    pub recv: DevicePtr,
+    /// Elements of each rank.
+    pub count: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// The stream the call is ordered on.
+    pub stream: Stream,
+}
+
 /// Why a window collective failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CollectiveError {
     /// A peer did not signal within the communicator's timeout.
-    #[error("window all-reduce ({algo}): rank {peer} did not signal {what} of round {epoch} within {waited:?}")]
+    #[error("window collective ({algo}): rank {peer} did not signal {what} of round {epoch} within {waited:?}")]
     PeerTimeout {
         /// The algorithm.
         algo: WindowAlgo,
@@ -148,13 +169,13 @@ pub enum CollectiveError {
         waited: Duration,
     },
     /// The data type or reduction is not one the window algorithms run.
-    #[error("window all-reduce: {0}")]
+    #[error("window collective: {0}")]
     Unsupported(String),
     /// Nothing can run window collectives here.
     #[error("window collectives are not available: {0}")]
     Unavailable(String),
     /// A launch or an adaptor call failed.
-    #[error("window all-reduce ({algo}): {message}")]
+    #[error("window collective ({algo}): {message}")]
     Failed {
         /// The algorithm.
         algo: WindowAlgo,
@@ -177,6 +198,22 @@ pub trait WindowCollectives: Send + Sync {
     /// algorithm when the message does not fit `algo`'s buffer (one-shot → two-shot → ring),
     /// the same on every rank.
     fn all_reduce(&self, call: &AllReduceCall, algo: WindowAlgo) -> Result<(), CollectiveError>;
+
+    /// The most bytes of each rank's input [`WindowCollectives::all_gather`] takes in one call;
+    /// 0 (the default) where the backend has no all-gather.
+    fn all_gather_max(&self) -> usize {
+        0
+    }
+
+    /// Enqueues an all-gather on `call.stream` (each rank's input at most
+    /// [`WindowCollectives::all_gather_max`] bytes). The default refuses it.
+    fn all_gather(&self, call: &AllGatherCall) -> Result<(), CollectiveError> {
+        let _ = call;
+        Err(CollectiveError::Unsupported(format!(
+            "the {} backend has no all-gather",
+            self.backend()
+        )))
+    }
 
     /// The failure of work already run, if one (checked after the stream is synchronized).
     fn check(&self) -> Result<(), CollectiveError>;

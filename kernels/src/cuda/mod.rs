@@ -17,7 +17,7 @@ use std::ffi::c_void;
 
 use ferrocx::abi::{DevicePtr, ImageFormat, MemKind};
 use ferrocx::adaptor::{Device, Function};
-use ferrocx::window::collectives::{AllReduceCall, CollectiveError, WindowAlgo};
+use ferrocx::window::collectives::{AllGatherCall, AllReduceCall, CollectiveError, WindowAlgo};
 
 use crate::element::{Elem, Op};
 use crate::layout::{Layout, Signal, LL_MAX_BYTES, LL_SLOT, MAX_BLOCKS, SIGNAL_STRIDE};
@@ -210,6 +210,12 @@ pub fn kernel_names() -> Vec<(String, WindowAlgo, Elem, Op)> {
     v
 }
 
+/// The all-gather kernel's name (one kernel for every element type).
+pub const ALL_GATHER_KERNEL: &str = "fx_all_gather";
+
+/// `args.algo` of the all-gather kernel, as its failure record carries it.
+const ALGO_ALL_GATHER: u32 = 4;
+
 /// `true` when NVRTC can be opened here (the device adaptor's kernel group does the rest).
 pub fn available() -> bool {
     nvrtc::load().is_ok()
@@ -287,6 +293,8 @@ pub fn compile_source(name: &str, source: &str, arch: u32) -> Result<Vec<u8>, St
 /// works on (the module stays loaded while a function of it is held).
 pub(crate) struct Module {
     functions: HashMap<(WindowAlgo, Elem, Op), Function>,
+    /// `fx_all_gather` (every element type: it moves bytes).
+    all_gather: Function,
 }
 
 impl Module {
@@ -321,7 +329,13 @@ impl Module {
                 .map_err(|e| unavailable(e.to_string()))?;
             functions.insert((algo, elem, op), f);
         }
-        Ok(Module { functions })
+        let all_gather = module
+            .function(ALL_GATHER_KERNEL)
+            .map_err(|e| unavailable(e.to_string()))?;
+        Ok(Module {
+            functions,
+            all_gather,
+        })
     }
 }
 
@@ -488,6 +502,38 @@ impl Cuda {
         Ok(())
     }
 
+    /// Launches the all-gather of `call` (`call.count` elements of each rank, at most a chunk
+    /// slot's bytes) on its stream: one launch, one round.
+    pub(crate) fn launch_all_gather(&self, call: &AllGatherCall) -> Result<(), CollectiveError> {
+        let bytes = call.count * call.dtype.size().unwrap_or(0);
+        let mut args = self.base;
+        args.vec = u32::from((call.send.0 | call.recv.0 | bytes as u64) % 16 == 0);
+        args.algo = ALGO_ALL_GATHER;
+        args.send = call.send.0;
+        args.recv = call.recv.0;
+        args.count = bytes as u64;
+        let blocks = bytes
+            .div_ceil(THREADS as usize * BYTES_PER_THREAD)
+            .clamp(1, MAX_BLOCKS) as u32;
+        let mut params = [(&mut args as *mut Args).cast::<c_void>()];
+        // SAFETY: the all-gather kernel, whose single parameter is `FxArgs` (as `launch`);
+        // the buffers (the caller's contract), the peers' windows, the counter and the status
+        // word stay valid until the stream has run it; the stream is of the module's device.
+        unsafe {
+            self.module.all_gather.launch(
+                [blocks, 1, 1],
+                [THREADS, 1, 1],
+                0,
+                &mut params,
+                call.stream,
+            )
+        }
+        .map_err(|e| CollectiveError::Failed {
+            algo: WindowAlgo::OneShot,
+            message: format!("all-gather: {e}"),
+        })
+    }
+
     /// The first failure a kernel recorded, if one.
     pub(crate) fn check(&self) -> Result<(), CollectiveError> {
         // SAFETY: 64 bytes of pinned host memory this backend allocated (host-addressable at
@@ -505,12 +551,15 @@ impl Cuda {
 
 /// The error a kernel's failure record `word` describes.
 pub(crate) fn decode_failure(word: u64, waited: std::time::Duration) -> CollectiveError {
+    let gather = (word >> 4) & 0xf == u64::from(ALGO_ALL_GATHER);
+    // The all-gather is one round of publishing and reading, as the one-shot all-reduce.
     let algo = match (word >> 4) & 0xf {
-        0 => WindowAlgo::OneShot,
         1 => WindowAlgo::TwoShot,
-        _ => WindowAlgo::Ring,
+        2 | 3 => WindowAlgo::Ring,
+        _ => WindowAlgo::OneShot,
     };
     let what = match (word >> 8) & 0xff {
+        k if k == Signal::Arrive as u64 && gather => "its all-gather input".to_string(),
         k if k == Signal::Arrive as u64 => "its input".to_string(),
         k if k == Signal::Reduced as u64 => "its reduced share".to_string(),
         _ => "its ring step".to_string(),

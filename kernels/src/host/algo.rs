@@ -274,6 +274,78 @@ unsafe fn copy_through(call: &Call) {
     }
 }
 
+/// One all-gather: `len` bytes of this rank's input at `send`; every rank's, in rank order, at
+/// `recv` (this rank's place in it may be `send`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gather {
+    /// Input.
+    pub send: u64,
+    /// Output: `world * len` bytes.
+    pub recv: u64,
+    /// Bytes of each rank's input, at most a parity's.
+    pub len: usize,
+}
+
+/// All-gather of round `epoch`: publish the input in this round's parity, signal every peer,
+/// wait for every peer's, copy every peer's input from its window into the output.
+///
+/// # Safety
+/// `call.send` holds `len` bytes and `call.recv` `world * len` (`send` is this rank's place
+/// in it or disjoint from it), valid while the call runs; `len` fits one parity; `ctx.peers`
+/// are the live scratch windows of this communicator; every rank runs the same sequence of
+/// rounds.
+pub(crate) unsafe fn all_gather(
+    ctx: &Ctx,
+    call: &Gather,
+    epoch: u64,
+) -> Result<(), CollectiveError> {
+    let len = call.len;
+    let place = |q: usize| call.recv + (q * len) as u64;
+    if ctx.world > 1 {
+        let parity = ctx.layout.parity_offset(epoch);
+        {
+            // SAFETY: as in `one_shot`: this rank's parity of this round is written only here,
+            // and no peer reads it before the signal below.
+            let mine = unsafe { bytes_mut(ctx.at(ctx.rank, parity), len) };
+            // SAFETY: the caller's input.
+            mine.copy_from_slice(unsafe { bytes(call.send, len) });
+        }
+        ctx.put_all(Signal::Arrive, epoch);
+        ctx.wait_all(WindowAlgo::OneShot, epoch, Signal::Arrive, epoch)
+            .map_err(|e| match e {
+                CollectiveError::PeerTimeout {
+                    algo,
+                    peer,
+                    epoch,
+                    waited,
+                    ..
+                } => CollectiveError::PeerTimeout {
+                    algo,
+                    peer,
+                    what: "its all-gather input".into(),
+                    epoch,
+                    waited,
+                },
+                e => e,
+            })?;
+        for q in (0..ctx.world).filter(|&q| q != ctx.rank) {
+            // SAFETY: peer q's parity holds its input of this round (signalled with release,
+            // awaited with acquire), unwritten before round epoch + 2; the output's place of q
+            // is the caller's, disjoint from the windows and from `send`.
+            let (src, dst) = unsafe { (bytes(ctx.at(q, parity), len), bytes_mut(place(q), len)) };
+            dst.copy_from_slice(src);
+        }
+    }
+    if place(ctx.rank) != call.send && len > 0 {
+        // SAFETY: the caller's buffers; `send` is disjoint from this rank's place (they differ
+        // and the contract allows no partial overlap).
+        unsafe {
+            std::ptr::copy_nonoverlapping(call.send as *const u8, place(ctx.rank) as *mut u8, len)
+        };
+    }
+    Ok(())
+}
+
 /// One-shot all-reduce of round `epoch`: publish the input in this round's parity, signal
 /// every peer, wait for every peer's, reduce every rank's input (in rank order, so every rank
 /// computes the same bits) into the output.

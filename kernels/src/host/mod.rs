@@ -18,7 +18,7 @@ use ferrocx::abi::Stream;
 use ferrocx::adaptor::Device;
 use ferrocx::window::collectives::{CollectiveError, WindowAlgo};
 
-use algo::{Call, Ctx};
+use algo::{Call, Ctx, Gather};
 
 /// Polls before yielding when every rank can have a core.
 const SPIN: u32 = 4_000;
@@ -50,10 +50,17 @@ impl Shared {
 }
 
 /// One enqueued call.
+/// What a task runs.
+enum Job {
+    /// An all-reduce with its algorithm.
+    AllReduce(WindowAlgo, Call),
+    /// An all-gather.
+    AllGather(Gather),
+}
+
 struct Task {
     shared: Arc<Shared>,
-    algo: WindowAlgo,
-    call: Call,
+    job: Job,
     epoch: u64,
 }
 
@@ -69,10 +76,15 @@ impl Task {
             // reaches this call (the contract of every enqueued collective); the scratch
             // windows stay mapped while `shared` lives; every rank enqueues the same rounds.
             unsafe {
-                match self.algo {
-                    WindowAlgo::OneShot => algo::one_shot(ctx, &self.call, self.epoch),
-                    WindowAlgo::TwoShot => algo::two_shot(ctx, &self.call, self.epoch),
-                    WindowAlgo::Ring => algo::ring(ctx, &self.call, self.epoch),
+                match &self.job {
+                    Job::AllReduce(WindowAlgo::OneShot, call) => {
+                        algo::one_shot(ctx, call, self.epoch)
+                    }
+                    Job::AllReduce(WindowAlgo::TwoShot, call) => {
+                        algo::two_shot(ctx, call, self.epoch)
+                    }
+                    Job::AllReduce(WindowAlgo::Ring, call) => algo::ring(ctx, call, self.epoch),
+                    Job::AllGather(call) => algo::all_gather(ctx, call, self.epoch),
                 }
             }
         }));
@@ -80,7 +92,10 @@ impl Task {
             Ok(Ok(())) => {}
             Ok(Err(e)) => shared.fail(e),
             Err(panic) => shared.fail(CollectiveError::Failed {
-                algo: self.algo,
+                algo: match self.job {
+                    Job::AllReduce(algo, _) => algo,
+                    Job::AllGather(_) => WindowAlgo::OneShot,
+                },
                 message: format!("panicked: {}", panic_message(&panic)),
             }),
         }
@@ -147,12 +162,29 @@ impl Host {
     ) -> Result<(), CollectiveError> {
         let task = Box::new(Task {
             shared: self.shared.clone(),
-            algo,
-            call,
+            job: Job::AllReduce(algo, call),
             epoch,
         });
         launch(&self.device, stream, task)
             .map_err(|message| CollectiveError::Failed { algo, message })
+    }
+
+    /// Enqueues the all-gather `call` of round `epoch` on `stream`.
+    pub(crate) fn enqueue_all_gather(
+        &self,
+        stream: Stream,
+        call: Gather,
+        epoch: u64,
+    ) -> Result<(), CollectiveError> {
+        let task = Box::new(Task {
+            shared: self.shared.clone(),
+            job: Job::AllGather(call),
+            epoch,
+        });
+        launch(&self.device, stream, task).map_err(|message| CollectiveError::Failed {
+            algo: WindowAlgo::OneShot,
+            message: format!("all-gather: {message}"),
+        })
     }
 
     /// The first failure of a call already run, if one.

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod all_gather;
 pub mod all_reduce;
 
 use std::net::{Ipv4Addr, SocketAddr};
