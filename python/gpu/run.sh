@@ -11,6 +11,8 @@
 #   overhead  Python's per-call overhead at 8 bytes over the Rust call (world 1 on CUDA)
 #   ddp       a DDP training step on the ferrocx backend against torch's nccl, on 2 GPUs and on
 #             every GPU (python/gpu/ddp_step.py; machines with 2 GPUs or more)
+#   allgather all_gather_into_tensor on the ferrocx backend against torch's nccl, 256 KiB to
+#             16 MiB, on 2 GPUs (python/gpu/all_gather.py; machines with 2 GPUs or more)
 #
 #   ./python/gpu/run.sh [stage...]    (default: all; each stage's output also goes to
 #                                      $OUT/py-<stage>.log when OUT is set)
@@ -27,7 +29,7 @@ export PYTHONPATH=$PWD/pylib${PYTHONPATH:+:$PYTHONPATH}
 export FERROCX_CACHE_DIR=${FERROCX_CACHE_DIR:-$PWD/.fxcache}
 "$py" -m ferrocx._native || echo "WARNING: the native torch backend did not build; the Python process group takes every call"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(world1 hetero overhead ddp)
+[ ${#stages[@]} -eq 0 ] && stages=(world1 hetero overhead ddp allgather)
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 status=0
 run() {
@@ -54,6 +56,10 @@ for stage in "${stages[@]}"; do
       for n in $(printf '%s\n' 2 "$ngpu" | sort -un); do
         FERROCX_CONFIG=configs/nccl.toml run "ddp-$n" "${torchrun[@]}" --nproc-per-node "$n" python/gpu/ddp_step.py
       done
+      ;;
+    allgather)
+      [ "$ngpu" -ge 2 ] || { echo "SKIP: allgather needs 2 GPUs; this machine has $ngpu"; continue; }
+      FERROCX_CONFIG=configs/nccl.toml run allgather "${torchrun[@]}" --nproc-per-node 2 python/gpu/all_gather.py
       ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac

@@ -243,16 +243,17 @@ fn every_collective(comm: &Communicator, call: Call<'_>, stream: Stream, base: u
     // SAFETY: `b` holds one f32 (and the call is refused before it is used).
     let e = unsafe { call.send(b.ptr, 1, DataType::F32, world) }.expect_err("no such peer");
     assert!(e.to_string().contains(&format!("peer {world}")), "{e}");
-    // Only all-reduce runs on a window route; forcing another op there is refused.
+    // Only all-reduce and all-gather run on a window route; forcing another op there is
+    // refused.
     // SAFETY: as above.
     let e = unsafe {
         call.via(Route::Window(
             ferrocx::window::collectives::WindowAlgo::OneShot,
         ))
-        .all_gather(b.ptr, b.ptr, 0, DataType::F32)
+        .broadcast(b.ptr, b.ptr, 0, DataType::F32, 0)
     }
-    .expect_err("all_gather on a window route");
-    assert!(e.to_string().contains("all_gather"), "{e}");
+    .expect_err("broadcast on a window route");
+    assert!(e.to_string().contains("broadcast"), "{e}");
 }
 
 /// A writer into a shared buffer, for the span log.

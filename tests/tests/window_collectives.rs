@@ -317,17 +317,51 @@ fn a_dead_peer_of_a_window_all_gather_is_named() {
     println!("RANK OK");
 }
 
-/// `FERROCX_P2P_WINDOW_BELOW` overrides the measurement: with 2 MiB, the router takes every
-/// short gather below 2 MiB of output onto the window on the host backend too.
+/// `FERROCX_ALL_GATHER_WINDOW_BELOW` overrides the measurement: with 2 MiB, the router takes
+/// every all-gather below 2 MiB of output onto the window on the host backend too, the plain
+/// `all_gather` as `all_gather_p2p` (its span names the route).
 #[test]
 fn the_window_all_gather_reach_follows_the_environment() {
     const T: &str = "the_window_all_gather_reach_follows_the_environment";
-    match rank_of(T) {
-        Some(_) => all_gather_cases(&window_comm(), T, CHUNK, 2 << 20),
-        None => drop(
+    if rank_of(T).is_none() {
+        drop(
             Job::new(T, 2)
-                .env(ferrocx::comm::p2p::WINDOW_BELOW_ENV, "2097152")
+                .env(ferrocx::comm::ALL_GATHER_WINDOW_BELOW_ENV, "2097152")
                 .run(),
-        ),
+        );
+        return;
+    }
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter("ferrocx::route=debug")
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::NEW)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let comm = window_comm();
+    tracing::subscriber::with_default(subscriber, || all_gather_cases(&comm, T, CHUNK, 2 << 20));
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).expect("utf-8 log");
+    // 1000 f32 a rank (8000 bytes of output): every call on the window, the router's too; a
+    // full slot (2 MiB of output): the router's on the CCL.
+    let span = |bytes: usize, route: &str| {
+        format!("op=\"all_gather\" bytes={bytes} dtype=\"f32\" route={route}")
+    };
+    assert!(text.contains(&span(4000, "window one-shot")), "{text}");
+    assert!(!text.contains(&span(4000, "ccl")), "{text}");
+    assert!(text.contains(&span(CHUNK, "ccl")), "{text}");
+}
+
+/// A writer into a shared buffer, for the span log.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

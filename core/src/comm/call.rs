@@ -8,8 +8,9 @@
 //! The safety contract of every buffer argument is stated once, on [`Call`].
 
 use crate::abi::{DataType, DevicePtr, ReduceOp, Stream};
+use crate::config::SmallMessage;
 use crate::route::{Collective, Route};
-use crate::window::collectives::{AllReduceCall, WindowAlgo};
+use crate::window::collectives::{AllGatherCall, AllReduceCall, WindowAlgo};
 use crate::window::Window;
 
 use super::{CommError, Communicator};
@@ -113,6 +114,36 @@ impl<'a> Call<'a> {
             Some(forced) => forced,
             None => self.comm.router.route(op, bytes, dtype, redop),
         }
+    }
+
+    /// Whether the router (nothing forced) gives an all-gather of `bytes` a rank to the window
+    /// collectives' all-gather: one cluster; its `small_message` is not `ccl`; a window
+    /// provider runs on the device; the whole output is below the reach
+    /// ([`ALL_GATHER_WINDOW_BELOW_ENV`](super::ALL_GATHER_WINDOW_BELOW_ENV) if set, else with
+    /// `small_message = "window"` everything
+    /// that fits, with `"auto"` the provider's measured `all_gather_below`); and each rank's
+    /// input fits the backend ([`WindowCollectives::all_gather_max`]). Every rank decides
+    /// alike (the size, the cluster's configuration, device and provider), so the first window
+    /// call, which registers the scratch window, is collective as it must be.
+    ///
+    /// [`WindowCollectives::all_gather_max`]: crate::window::collectives::WindowCollectives::all_gather_max
+    pub fn window_gather_chosen(&self, bytes: usize) -> bool {
+        let c = self.comm;
+        if self.route.is_some() || c.router.clusters > 1 || bytes == 0 {
+            return false;
+        }
+        let Some(w) = c.router.window else {
+            return false;
+        };
+        let reach = match (c.router.config.small_message, window_gather_below()) {
+            (SmallMessage::Ccl, _) => return false,
+            (_, Some(below)) => below,
+            (SmallMessage::Window, None) => usize::MAX,
+            (SmallMessage::Auto, None) => w.measured.all_gather_below,
+        };
+        bytes.saturating_mul(c.world) < reach
+            && c.window_backend()
+                .is_ok_and(|b| bytes <= b.all_gather_max())
     }
 
     /// The cross-cluster side, for a call on [`Route::Clusters`].
@@ -300,6 +331,11 @@ impl<'a> Call<'a> {
 
     /// Enqueues `recv[r * send_count..]` = rank r's `send` (`send_count` elements each).
     ///
+    /// Route: the window collectives' all-gather (one round through the scratch window; on
+    /// CUDA one kernel) where [`Call::window_gather_chosen`] says so (on 2 GPUs every size a
+    /// chunk slot holds, 8 MiB a rank) or where `via(Route::Window(_))` forces it; else the
+    /// CCL's all_gather (or the cross-cluster plan).
+    ///
     /// # Safety
     /// `send` holds `send_count` elements and `recv` `world * send_count`, as the
     /// [`Call`] docs say.
@@ -312,6 +348,23 @@ impl<'a> Call<'a> {
     ) -> Result<(), CommError> {
         let bytes = bytes_of(send_count, dtype);
         let c = self.comm;
+        let forced = matches!(self.route, Some(Route::Window(_))) && c.router.clusters == 1;
+        if forced || self.window_gather_chosen(bytes) {
+            let _span = span(
+                Collective::AllGather,
+                bytes,
+                dtype,
+                Route::Window(WindowAlgo::OneShot),
+            );
+            let call = AllGatherCall {
+                send,
+                recv,
+                count: send_count,
+                dtype,
+                stream: self.stream,
+            };
+            return Ok(c.window_backend()?.all_gather(&call)?);
+        }
         self.dispatch(
             Collective::AllGather,
             bytes,
@@ -664,6 +717,17 @@ impl<'a> Call<'a> {
             }
         }
     }
+}
+
+/// [`ALL_GATHER_WINDOW_BELOW_ENV`](super::ALL_GATHER_WINDOW_BELOW_ENV), read once (`None`
+/// when unset or not a number).
+fn window_gather_below() -> Option<usize> {
+    static BELOW: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *BELOW.get_or_init(|| {
+        std::env::var(super::ALL_GATHER_WINDOW_BELOW_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 /// The span of one collective, entered: op, bytes per rank, dtype and route (recorded only

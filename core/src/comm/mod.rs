@@ -25,6 +25,15 @@ pub mod p2p;
 pub use call::Call;
 pub use p2p::{AllGatherP2p, Slice, DEFAULT_P2P_STREAMS};
 
+/// Environment variable: an all-gather ([`Call::all_gather`], and the short gathers of
+/// [`Call::all_gather_p2p`]) whose whole output is below this many bytes runs the window
+/// collectives' all-gather where a provider runs on the device and each rank's input fits its
+/// scratch window; `0` never. Unset, the cluster's `small_message` decides (`window`: every
+/// size that fits; `auto`, the default: the provider's measurement for the device and world,
+/// `Measured::all_gather_below`, on 2 GPUs every size that fits, elsewhere none yet);
+/// `small_message = "ccl"` keeps the CCL whatever this says. Read once per process.
+pub const ALL_GATHER_WINDOW_BELOW_ENV: &str = "FERROCX_ALL_GATHER_WINDOW_BELOW";
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;

@@ -51,9 +51,10 @@
 //!   one kernel). The router takes it, for a gather it would otherwise take whole or on the
 //!   CCL's send/recv, where a window provider runs on the device, each rank's input fits a
 //!   chunk slot of the scratch window, and the whole output is below the provider's measured
-//!   reach for the device and world (`Measured::all_gather_below`; [`WINDOW_BELOW_ENV`]
-//!   overrides it): on 2 GPUs every size it takes (1.4–2.1× NCCL's all_gather from 1 to
-//!   16 MiB on 2 H200), elsewhere none yet. A gather with a hook (its consumers overlap the
+//!   reach (see [`Call::all_gather`]: the cluster's `small_message`, the provider's measured
+//!   `Measured::all_gather_below`, [`ALL_GATHER_WINDOW_BELOW_ENV`](super::ALL_GATHER_WINDOW_BELOW_ENV)):
+//!   on 2 GPUs every size it takes (1.4–2.1× NCCL's all_gather from 1 to 16 MiB on 2 H200),
+//!   elsewhere none yet. A gather with a hook (its consumers overlap the
 //!   slices) takes it only below [`WHOLE_BELOW_ENV`]. Forced with `via(Route::Window(_))`
 //!   anywhere a provider runs; a rank's input past the chunk slot is then refused, naming the
 //!   limit. The first window call of a communicator registers its scratch window: every rank
@@ -176,24 +177,6 @@ pub const WHOLE_BELOW_ENV: &str = "FERROCX_P2P_WHOLE_BELOW";
 /// for the pushes into an output window, and a gather that short hides nothing from a
 /// consumer pipelined with it; from 4 MiB both were level or ahead (1.0–1.2).
 pub const DEFAULT_WHOLE_BELOW: usize = 4 << 20;
-
-/// Environment variable: a short gather (below [`WHOLE_BELOW_ENV`], or below this) whose whole
-/// output is below this many bytes runs the window collectives' all-gather in one call
-/// instead of the CCL's, where a provider runs on the device and each rank's input fits its
-/// scratch window; `0` never. Unset, the provider's measurement for the device and world
-/// decides (`Measured::all_gather_below`: on 2 GPUs every size the window takes, elsewhere
-/// none). Read once per process.
-pub const WINDOW_BELOW_ENV: &str = "FERROCX_P2P_WINDOW_BELOW";
-
-/// [`WINDOW_BELOW_ENV`], read once (`None` when unset or not a number).
-fn window_below() -> Option<usize> {
-    static BELOW: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *BELOW.get_or_init(|| {
-        std::env::var(WINDOW_BELOW_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-    })
-}
 
 /// [`WHOLE_BELOW_ENV`], read once.
 fn whole_below() -> usize {
@@ -1215,18 +1198,9 @@ impl<'a> Call<'a> {
         let output = bytes.saturating_mul(c.world);
         let windowed = match route {
             Route::Window(_) => true,
-            _ => {
-                self.route.is_none()
-                    && route != Route::Clusters
-                    && c.router.window.is_some_and(|w| {
-                        output < window_below().unwrap_or(w.measured.all_gather_below)
-                    })
-                    // A hooked gather's consumers overlap its slices: the window (one launch,
-                    // every slice at its end) takes it only where the CCL would run whole too.
-                    && (!hooked || output < whole_below())
-                    && c.window_backend()
-                        .is_ok_and(|b| bytes <= b.all_gather_max())
-            }
+            // A hooked gather's consumers overlap its slices: the window (one launch, every
+            // slice at its end) takes it only where the CCL would run whole too.
+            _ => (!hooked || output < whole_below()) && self.window_gather_chosen(bytes),
         };
         let whole = !windowed
             && self.route.is_none()

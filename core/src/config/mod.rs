@@ -238,10 +238,12 @@ impl fmt::Display for WindowMode {
     }
 }
 
-/// Where a cluster's small all-reduces go (`small_message = ...`): the window algorithms of
-/// `ferrocx-kernels` (one-shot / two-shot all-reduce over a scratch window) or the CCL. Above
-/// the crossover (`window_two_shot_max`) every all-reduce goes to the CCL, unless the CCL has
-/// none (then the window ring takes it, with `fallback = "symheap"`).
+/// Where a cluster's small all-reduces and all-gathers go (`small_message = ...`): the window
+/// algorithms of `ferrocx-kernels` (one-shot / two-shot all-reduce, the all-gather, over a
+/// scratch window) or the CCL. Above the crossover (`window_two_shot_max`) every all-reduce goes
+/// to the CCL, unless the CCL has none (then the window ring takes it, with
+/// `fallback = "symheap"`); an all-gather goes to the window where each rank's input fits its
+/// chunk slot and (with `auto`) the output is below the provider's measured reach.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SmallMessage {
@@ -249,7 +251,7 @@ pub enum SmallMessage {
     /// default), else the CCL.
     #[default]
     Auto,
-    /// Always the window algorithms below the crossover.
+    /// Always the window algorithms below the crossover (every all-gather that fits).
     Window,
     /// Always the CCL.
     Ccl,

@@ -10,11 +10,13 @@ use super::all_reduce::{input, size_of, TYPES};
 use super::{host_ptr, host_ptr_mut};
 
 /// Every rank's gathered output against every rank's input (computed here): every type at 1,
-/// 3, 7, 1000 and 4099 elements and at the most a rank's input may be (`chunk`, the backend's chunk slot), in place
+/// 3, 7, 1000 and 4099 elements and at the most a rank's input may be (`chunk`, the backend's
+/// chunk slot), in place
 /// (the input at this rank's place in the output) and out of place, forced onto the window and
 /// by the router's choice (the window below `reach` bytes of output, the provider's measured
-/// `all_gather_below`, else the CCL); then a forced call
-/// past the chunk slot is refused naming the limit, and a call after it still runs.
+/// `all_gather_below`, else the CCL), through `all_gather_p2p` (whose handle names its route)
+/// and the plain `all_gather`; then a forced call past the chunk slot is refused naming the
+/// limit, and a call after it still runs.
 pub fn all_gather_cases(comm: &Communicator, test: &str, chunk: usize, reach: usize) {
     let (me, world) = (comm.rank(), comm.world());
     let dev = comm.device();
@@ -28,7 +30,8 @@ pub fn all_gather_cases(comm: &Communicator, test: &str, chunk: usize, reach: us
         let es = size_of(dtype);
         for count in [1, 3, 7, 1000, 4099, chunk / es] {
             for in_place in [false, true] {
-                for forced in [true, false] {
+                for (forced, plain) in [(true, false), (false, false), (true, true), (false, true)]
+                {
                     case += 1;
                     let bytes = count * es;
                     let mine = input(case, me, count, dtype);
@@ -49,22 +52,30 @@ pub fn all_gather_cases(comm: &Communicator, test: &str, chunk: usize, reach: us
                     } else {
                         call
                     };
-                    // SAFETY: `src` holds `count` elements and `recv` `world * count`, `src` is
-                    // this rank's place in it or disjoint; both outlive the synchronize below.
-                    let h = unsafe { call.all_gather_p2p(src, recv, count, dtype, 2) }
-                        .unwrap_or_else(|e| panic!("case {case}: {e}"));
                     let window = forced || (world * bytes < reach && bytes <= chunk);
-                    assert_eq!(
-                        h.route() == Route::Window(WindowAlgo::OneShot),
-                        window,
-                        "case {case}: {} bytes a rank took {}",
-                        bytes,
-                        h.route()
-                    );
+                    if plain {
+                        // SAFETY: as below.
+                        unsafe { call.all_gather(src, recv, count, dtype) }
+                            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+                        comm.synchronize()
+                            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+                    } else {
+                        // SAFETY: `src` holds `count` elements and `recv` `world * count`, `src`
+                        // is this rank's place in it or disjoint; both outlive the synchronize
+                        // below.
+                        let h = unsafe { call.all_gather_p2p(src, recv, count, dtype, 2) }
+                            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+                        assert_eq!(
+                            h.route() == Route::Window(WindowAlgo::OneShot),
+                            window,
+                            "case {case}: {} bytes a rank took {}",
+                            bytes,
+                            h.route()
+                        );
+                        h.synchronize()
+                            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+                    }
                     windowed += usize::from(window);
-                    h.synchronize()
-                        .unwrap_or_else(|e| panic!("case {case}: {e}"));
-                    drop(h);
                     let mut got = vec![0u8; world * bytes];
                     // SAFETY: after the synchronize; `got` holds `world * bytes`.
                     unsafe { dev.mem_copy(host_ptr_mut(&mut got), recv, world * bytes) }
