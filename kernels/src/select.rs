@@ -46,10 +46,13 @@ pub fn host(world: usize) -> Measured {
 /// - 3 GPUs take the 4-GPU thresholds but keep NCCL (not measured); more than 4 keep the
 ///   earlier published crossovers and NCCL.
 ///
-/// The window all-gather (each rank's input pushed into every peer's chunk slot, one launch):
-/// on **2 GPUs** (2 H200, NVLink) 1.5-2.1x NCCL's all_gather from 256 KiB to 16 MiB of output
-/// (every size it takes: a rank's input fills at most a chunk slot, 8 MiB), so the router's
-/// short point-to-point all-gathers take it there; more GPUs were not measured and keep NCCL.
+/// The window all-gather (each rank's input pushed into every peer's chunk slot, one launch),
+/// against NCCL's all_gather (`ferrocx bench --op all_gather --algo auto --direct`):
+/// - **2 GPUs** (2 H200, NVLink): 1.5-2.1x from 256 KiB to 16 MiB of output, every size it
+///   takes (a rank's input fills at most a chunk slot, 8 MiB): the router takes it for all;
+/// - **4 GPUs** (4 H200, NVLink between every pair): 1.17-1.86x from 256 KiB to 8 MiB, 0.92-0.99x
+///   at 16 MiB and 0.95 at 32 MiB: the router takes it below 12 MiB (between the two);
+/// - 3 and more than 4 GPUs were not measured and keep NCCL.
 ///
 /// The window kernels take up to [`crate::layout::MAX_BLOCKS`] (128) thread blocks, more SMs
 /// than NCCL's channels: a job that overlaps its all-reduces with compute may prefer
@@ -67,6 +70,10 @@ pub fn cuda(world: usize) -> Measured {
             two_shot_max,
         },
         window_faster,
-        all_gather_below: if world <= 2 { usize::MAX } else { 0 },
+        all_gather_below: match world {
+            0..=2 => usize::MAX,
+            4 => 12 << 20,
+            _ => 0,
+        },
     }
 }

@@ -333,7 +333,8 @@ impl<'a> Call<'a> {
     ///
     /// Route: the window collectives' all-gather (one round through the scratch window; on
     /// CUDA one kernel) where [`Call::window_gather_chosen`] says so (on 2 GPUs every size a
-    /// chunk slot holds, 8 MiB a rank) or where `via(Route::Window(_))` forces it; else the
+    /// chunk slot holds, 8 MiB a rank; on 4 below 12 MiB of output) or where
+    /// `via(Route::Window(_))` forces it; else the
     /// CCL's all_gather (or the cross-cluster plan).
     ///
     /// # Safety

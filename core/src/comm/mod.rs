@@ -30,7 +30,8 @@ pub use p2p::{AllGatherP2p, Slice, DEFAULT_P2P_STREAMS};
 /// collectives' all-gather where a provider runs on the device and each rank's input fits its
 /// scratch window; `0` never. Unset, the cluster's `small_message` decides (`window`: every
 /// size that fits; `auto`, the default: the provider's measurement for the device and world,
-/// `Measured::all_gather_below`, on 2 GPUs every size that fits, elsewhere none yet);
+/// `Measured::all_gather_below`: on 2 GPUs every size that fits, on 4 below 12 MiB,
+/// elsewhere none yet);
 /// `small_message = "ccl"` keeps the CCL whatever this says. Read once per process.
 pub const ALL_GATHER_WINDOW_BELOW_ENV: &str = "FERROCX_ALL_GATHER_WINDOW_BELOW";
 

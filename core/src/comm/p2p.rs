@@ -54,7 +54,7 @@
 //!   reach (see [`Call::all_gather`]: the cluster's `small_message`, the provider's measured
 //!   `Measured::all_gather_below`, [`ALL_GATHER_WINDOW_BELOW_ENV`](super::ALL_GATHER_WINDOW_BELOW_ENV)):
 //!   on 2 GPUs every size it takes (1.4–2.1× NCCL's all_gather from 1 to 16 MiB on 2 H200),
-//!   elsewhere none yet. A gather with a hook (its consumers overlap the
+//!   on 4 below 12 MiB of output, elsewhere none yet. A gather with a hook (its consumers overlap the
 //!   slices) takes it only below [`WHOLE_BELOW_ENV`]. Forced with `via(Route::Window(_))`
 //!   anywhere a provider runs; a rank's input past the chunk slot is then refused, naming the
 //!   limit. The first window call of a communicator registers its scratch window: every rank
