@@ -23,7 +23,6 @@
 
 mod window_ranks;
 
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use ferrocx::abi::{DataType, DevicePtr, Event, MemKind, Status};
@@ -32,7 +31,7 @@ use ferrocx::comm::p2p::{launch_host, schedule};
 use ferrocx::comm::{CommError, Communicator, Slice};
 use ferrocx::route::Route;
 use ferrocx::window::{SymmetricBuffer, Window, WindowFlags};
-use window_ranks::{communicator, rank_of, Job};
+use window_ranks::{communicator, rank_of, Job, RouteLog};
 
 /// Byte `i` of rank `rank`'s input of case `case`.
 fn byte(case: u64, rank: usize, i: usize) -> u8 {
@@ -470,34 +469,13 @@ fn into_windows(comm: &Communicator, case: u64) {
     recv.release(comm);
 }
 
-/// A writer into a shared buffer, for the span log.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn rank_main() {
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter("ferrocx::route=debug")
-        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::NEW)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let log = RouteLog::default();
     let comm = communicator();
     // The host CCL has send and recv: the router takes them (the copies run here, forced,
     // but the router leaves a host-addressable device to the CCL).
     assert_eq!(comm.router().all_gather_p2p(true, false), Route::Ccl);
-    tracing::subscriber::with_default(subscriber, || {
+    log.capture(|| {
         let mut case = 1;
         for route in [Route::Ccl, Route::WindowReads, Route::WindowCopies] {
             for (dtype, counts) in [
@@ -619,7 +597,7 @@ fn rank_main() {
         "{e}"
     );
     comm.barrier().expect("barrier");
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).expect("utf-8 log");
+    let text = log.text();
     let whole = format!(
         "collective{{op=\"all_gather_p2p (whole)\" bytes={} dtype=\"f32\" route=ccl streams=2}}",
         123 * 4

@@ -8,14 +8,11 @@
 
 mod window_ranks;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use ferrocx::abi::{DataType, DevicePtr, MemKind, ReduceOp, Stream};
 use ferrocx::adaptor::DeviceBuffer;
 use ferrocx::comm::{Call, Communicator};
 use ferrocx::route::Route;
-use window_ranks::{communicator, rank_of, Job};
+use window_ranks::{communicator, rank_of, Job, RouteLog};
 
 /// Element counts per rank: one element, odd sizes, and one past a page of f32.
 const COUNTS: [usize; 4] = [1, 7, 1000, 4099];
@@ -256,29 +253,8 @@ fn every_collective(comm: &Communicator, call: Call<'_>, stream: Stream, base: u
     assert!(e.to_string().contains("broadcast"), "{e}");
 }
 
-/// A writer into a shared buffer, for the span log.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn rank_main() {
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter("ferrocx::route=debug")
-        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::NEW)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let log = RouteLog::default();
     ferrocx_kernels::link();
     let comm = communicator();
     // Probed once at init: what the router decides from.
@@ -286,7 +262,7 @@ fn rank_main() {
     assert!(caps.ccl.has("all_to_allv") && caps.ccl.has("group_start"));
     assert!(caps.device.root.has("launch_host_func"));
     assert_eq!(caps.window_collectives, Some("ferrocx-kernels"));
-    tracing::subscriber::with_default(subscriber, || {
+    log.capture(|| {
         every_collective(&comm, comm.call(), comm.stream(), 1);
         let stream = comm.device().stream_create().expect("stream_create");
         every_collective(&comm, comm.on(stream), stream, 10_000);
@@ -295,7 +271,7 @@ fn rank_main() {
             .expect("stream_destroy");
         comm.barrier().expect("barrier");
     });
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).expect("utf-8 log");
+    let text = log.text();
     for op in [
         "all_reduce",
         "reduce",

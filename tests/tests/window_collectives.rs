@@ -18,7 +18,7 @@ use window_ranks::all_gather::all_gather_cases;
 use window_ranks::all_reduce::{
     back_to_back, check, every_type_op_and_algorithm, input, large, run_case, same_digests, Buffers,
 };
-use window_ranks::{communicator, host_ptr, host_ptr_mut, rank_of, Job};
+use window_ranks::{communicator, host_ptr, host_ptr_mut, rank_of, Job, RouteLog};
 
 fn window_comm() -> Communicator {
     ferrocx_kernels::link();
@@ -331,17 +331,10 @@ fn the_window_all_gather_reach_follows_the_environment() {
         );
         return;
     }
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter("ferrocx::route=debug")
-        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::NEW)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let log = RouteLog::default();
     let comm = window_comm();
-    tracing::subscriber::with_default(subscriber, || all_gather_cases(&comm, T, CHUNK, 2 << 20));
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).expect("utf-8 log");
+    log.capture(|| all_gather_cases(&comm, T, CHUNK, 2 << 20));
+    let text = log.text();
     // 1000 f32 a rank (8000 bytes of output): every call on the window, the router's too; a
     // full slot (2 MiB of output): the router's on the CCL.
     let span = |bytes: usize, route: &str| {
@@ -350,18 +343,4 @@ fn the_window_all_gather_reach_follows_the_environment() {
     assert!(text.contains(&span(4000, "window one-shot")), "{text}");
     assert!(!text.contains(&span(4000, "ccl")), "{text}");
     assert!(text.contains(&span(CHUNK, "ccl")), "{text}");
-}
-
-/// A writer into a shared buffer, for the span log.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }

@@ -160,12 +160,7 @@ impl Host {
         call: Call,
         epoch: u64,
     ) -> Result<(), CollectiveError> {
-        let task = Box::new(Task {
-            shared: self.shared.clone(),
-            job: Job::AllReduce(algo, call),
-            epoch,
-        });
-        launch(&self.device, stream, task)
+        self.enqueue_job(stream, Job::AllReduce(algo, call), epoch)
             .map_err(|message| CollectiveError::Failed { algo, message })
     }
 
@@ -176,15 +171,21 @@ impl Host {
         call: Gather,
         epoch: u64,
     ) -> Result<(), CollectiveError> {
+        self.enqueue_job(stream, Job::AllGather(call), epoch)
+            .map_err(|message| CollectiveError::Failed {
+                algo: WindowAlgo::OneShot,
+                message: format!("all-gather: {message}"),
+            })
+    }
+
+    /// Enqueues `job` of round `epoch` as a host function on `stream`.
+    fn enqueue_job(&self, stream: Stream, job: Job, epoch: u64) -> Result<(), String> {
         let task = Box::new(Task {
             shared: self.shared.clone(),
-            job: Job::AllGather(call),
+            job,
             epoch,
         });
-        launch(&self.device, stream, task).map_err(|message| CollectiveError::Failed {
-            algo: WindowAlgo::OneShot,
-            message: format!("all-gather: {message}"),
-        })
+        launch(&self.device, stream, task)
     }
 
     /// The first failure of a call already run, if one.

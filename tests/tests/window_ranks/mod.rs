@@ -350,3 +350,37 @@ pub unsafe fn download(comm: &Communicator, src: DevicePtr, n: usize) -> Vec<u64
 pub fn pattern(w: u64, rank: usize, i: usize) -> u64 {
     (w << 48) ^ ((rank as u64 + 1) << 32) ^ (i as u64).wrapping_mul(0x9e37_79b9)
 }
+
+/// The `collective` spans of the calls a closure makes (`ferrocx::route=debug`, one line per
+/// span as it opens), for tests that check which route a call took.
+#[derive(Clone, Default)]
+pub struct RouteLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for RouteLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl RouteLog {
+    /// Runs `f` with the spans it opens written here; returns what `f` returned.
+    pub fn capture<R>(&self, f: impl FnOnce() -> R) -> R {
+        let writer = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("ferrocx::route=debug")
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::NEW)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f)
+    }
+
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).expect("utf-8 log")
+    }
+}
